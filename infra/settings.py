@@ -1,0 +1,62 @@
+"""One source of truth for where OpenTinker's services live.
+
+Every value comes from an ``OPENTINKER_*`` environment variable or an optional TOML file
+(``OPENTINKER_CONFIG``, default ``./opentinker.toml``). Empty means the embedded default:
+local Ray, MLflow on SQLite under ``data_dir``, Prefect's local mode, artifacts on local disk.
+Pointing at a Ray cluster, an MLflow server, a Prefect server or S3 is configuration only.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OPENTINKER_", extra="forbid")
+
+    data_dir: Path = Field(Path(".opentinker"), description="Local state: SQLite stores, artifacts, checkpoints, stack pids/logs.")
+    ray_address: str = Field("", description="Ray cluster address ('auto', 'ray://host:10001'); empty starts local Ray.")
+    ray_num_cpus: int | None = Field(None, description="CPUs for a local Ray; None uses all cores.")
+    mlflow_tracking_uri: str = Field("", description="MLflow server URL; empty uses sqlite:///<data_dir>/mlflow.db.")
+    mlflow_experiment: str = Field("opentinker", description="Default MLflow experiment name.")
+    prefect_api_url: str = Field("", description="Prefect server API URL; empty uses Prefect's local (ephemeral) mode.")
+    s3_endpoint_url: str = Field("", description="S3 endpoint (SeaweedFS, MinIO, AWS); empty keeps artifacts on local disk.")
+    s3_bucket: str = Field("opentinker", description="Bucket for artifacts and checkpoints.")
+    s3_access_key: str = Field("", description="S3 access key id (falls back to boto3's usual chain when empty).")
+    s3_secret_key: str = Field("", description="S3 secret key.")
+    s3_region: str = Field("us-east-1", description="S3 region.")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        toml_file = Path(os.environ.get("OPENTINKER_CONFIG", "opentinker.toml"))
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if toml_file.exists():
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        path = self.data_dir.expanduser().resolve()
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.mlflow_tracking_uri or f"sqlite:///{self.resolved_data_dir / 'mlflow.db'}"
+
+    @property
+    def artifact_root(self) -> str:
+        """Where a new MLflow experiment stores artifacts: S3 when configured, else the data dir."""
+        if self.s3_endpoint_url:
+            return f"s3://{self.s3_bucket}/mlflow"
+        return (self.resolved_data_dir / "artifacts").as_uri()
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Built lazily on first use, never at import; call ``get_settings.cache_clear()`` after changing the environment."""
+    return Settings()

