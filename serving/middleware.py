@@ -1,0 +1,86 @@
+"""Small ASGI middlewares shared by the services: a request-body limit and a computed response header."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .auth import _send_json
+
+
+class BodyLimitMiddleware:
+    """Reject bodies over ``max_bytes`` with 413 before the app parses them.
+
+    A declared ``Content-Length`` is checked up front; a chunked body is read here up to the limit and
+    replayed to the app, so an oversized stream is never buffered whole.
+    """
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                return await _send_json(send, 400, {"error": "Content-Length: expected a non-negative integer"})
+            if int(declared) > self.max_bytes:
+                return await self._too_large(send)
+            return await self.app(scope, receive, send)
+        if scope["method"] in ("GET", "HEAD"):
+            return await self.app(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return await self._too_large(send)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send):
+        await _send_json(send, 413, {"error": f"request body: expected at most {self.max_bytes} bytes"})
+
+
+class ResponseHeaderMiddleware:
+    """Add ``name: value_fn()`` to every response that the app did not already label itself."""
+
+    def __init__(self, app, name: str, value_fn: Callable[[], str]):
+        self.app = app
+        self.name = name.lower().encode("latin-1")
+        self.value_fn = value_fn
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_header(message):
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(key.lower() == self.name for key, _ in headers):
+                    headers.append((self.name, self.value_fn().encode("latin-1")))
+                    message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1").strip()
+    return None
