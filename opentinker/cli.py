@@ -4,3 +4,7 @@ from __future__ import annotations
 import typer
 
 app = typer.Typer(help="OpenTinker: train, track, federate and serve RL agents.", no_args_is_help=True, pretty_exceptions_show_locals=False)
+
+from opentinker.flows.cli import register as _register_pipeline  # noqa: E402
+
+_register_pipeline(app)

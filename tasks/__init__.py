@@ -1,1 +1,8 @@
-"""tasks"""
+"""Prefect tasks: one logical, retriable step each (rollout, train, evaluate, package, upload).
+
+Importing this package sets safe Prefect defaults before anything imports prefect: the ephemeral
+API server needs far longer than Prefect's 20 s default to start on a busy 2-core machine.
+"""
+import os
+
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")

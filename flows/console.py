@@ -1,0 +1,79 @@
+"""What the pipeline commands need around a flow run: Prefect environment, quiet logs, progress bar, summary."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+console = Console()
+
+_NOISY_LOGGERS = ("prefect", "mlflow", "ray", "alembic", "httpx", "urllib3", "botocore", "bentoml", "filelock")
+
+
+def prepare_prefect(verbose: bool = False) -> None:
+    """Before prefect is imported: the API URL from settings, a long ephemeral start-up timeout, quiet logs."""
+    from opentinker.infra.settings import get_settings
+
+    api_url = get_settings().prefect_api_url
+    if api_url:
+        os.environ["PREFECT_API_URL"] = api_url
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        warnings.filterwarnings("ignore")
+        for name in _NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def training_progress(total_steps: int, label: str) -> Iterator[None]:
+    """A rich bar fed by the training stage through ``opentinker.tasks.progress``."""
+    from opentinker.tasks import progress
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        task_id = bar.add_task(label, total=total_steps, info="starting Prefect, Ray and MLflow…")
+
+        def listener(step: int, total: int, metrics: dict[str, float]) -> None:
+            info = []
+            for key, fmt in (("charts/episodic_return", "return {:.1f}"), ("charts/SPS", "{:.0f} steps/s")):
+                if key in metrics:
+                    info.append(fmt.format(metrics[key]))
+            bar.update(task_id, completed=min(step, total), total=total, info=" · ".join(info))
+
+        progress.add_listener(listener)
+        try:
+            yield
+        finally:
+            progress.remove_listener(listener)
+
+
+def ui_hints() -> list[str]:
+    """How to look at what just happened."""
+    from opentinker.infra.settings import get_settings
+
+    settings = get_settings()
+    hints = []
+    if settings.tracking_uri.startswith("http"):
+        hints.append(f"MLflow UI:  {settings.tracking_uri}")
+    else:
+        hints.append(f"MLflow UI:  mlflow ui --backend-store-uri {settings.tracking_uri} --port 5000")
+    prefect_url = settings.prefect_api_url or os.environ.get("PREFECT_API_URL", "")
+    if prefect_url:
+        hints.append(f"Prefect UI: {prefect_url.removesuffix('/api')}")
+    hints.append("Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)")
+    return hints

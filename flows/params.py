@@ -1,0 +1,124 @@
+"""Flow parameters as pydantic models: Prefect records them on every flow run; config files are validated against them."""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A bad parameter or config file; the message names the field and what was expected."""
+
+
+class TrainParams(BaseModel):
+    """Everything one training flow run needs; recorded by Prefect and logged to MLflow as params."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env_id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id or registered OpenTinker env.")
+    steps: int = Field(200_000, gt=0, description="Total global env steps to reach (a resumed run continues up to it).")
+    seed: int = Field(0, ge=0, description="Seeds the policy, the learner and every rollout (seed, iteration, worker).")
+    algorithm: Literal["ppo"] = Field("ppo", description="Training algorithm.")
+    num_envs: int = Field(8, gt=0, description="Env copies stepped in parallel across the rollout workers.")
+    workers: int | None = Field(None, gt=0, description="Ray rollout actors; None lets the engine choose.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs for the learner (device 'cuda' when > 0).")
+    ppo: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine's PPOConfig fields.")
+    checkpoint_every: int | None = Field(None, gt=0, description="Iterations between checkpoints; None uses the engine default.")
+    resume: bool = Field(False, description="Continue from the run's last checkpoint instead of starting over.")
+    run_name: str | None = Field(None, description="Names the checkpoint dir (resume key); default '<env_id>-seed<seed>'.")
+    model_name: str | None = Field(None, description="Registered model name; default 'opentinker-<env_id>'.")
+    eval_episodes: int = Field(10, gt=0, description="Deterministic evaluation episodes.")
+    eval_seed: int = Field(10_000, ge=0, description="Seed of the first evaluation episode (then +1 per episode).")
+    champion_threshold: float = Field(475.0, description="Evaluation mean a candidate needs before it may become champion.")
+    experiment: str | None = Field(None, description="MLflow experiment; default from settings.")
+
+    @property
+    def resolved_run_name(self) -> str:
+        return self.run_name or f"{_slug(self.env_id)}-seed{self.seed}"
+
+    @property
+    def resolved_model_name(self) -> str:
+        return self.model_name or f"opentinker-{_slug(self.env_id)}"
+
+
+class EvalParams(BaseModel):
+    """Evaluate a registered (or exported) model on fixed seeds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_uri: str = Field(description="models:/NAME@alias, models:/NAME/VERSION, runs:/... or an export dir.")
+    episodes: int = Field(10, gt=0)
+    seed: int = Field(10_000, ge=0)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def load_train_params(config_file: Path | None = None, **overrides: Any) -> TrainParams:
+    """Read a TOML/JSON config (optional) and apply CLI overrides; errors name the offending field."""
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        data = _read_config(config_file)
+    data.update({key: value for key, value in overrides.items() if value is not None})
+    try:
+        return TrainParams(**data)
+    except ValidationError as exc:
+        source = f" in {config_file}" if config_file else ""
+        raise ConfigError(f"invalid training config{source}:\n" + describe_errors(exc)) from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    text = path.read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a table of TrainParams fields")
+    return data
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """Pydantic's errors as '  - field: what was expected (got value)' lines."""
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error["loc"]) or "(root)"
+        got = f" (got {error['input']!r})" if error["type"] != "missing" and "input" in error else ""
+        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+        lines.append(f"  - {field}: {message}{got}")
+    return "\n".join(lines)
+
+
+class TrainFlowResult(BaseModel):
+    """What a training flow run produced: ids and numbers to print or pass on."""
+
+    run_id: str
+    run_url: str
+    experiment_id: str
+    model_name: str
+    model_version: str
+    aliases: list[str]
+    decision: str
+    eval_mean: float
+    eval_std: float
+    passed_threshold: bool
+    global_step: int
+    start_step: int
+    train_seconds: float
+    checkpoint_path: str
+    artifact_uris: list[str]
+
+
+class EvalFlowResult(BaseModel):
+    model_key: str
+    mean: float
+    std: float
+    returns: list[float]
+    cached: bool

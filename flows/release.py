@@ -1,0 +1,42 @@
+"""Evaluation and release flows: evaluate a model on fixed seeds (cached), and the promotion gate."""
+from __future__ import annotations
+
+import opentinker.tasks  # noqa: F401  (Prefect defaults first)
+from prefect import flow
+
+from opentinker.flows.params import EvalFlowResult, EvalParams
+from opentinker.tasks.evaluate import evaluate_policy, resolve_model
+from opentinker.tasks.package import CANDIDATE, CHAMPION, find_model_version, promote_if_better
+from opentinker.tasks.types import EvalOutcome, ModelRef
+
+
+@flow(name="evaluate", log_prints=True)
+def evaluate_flow(params: EvalParams) -> EvalFlowResult:
+    """Evaluate one model version on fixed seeds; a rerun on the same version and seeds is a cache hit."""
+    model = resolve_model(params.model_uri)
+    state = evaluate_policy(model, params.episodes, params.seed, return_state=True)
+    outcome: EvalOutcome = state.result()
+    return EvalFlowResult(**outcome.model_dump(exclude={"seed"}), cached=state.name == "Cached")
+
+
+@flow(name="release", log_prints=True)
+def release_flow(
+    model_name: str,
+    version: str = CANDIDATE,
+    episodes: int = 10,
+    seed: int = 10_000,
+    threshold: float = 475.0,
+    candidate_eval: EvalOutcome | None = None,
+) -> ModelRef:
+    """Promotion gate: candidate and champion evaluated on the same seeds; champion moves only on a strict win."""
+    candidate = find_model_version(model_name, version)
+    if candidate is None:
+        raise ValueError(f"model {model_name!r} has no version or alias {version!r}")
+    if candidate_eval is None:
+        candidate_eval = evaluate_policy(resolve_model(f"models:/{model_name}/{candidate.version}"), episodes, seed)
+    champion = find_model_version(model_name, CHAMPION)
+    champion_eval = None
+    if champion is not None and champion.version != candidate.version:
+        champion_model = resolve_model(f"models:/{model_name}/{champion.version}")
+        champion_eval = evaluate_policy(champion_model, len(candidate_eval.returns), candidate_eval.seed)
+    return promote_if_better(candidate, candidate_eval, champion, champion_eval, threshold)

@@ -1,0 +1,54 @@
+"""Checks that run before any heavy work, so bad input fails in a second with a message naming the field."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from opentinker.flows.params import ConfigError
+
+
+def check_env_id(env_id: str) -> None:
+    """``env_id`` must name a registered environment."""
+    from opentinker.envs import make_env
+    from opentinker.envs.errors import EnvSpecError
+
+    try:
+        make_env(env_id).close()
+    except EnvSpecError as exc:
+        raise ConfigError(f"env_id: {exc}") from None
+
+
+def check_ppo_overrides(overrides: dict[str, Any]) -> None:
+    """Every key of ``ppo`` must be a PPOConfig field, and the resulting config must be valid."""
+    from opentinker.agents import PPOConfig
+
+    known = {field.name for field in dataclasses.fields(PPOConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"ppo.{unknown[0]}: unknown PPOConfig field (expected one of: {', '.join(sorted(known))})")
+    try:
+        PPOConfig(**overrides)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"ppo: {exc}") from None
+
+
+def check_cron(cron: str) -> None:
+    """Validated by Prefect's own schedule model, so what passes here is what the server accepts."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=cron)
+    except ValidationError:
+        raise ConfigError(f"cron: {cron!r} is not a valid cron expression (expected e.g. '0 3 * * *')") from None
+
+
+def check_prefect_server() -> None:
+    """A schedule needs a Prefect server that outlives this command (the ephemeral one does not)."""
+    import os
+
+    if not os.environ.get("PREFECT_API_URL"):
+        raise ConfigError(
+            "prefect_api_url: a schedule needs a Prefect server; run `opentinker stack up` "
+            "or set OPENTINKER_PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)"
+        )

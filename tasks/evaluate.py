@@ -1,0 +1,95 @@
+"""Deterministic evaluation, cached on (model version, env, episodes, seed) with persisted results.
+
+A registry reference is first pinned to its version (``resolve_model``) so that the cache key names
+an immutable model and the evaluation loads exactly that version even if an alias moves meanwhile.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import TaskRunContext
+from pydantic import BaseModel
+
+from opentinker.tasks.types import EvalOutcome
+
+
+class ResolvedModel(BaseModel):
+    """A model reference pinned to something immutable, and the cache key naming it."""
+
+    uri: str
+    key: str
+    env_id: str
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 8])
+def resolve_model(model_uri: str, env_id: str | None = None) -> ResolvedModel:
+    """``models:/NAME@alias`` → ``models:/NAME/VERSION``; an export dir → a digest of its files."""
+    if model_uri.startswith("models:/"):
+        import mlflow
+
+        from opentinker.tasks.tracking import configure_mlflow
+
+        configure_mlflow()
+        name, _, ref = model_uri.removeprefix("models:/").partition("/")
+        client = mlflow.MlflowClient()
+        if "@" in name:
+            name, alias = name.split("@", 1)
+            version = client.get_model_version_by_alias(name, alias)
+        else:
+            version = client.get_model_version(name, ref)
+        pinned = f"models:/{name}/{version.version}"
+        return ResolvedModel(uri=pinned, key=f"{name}/v{version.version}", env_id=env_id or _env_of(pinned))
+    if model_uri.startswith("runs:/"):
+        return ResolvedModel(uri=model_uri, key=model_uri, env_id=env_id or _env_of(model_uri))
+    directory = Path(model_uri)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(directory).as_posix().encode())
+        digest.update(file.read_bytes())
+    return ResolvedModel(uri=str(directory), key=f"sha256:{digest.hexdigest()[:32]}", env_id=env_id or _env_of(model_uri))
+
+
+def _env_of(model_uri: str) -> str:
+    from opentinker.tasks.model_store import load_registered_policy
+
+    spec = load_registered_policy(model_uri).spec
+    env_id = spec.get("env_id") or spec.get("env") or (spec.get("metadata") or {}).get("env_id")
+    if not env_id:
+        raise ValueError(f"model {model_uri} records no env id; pass env_id explicitly")
+    return str(env_id)
+
+
+def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    model: ResolvedModel = parameters["model"]
+    return f"evaluate-{model.key}-{model.env_id}-n{parameters['episodes']}-s{parameters['seed']}"
+
+
+@task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
+def evaluate_policy(model: ResolvedModel, episodes: int = 10, seed: int = 10_000) -> EvalOutcome:
+    """Run ``episodes`` deterministic episodes, episode i seeded ``seed + i``; mean and std of returns."""
+    from opentinker.envs import make_env
+    from opentinker.tasks.model_store import load_registered_policy
+
+    policy = load_registered_policy(model.uri)
+    env = make_env(model.env_id)
+    returns = []
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            total, done = 0.0, False
+            while not done:
+                action = policy.act(np.asarray(obs)[None])[0]
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = bool(terminated or truncated)
+            returns.append(total)
+    finally:
+        env.close()
+    return EvalOutcome(
+        model_key=model.key, seed=seed, returns=returns, mean=float(np.mean(returns)), std=float(np.std(returns))
+    )

@@ -1,0 +1,126 @@
+"""Registry stages: log + register a candidate, look up the champion, and the promotion gate.
+
+The gate only moves ``champion`` when the candidate passes the threshold and strictly beats the
+current champion on the same evaluation seeds; ties and losses leave it untouched. The decision
+and the numbers behind it are tags on the model version and on the MLflow run.
+"""
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
+from opentinker.tasks.tracking import configure_mlflow
+from opentinker.tasks.types import EvalOutcome, ModelRef
+
+CANDIDATE, CHAMPION = "candidate", "champion"
+
+
+@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+def package_model(run_id: str, export_dir: str, model_name: str, evaluation: EvalOutcome | None = None) -> ModelRef:
+    """Log the export as an MLflow pyfunc model of ``run_id``, register it and alias it ``candidate``.
+
+    Idempotent under retries: a version already registered from this run is reused, never duplicated.
+    """
+    import mlflow
+
+    from opentinker.tasks import model_store
+
+    configure_mlflow()
+    client = mlflow.MlflowClient()
+    existing = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
+    if existing:
+        version = str(existing[0].version)
+    else:
+        model_uri = model_store.log_policy_model(export_dir, run_id=run_id)
+        version = str(model_store.register_policy(model_uri, model_name).version)
+    model_store.set_alias(model_name, CANDIDATE, version)
+    if evaluation is not None:
+        for key, value in _eval_tags(evaluation).items():
+            client.set_model_version_tag(model_name, version, key, value)
+    return ModelRef(name=model_name, version=version, run_id=run_id, aliases=[CANDIDATE])
+
+
+@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+def find_model_version(model_name: str, ref: str) -> ModelRef | None:
+    """Version ``ref`` (a number or an alias such as ``champion``) of ``model_name``, or None if there is none."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    configure_mlflow()
+    client = mlflow.MlflowClient()
+    try:
+        version = client.get_model_version(model_name, ref) if ref.isdigit() else client.get_model_version_by_alias(model_name, ref)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise
+    return ModelRef(name=model_name, version=str(version.version), run_id=version.run_id or "", aliases=list(version.aliases))
+
+
+def decide(candidate_mean: float, champion_mean: float | None, threshold: float) -> tuple[bool, str]:
+    """Pure promotion rule: pass the threshold, then strictly beat the champion (a tie keeps the champion)."""
+    if candidate_mean < threshold:
+        return False, f"rejected: mean {candidate_mean:.2f} below threshold {threshold:.2f}"
+    if champion_mean is None:
+        return True, f"promoted: first champion, mean {candidate_mean:.2f} >= threshold {threshold:.2f}"
+    if candidate_mean > champion_mean:
+        return True, f"promoted: mean {candidate_mean:.2f} beats champion {champion_mean:.2f}"
+    return False, f"kept champion: candidate {candidate_mean:.2f} does not beat champion {champion_mean:.2f}"
+
+
+@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+def promote_if_better(
+    candidate: ModelRef,
+    candidate_eval: EvalOutcome,
+    champion: ModelRef | None,
+    champion_eval: EvalOutcome | None,
+    threshold: float,
+) -> ModelRef:
+    """Apply ``decide``; move ``champion`` only on a win; record decision and numbers as tags."""
+    import mlflow
+
+    from opentinker.tasks import model_store
+
+    if champion_eval is not None and (champion_eval.seed, len(champion_eval.returns)) != (
+        candidate_eval.seed,
+        len(candidate_eval.returns),
+    ):
+        raise ValueError("candidate and champion must be evaluated on the same seeds and episode count")
+    if champion is not None and champion.version == candidate.version:
+        promote, decision = False, "kept champion: candidate already is the champion"
+    elif champion is not None and champion_eval is None:
+        raise ValueError(f"champion {champion.name} v{champion.version} must be evaluated before the gate")
+    else:
+        promote, decision = decide(candidate_eval.mean, champion_eval.mean if champion_eval else None, threshold)
+    configure_mlflow()
+    client = mlflow.MlflowClient()
+    tags = {
+        "gate.decision": decision,
+        "gate.promoted": str(promote).lower(),
+        "gate.threshold": f"{threshold:.4f}",
+        "gate.candidate_version": candidate.version,
+        "gate.candidate_mean": f"{candidate_eval.mean:.4f}",
+        "gate.champion_version": champion.version if champion else "",
+        "gate.champion_mean": f"{champion_eval.mean:.4f}" if champion_eval else "",
+        "gate.eval_seed": str(candidate_eval.seed),
+        "gate.eval_episodes": str(len(candidate_eval.returns)),
+    }
+    for key, value in tags.items():
+        client.set_model_version_tag(candidate.name, candidate.version, key, value)
+        if candidate.run_id:
+            client.set_tag(candidate.run_id, key, value)
+    aliases = list(candidate.aliases)
+    if promote:
+        model_store.set_alias(candidate.name, CHAMPION, candidate.version)
+        aliases.append(CHAMPION)
+    return candidate.model_copy(update={"aliases": aliases, "decision": decision})
+
+
+def _eval_tags(evaluation: EvalOutcome) -> dict[str, str]:
+    return {
+        "eval.mean": f"{evaluation.mean:.4f}",
+        "eval.std": f"{evaluation.std:.4f}",
+        "eval.seed": str(evaluation.seed),
+        "eval.episodes": str(len(evaluation.returns)),
+    }

@@ -1,0 +1,70 @@
+"""Learning-curve and system-metric PNGs from the per-iteration history (matplotlib, Agg backend)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+RETURN_KEYS = ("charts/episodic_return", "charts/episodic_return_mean", "charts/mean_return")
+"""Engine metric names tried, in order, for the mean episodic return."""
+
+
+def _series(history: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
+    points = [(row["step"], row[key]) for row in history if key in row]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def learning_curve(history: list[dict[str, float]], path: Path, eval_mean: float | None = None) -> Path:
+    """Mean episodic return against the global env step, with the min–max band when logged."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    key = next((k for k in RETURN_KEYS if any(k in row for row in history)), None)
+    if key is not None:
+        steps, mean = _series(history, key)
+        ax.plot(steps, mean, label="episodic return (mean)", color="tab:blue")
+        low_steps, low = _series(history, "charts/episodic_return_min")
+        _, high = _series(history, "charts/episodic_return_max")
+        if low and len(low) == len(high):
+            ax.fill_between(low_steps, low, high, alpha=0.2, color="tab:blue", label="min–max")
+    if eval_mean is not None:
+        ax.axhline(eval_mean, color="tab:green", linestyle="--", label=f"evaluation mean {eval_mean:.1f}")
+    ax.set_xlabel("global env step")
+    ax.set_ylabel("return")
+    ax.set_title("Learning curve")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, plt, path)
+
+
+def system_metrics(history: list[dict[str, float]], path: Path) -> Path:
+    """One small panel per ``system/*`` metric (throughput, rollout efficiency, gradient delay, CPU/GPU)."""
+    plt = _pyplot()
+    keys = sorted({k for row in history for k in row if k.startswith("system/")}) or ["system/cpu_percent"]
+    cols = 3
+    rows = (len(keys) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        steps, values = _series(history, key)
+        ax.plot(steps, values, color="tab:orange")
+        ax.set_title(key.removeprefix("system/"), fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.suptitle("System metrics against global env step")
+    return _save(fig, plt, path)
+
+
+def _save(fig, plt, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

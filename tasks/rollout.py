@@ -1,0 +1,65 @@
+"""The rollout stage on its own: Ray actors step vectorised env copies and return trajectories.
+
+In ``train_flow`` it runs once before training as a probe with a uniformly random policy: it proves
+the env builds and steps on the rollout workers (a bad env fails here, in seconds, not mid-training)
+and gives the random-policy baseline return for the learning curve. Training itself collects its
+rollouts inside the engine loop (see ``tasks/train.py`` for why that loop is one task).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from opentinker.tasks.types import RolloutSummary
+
+
+@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
+def collect_rollouts(
+    env_id: str, seed: int, num_envs: int = 8, workers: int | None = None, n_steps: int = 64, run_id: str | None = None
+) -> RolloutSummary:
+    """``n_steps`` random-policy steps on every env copy; returns their summary, not the arrays."""
+    from opentinker.envs import RemoteEnv
+    from opentinker.infra.ray_runtime import ensure_ray
+
+    ensure_ray()
+    started = time.perf_counter()
+    env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed)
+    try:
+        rng = np.random.default_rng(seed)
+        env.reset(seed=seed)
+        space = env.single_action_space
+        running = np.zeros(env.num_envs)
+        finished: list[float] = []
+        for _ in range(n_steps):
+            actions = np.stack([_sample(space, rng) for _ in range(env.num_envs)])
+            _, rewards, terminated, truncated, _ = env.step(actions)
+            done = np.logical_or(terminated, truncated)
+            running += rewards
+            finished.extend(running[done].tolist())
+            running[done] = 0.0
+    finally:
+        env.close()
+    mean_return = float(np.mean(finished)) if finished else None
+    if run_id and mean_return is not None:
+        import mlflow
+
+        from opentinker.tasks.tracking import configure_mlflow
+
+        configure_mlflow()
+        mlflow.MlflowClient().log_metric(run_id, "charts/random_policy_return", mean_return, step=0)
+    return RolloutSummary(
+        steps=n_steps * env.num_envs,
+        episodes=len(finished),
+        mean_return=mean_return,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _sample(space, rng: np.random.Generator) -> np.ndarray:
+    """A seeded uniform action (gymnasium's own space RNG is not tied to our seed)."""
+    if hasattr(space, "n"):
+        return np.asarray(int(space.start) + int(rng.integers(space.n)))
+    return rng.uniform(space.low, space.high).astype(space.dtype)

@@ -1,0 +1,187 @@
+"""MLflow edge: where runs go (from settings), and the per-iteration metrics callback.
+
+The RL engine never imports MLflow; it calls ``callback(metrics, step)`` once per iteration.
+``MetricsLogger`` is that callback: it adds system metrics (CPU %, RSS, GPU via NVML), keeps
+the history for the plots and flushes metrics to MLflow in batches so that tracking costs
+milliseconds per iteration, not a round-trip each.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from opentinker.infra.settings import get_settings
+
+FLUSH_EVERY_S = 5.0
+"""Seconds between batched writes to MLflow; the last batch is flushed when training ends."""
+
+_MLFLOW_BATCH_LIMIT = 1000
+
+
+def configure_mlflow(experiment: str | None = None) -> str:
+    """Point MLflow at the configured store and return the experiment id (created on demand).
+
+    A new experiment stores artifacts under ``settings.artifact_root``: the data dir by default,
+    the S3 bucket when an endpoint is configured (MLflow then uploads through boto3).
+    """
+    import mlflow
+
+    settings = get_settings()
+    if settings.s3_endpoint_url:
+        export_s3_environment()
+    mlflow.set_tracking_uri(settings.tracking_uri)
+    name = experiment or settings.mlflow_experiment
+    client = mlflow.MlflowClient()
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    return client.create_experiment(name, artifact_location=settings.artifact_root)
+
+
+def export_s3_environment() -> None:
+    """MLflow's S3 artifact store reads boto3's environment; derive it from settings."""
+    settings = get_settings()
+    os.environ["MLFLOW_S3_ENDPOINT_URL"] = settings.s3_endpoint_url
+    os.environ.setdefault("AWS_DEFAULT_REGION", settings.s3_region)
+    if settings.s3_access_key:
+        os.environ["AWS_ACCESS_KEY_ID"] = settings.s3_access_key
+        os.environ["AWS_SECRET_ACCESS_KEY"] = settings.s3_secret_key
+
+
+def run_url(run_id: str, experiment_id: str) -> str:
+    """A browsable URL for a run when tracking goes to a server, else the ``mlflow ui`` command to open it."""
+    uri = get_settings().tracking_uri
+    if uri.startswith("http"):
+        return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"mlflow ui --backend-store-uri {uri}  (then open http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id})"
+
+
+def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config → MLflow's flat string params (``ppo.learning_rate``)."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = str(value)[:6000]
+    return flat
+
+
+class SystemSampler:
+    """Device utilisation: CPU % and RSS via psutil, GPU % and memory via NVML when a GPU is present."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._process = psutil.Process()
+        self._psutil = psutil
+        psutil.cpu_percent(interval=None)  # primes the counter: the next call measures since now
+        self._gpus = _nvml_handles()
+
+    def sample(self) -> dict[str, float]:
+        values = {
+            "system/cpu_percent": self._psutil.cpu_percent(interval=None),
+            "system/memory_rss_mb": self._process.memory_info().rss / 2**20,
+        }
+        if self._gpus:
+            import pynvml
+
+            util = [pynvml.nvmlDeviceGetUtilizationRates(h) for h in self._gpus]
+            mem = [pynvml.nvmlDeviceGetMemoryInfo(h) for h in self._gpus]
+            values["system/gpu_percent"] = sum(u.gpu for u in util) / len(util)
+            values["system/gpu_memory_mb"] = sum(m.used for m in mem) / 2**20
+        return values
+
+
+def _nvml_handles() -> list[Any]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    except Exception:  # no driver / no GPU: CPU metrics only
+        return []
+
+
+class MetricsLogger:
+    """The engine's ``callback(metrics, step)``: history for plots, batched MLflow writes, progress."""
+
+    def __init__(self, run_id: str, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        import mlflow
+
+        self.run_id = run_id
+        self.history: list[dict[str, float]] = []
+        self._client = mlflow.MlflowClient()
+        self._sampler = SystemSampler()
+        self._pending: list[Any] = []
+        self._last_flush = time.monotonic()
+        self._on_iteration = on_iteration
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        row = {k: float(v) for k, v in metrics.items() if _finite(v)}
+        row.update(self._sampler.sample())
+        self.history.append({"step": float(step), **row})
+        timestamp = int(time.time() * 1000)
+        self._pending.extend(Metric(key, value, timestamp, int(step)) for key, value in row.items())
+        if time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
+            self.flush()
+        if self._on_iteration is not None:
+            self._on_iteration(step, row)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for start in range(0, len(pending), _MLFLOW_BATCH_LIMIT):
+            self._client.log_batch(self.run_id, metrics=pending[start : start + _MLFLOW_BATCH_LIMIT])
+        self._last_flush = time.monotonic()
+
+    def save_history(self, path: Path) -> Path:
+        """JSON lines, one per iteration; appended so a resumed run's plots show the whole curve."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            for row in self.history:
+                handle.write(json.dumps(row) + "\n")
+        return path
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def load_history(path: Path) -> list[dict[str, float]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def git_commit() -> str:
+    """The commit of the OpenTinker checkout this code runs from ('unknown' outside git)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in ("opentinker", "torch", "numpy", "gymnasium", "ray", "prefect", "mlflow", "bentoml"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions

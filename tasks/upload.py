@@ -1,0 +1,88 @@
+"""Reports and artifacts: render plots/config/model card, then ship them to the MLflow run and S3.
+
+MLflow stores artifacts under the experiment's location (the data dir, or S3 when configured).
+With S3 configured the checkpoint is also mirrored with boto3 to ``s3://BUCKET/checkpoints/RUN_NAME/``
+so that another machine can resume from it. Transient IO is retried with exponential backoff.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from opentinker.infra.settings import get_settings
+from opentinker.tasks import plots
+from opentinker.tasks.model_card import render_model_card
+from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
+from opentinker.tasks.tracking import configure_mlflow, load_history
+from opentinker.tasks.types import EvalOutcome, ModelRef, TrainOutcome
+
+Artifact = tuple[str, str]
+"""(artifact sub-directory, local path)."""
+
+
+@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+def check_storage() -> str:
+    """Fail fast, before any training or registration, when configured S3 is unreachable or refuses us."""
+    settings = get_settings()
+    if not settings.s3_endpoint_url:
+        return str(settings.resolved_data_dir / "artifacts")
+    from opentinker.infra.s3 import ensure_bucket
+
+    return f"s3://{ensure_bucket()}"
+
+
+@task(cache_policy=NO_CACHE)
+def render_reports(
+    params: dict[str, Any], trained: TrainOutcome, evaluation: EvalOutcome | None, model: ModelRef | None
+) -> list[Artifact]:
+    """Learning curve + system plots (PNG), the config (JSON) and the model card (markdown)."""
+    out = Path(trained.history_path).parent / "reports" / trained.run_id
+    history = load_history(Path(trained.history_path))
+    config = out / "config.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(params, indent=2, sort_keys=True, default=str))
+    card = out / "model_card.md"
+    card.write_text(
+        render_model_card(
+            params,
+            evaluation.model_dump() if evaluation else None,
+            model.model_dump() if model else None,
+            trained.run_id,
+            trained.global_step,
+        )
+    )
+    return [
+        ("plots", str(plots.learning_curve(history, out / "learning_curve.png", evaluation.mean if evaluation else None))),
+        ("plots", str(plots.system_metrics(history, out / "system_metrics.png"))),
+        ("config", str(config)),
+        ("", str(card)),
+    ]
+
+
+@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+def upload_artifacts(run_id: str, artifacts: list[Artifact], checkpoint_path: str, run_name: str) -> list[str]:
+    """Log every artifact and the checkpoint to the MLflow run; mirror the checkpoint to S3 when configured."""
+    import mlflow
+
+    configure_mlflow()
+    client = mlflow.MlflowClient()
+    for artifact_dir, path in [*artifacts, ("checkpoint", checkpoint_path)]:
+        client.log_artifact(run_id, path, artifact_path=artifact_dir or None)
+    uris = [f"runs:/{run_id}/{d + '/' if d else ''}{Path(p).name}" for d, p in artifacts]
+    uris.append(f"runs:/{run_id}/checkpoint/{Path(checkpoint_path).name}")
+    if get_settings().s3_endpoint_url:
+        uris.append(_mirror_checkpoint(checkpoint_path, run_name))
+    return uris
+
+
+def _mirror_checkpoint(checkpoint_path: str, run_name: str) -> str:
+    from opentinker.infra.s3 import ensure_bucket, s3_client
+
+    bucket = ensure_bucket()
+    key = f"checkpoints/{run_name}/{Path(checkpoint_path).name}"
+    s3_client().upload_file(checkpoint_path, bucket, key)
+    return f"s3://{bucket}/{key}"
