@@ -1,0 +1,142 @@
+"""How each local service is started and known to be ready: SeaweedFS S3, MLflow server, Prefect server.
+
+Each ``start_*`` picks its own free loopback ports, starts one real process (group) and returns only once
+the service answers; on failure it stops what it started and raises ``ServiceError`` with the log tail.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, http_ok, spawn, venv_bin, wait_until
+from opentinker.infra.settings import Settings
+
+DEFAULT_TIMEOUT_S = 180.0
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """Where an S3 server lives and how to talk to it."""
+
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+    bucket: str
+    region: str = "us-east-1"
+
+    def settings(self) -> Settings:
+        return Settings(s3_endpoint_url=self.endpoint_url, s3_access_key=self.access_key,
+                        s3_secret_key=self.secret_key, s3_bucket=self.bucket, s3_region=self.region)
+
+    def client_env(self) -> dict[str, str]:
+        """Variables that make boto3 and MLflow's S3 artifact store use this endpoint."""
+        return {"MLFLOW_S3_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_DEFAULT_REGION": self.region}
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def s3_credentials(directory: Path) -> tuple[str, str]:
+    """The stack's S3 key pair, generated once and kept in ``directory`` so restarts keep the same identity."""
+    path = directory / "credentials.json"
+    if path.exists():
+        data = json.loads(path.read_text())
+        return data["access_key"], data["secret_key"]
+    directory.mkdir(parents=True, exist_ok=True)
+    access, secret = "opentinker", secrets.token_hex(20)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"access_key": access, "secret_key": secret}))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return access, secret
+
+
+def start_s3(directory: Path, log: Path, bucket: str, region: str = "us-east-1",
+             timeout: float = DEFAULT_TIMEOUT_S) -> tuple[ServiceProcess, S3Endpoint]:
+    """SeaweedFS (master + volume + filer + S3 gateway) with one identity; ready once a probe object round-trips."""
+    access, secret = s3_credentials(directory)
+    data_dir = directory / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    identities = {"identities": [{"name": "opentinker", "credentials": [{"accessKey": access, "secretKey": secret}],
+                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+    config = directory / "s3.json"
+    config.write_text(json.dumps(identities))
+    os.chmod(config, 0o600)
+    names = ["master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc"]
+    ports = dict(zip(names, free_ports(len(names))))
+    cmd = [venv_bin("weed"), "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+           f"-master.port={ports['master']}", f"-master.port.grpc={ports['master_grpc']}",
+           f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume_grpc']}",
+           f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer_grpc']}",
+           "-s3", f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3_grpc']}",
+           "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
+           "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=64"]
+    endpoint = S3Endpoint(f"http://127.0.0.1:{ports['s3']}", access, secret, bucket, region)
+    service = spawn("s3", cmd, log, url=endpoint.endpoint_url, ports=ports, cwd=directory)
+    service.stop_timeout = 10.0  # weed lingers ~25 s after SIGTERM; its stores are crash-safe
+    try:
+        wait_until(service, lambda: _s3_round_trip(endpoint), timeout, "an S3 put/get round-trip")
+    except BaseException:
+        service.stop()
+        raise
+    return service, endpoint
+
+
+def _s3_round_trip(endpoint: S3Endpoint) -> bool:
+    """Bucket exists and a small object can be written and read back (volumes allocated, filer up)."""
+    from opentinker.infra.s3 import ensure_bucket, s3_client
+
+    settings = endpoint.settings()
+    try:
+        client = s3_client(settings)
+        ensure_bucket(endpoint.bucket, settings=settings, client=client)
+        client.put_object(Bucket=endpoint.bucket, Key=".opentinker-ready", Body=b"ok")
+        return client.get_object(Bucket=endpoint.bucket, Key=".opentinker-ready")["Body"].read() == b"ok"
+    except Exception:  # anything before the gateway is fully up means "not yet"
+        return False
+
+
+def start_mlflow(directory: Path, log: Path, s3: S3Endpoint | None, backend_store_uri: str | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> ServiceProcess:
+    """MLflow tracking server, one worker, no job runner; artifacts proxied to ``s3`` (or kept under ``directory``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (port,) = free_ports(1)
+    backend = backend_store_uri or f"sqlite:///{directory / 'mlflow.db'}"
+    destination = f"s3://{s3.bucket}/mlflow" if s3 else str(directory / "artifacts")
+    cmd = [venv_bin("mlflow"), "server", "--backend-store-uri", backend, "--artifacts-destination", destination,
+           "--serve-artifacts", "--workers", "1", "--host", "127.0.0.1", "--port", str(port)]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(s3.client_env() if s3 else {})}
+    url = f"http://127.0.0.1:{port}"
+    service = spawn("mlflow", cmd, log, url=url, ports={"http": port}, env=env, cwd=directory)
+    try:
+        wait_until(service, lambda: http_ok(f"{url}/health"), timeout, f"{url}/health answered")
+    except BaseException:
+        service.stop()
+        raise
+    return service
+
+
+def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> ServiceProcess:
+    """Prefect server (API, UI, scheduler and other services) with its own PREFECT_HOME and SQLite database."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (port,) = free_ports(1)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(directory), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_UI_ENABLED="true" if ui else "false")
+    cmd = [venv_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+           "--ui" if ui else "--no-ui", "--analytics-off", "--no-prompt"]
+    url = f"http://127.0.0.1:{port}"
+    service = spawn("prefect", cmd, log, url=url, ports={"http": port}, env=env, cwd=directory)
+    try:
+        wait_until(service, lambda: http_ok(f"{url}/api/health"), timeout, f"{url}/api/health answered")
+    except BaseException:
+        service.stop()
+        raise
+    return service
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "S3Endpoint", "ServiceError", "start_mlflow", "start_prefect", "start_s3"]
