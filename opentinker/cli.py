@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import typer
 
+app = typer.Typer(help="OpenTinker: train, track, federate and serve RL agents.", no_args_is_help=True, pretty_exceptions_show_locals=False)
 
 from opentinker.infra.stack_cli import app as _stack_app  # noqa: E402
 
 app.add_typer(_stack_app, name="stack")
-app = typer.Typer(help="OpenTinker: train, track, federate and serve RL agents.", no_args_is_help=True, pretty_exceptions_show_locals=False)
 
 from opentinker.flows.cli import register as _register_pipeline  # noqa: E402
 
