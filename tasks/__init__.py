@@ -6,3 +6,4 @@ API server needs far longer than Prefect's 20 s default to start on a busy 2-cor
 import os
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no phoning home (and no telemetry errors offline)

@@ -28,8 +28,9 @@ _MLFLOW_BATCH_LIMIT = 1000
 def configure_mlflow(experiment: str | None = None) -> str:
     """Point MLflow at the configured store and return the experiment id (created on demand).
 
-    A new experiment stores artifacts under ``settings.artifact_root``: the data dir by default,
-    the S3 bucket when an endpoint is configured (MLflow then uploads through boto3).
+    Against a tracking server the server decides where artifacts go (the stack's server proxies
+    them to S3, so clients need no S3 credentials). Without a server a new experiment stores
+    artifacts under ``settings.artifact_root``: the data dir, or S3 when configured (via boto3).
     """
     import mlflow
 
@@ -42,7 +43,8 @@ def configure_mlflow(experiment: str | None = None) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    return client.create_experiment(name, artifact_location=settings.artifact_root)
+    location = None if settings.tracking_uri.startswith("http") else settings.artifact_root
+    return client.create_experiment(name, artifact_location=location)
 
 
 def export_s3_environment() -> None:

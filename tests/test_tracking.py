@@ -1,0 +1,104 @@
+"""Tracking edge without the engine: the metrics callback against a real MLflow store, plots, model card, gate rule."""
+from __future__ import annotations
+
+import struct
+
+import mlflow
+import pytest
+
+from opentinker.tasks import tracking
+from opentinker.tasks.model_card import render_model_card
+from opentinker.tasks.package import decide
+from opentinker.tasks.plots import learning_curve, system_metrics
+from opentinker.tasks.retry import is_transient
+
+
+@pytest.fixture()
+def run_id():
+    experiment_id = tracking.configure_mlflow("test-tracking")
+    run = mlflow.MlflowClient().create_run(experiment_id)
+    yield run.info.run_id
+    mlflow.MlflowClient().set_terminated(run.info.run_id)
+
+
+def _png_size(path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", header[16:24])
+
+
+def test_metrics_logger_batches_to_mlflow_against_global_step(run_id, monkeypatch):
+    monkeypatch.setattr(tracking, "FLUSH_EVERY_S", 3600.0)  # nothing reaches MLflow until flush()
+    seen = []
+    logger = tracking.MetricsLogger(run_id, on_iteration=lambda step, row: seen.append(step))
+    for i in range(1, 6):
+        logger({"charts/episodic_return": 10.0 * i, "losses/value_loss": 1.0 / i, "charts/bad": float("nan")}, 512 * i)
+    client = mlflow.MlflowClient()
+    assert client.get_metric_history(run_id, "charts/episodic_return") == []
+    logger.flush()
+    history = client.get_metric_history(run_id, "charts/episodic_return")
+    assert [(m.step, m.value) for m in history] == [(512 * i, 10.0 * i) for i in range(1, 6)]
+    assert seen == [512 * i for i in range(1, 6)]
+    assert client.get_metric_history(run_id, "charts/bad") == []  # non-finite values are dropped, not logged
+    cpu = client.get_metric_history(run_id, "system/cpu_percent")
+    assert len(cpu) == 5 and all(0.0 <= m.value <= 100.0 * 64 for m in cpu)
+    assert client.get_metric_history(run_id, "system/memory_rss_mb")[0].value > 10
+
+
+def test_history_round_trip_and_plots(tmp_path):
+    history = [
+        {"step": 100.0 * i, "charts/episodic_return": float(i * i), "charts/episodic_return_min": float(i),
+         "charts/episodic_return_max": float(2 * i * i), "system/cpu_percent": 50.0, "system/rollout_efficiency": 0.8}
+        for i in range(1, 20)
+    ]
+    path = tmp_path / "history.jsonl"
+    logger = object.__new__(tracking.MetricsLogger)
+    logger.history = history
+    logger.save_history(path)
+    assert tracking.load_history(path) == history
+    curve = learning_curve(history, tmp_path / "curve.png", eval_mean=300.0)
+    system = system_metrics(history, tmp_path / "system.png")
+    assert _png_size(curve) == (800, 450)
+    width, height = _png_size(system)
+    assert width == 1200 and height > 0
+    assert curve.stat().st_size > 10_000  # axes, a curve and a band were drawn, not an empty canvas
+
+
+def test_model_card_names_env_algorithm_eval_commit_and_versions():
+    card = render_model_card(
+        {"env_id": "CartPole-v1", "algorithm": "ppo", "seed": 3, "steps": 1000},
+        {"mean": 481.5, "std": 3.25, "returns": [480.0, 483.0], "seed": 10_000},
+        {"name": "opentinker-cartpole-v1", "version": "4", "aliases": ["candidate"], "decision": "promoted: x"},
+        run_id="abc123",
+        global_step=1024,
+    )
+    assert "CartPole-v1" in card and "PPO" in card
+    assert "481.50" in card and "± 3.25" in card
+    assert tracking.git_commit() in card and "unknown" != tracking.git_commit()
+    assert "- torch " in card and "- mlflow " in card
+    assert "version 4" in card and "promoted: x" in card
+
+
+@pytest.mark.parametrize(
+    ("candidate", "champion", "threshold", "promote"),
+    [(500.0, None, 475.0, True), (400.0, None, 475.0, False), (500.0, 500.0, 475.0, False),
+     (490.0, 500.0, 475.0, False), (500.0, 490.0, 475.0, True), (470.0, 100.0, 475.0, False)],
+)
+def test_promotion_rule(candidate, champion, threshold, promote):
+    assert decide(candidate, champion, threshold)[0] is promote
+
+
+def test_only_transient_io_is_retried():
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    assert is_transient(EndpointConnectionError(endpoint_url="http://127.0.0.1:1"))
+    assert is_transient(ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "put"))
+    assert not is_transient(ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "put"))
+    assert not is_transient(ValueError("bad input"))
+    try:
+        try:
+            raise ConnectionResetError("reset")
+        except ConnectionResetError as inner:
+            raise RuntimeError("upload failed") from inner
+    except RuntimeError as outer:
+        assert is_transient(outer)
