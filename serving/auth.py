@@ -96,10 +96,13 @@ def write_key_hash_file(key_hash: str, path: str | Path) -> Path:
 
 
 def key_hash_from_env() -> str:
-    """The server side: read the hash handed over by the parent (env var, or a file it names)."""
-    key_hash = os.environ.get(HASH_ENV, "").strip()
-    if not key_hash and (hash_file := os.environ.get(HASH_FILE_ENV)):
-        key_hash = Path(hash_file).read_text().strip()
+    """The server side: the hash handed over by the parent (``OPENTINKER_SERVE_API_KEY_HASH[_FILE]``)."""
+    from .config import get_serve_settings
+
+    settings = get_serve_settings()
+    key_hash = settings.api_key_hash.strip()
+    if not key_hash and settings.api_key_hash_file:
+        key_hash = Path(settings.api_key_hash_file).read_text().strip()
     if not key_hash:
         raise ApiKeyError(f"no API key hash: set {HASH_ENV} or {HASH_FILE_ENV} (see serving.auth.hash_api_key)")
     _parse_hash(key_hash)

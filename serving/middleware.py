@@ -56,6 +56,24 @@ class BodyLimitMiddleware:
         await _send_json(send, 413, {"error": f"request body: expected at most {self.max_bytes} bytes"})
 
 
+class JsonBodyMiddleware:
+    """Answer 415 to a POST whose declared Content-Type is not JSON (an absent one is taken as JSON).
+
+    Without this, BentoML would parse form or text bodies as empty input and report a misleading
+    "field required".
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            media_type = (_header(scope, b"content-type") or "application/json").split(";")[0].strip().lower()
+            if media_type != "application/json":
+                return await _send_json(send, 415, {"error": f"Content-Type: expected application/json, got {media_type}"})
+        await self.app(scope, receive, send)
+
+
 class ResponseHeaderMiddleware:
     """Add ``name: value_fn()`` to every response that the app did not already label itself."""
 

@@ -118,3 +118,15 @@ def test_body_limit_rejects_declared_and_streamed_oversize_bodies(key_hash):
     assert streamed.status_code == 413
     small_stream = client.post("/act", headers=auth_header, content=iter([b"x" * 20, b"y" * 20]))
     assert small_stream.status_code == 200 and small_stream.json()["body_len"] == 40
+
+
+def test_non_json_content_type_gets_415(key_hash):
+    from opentinker.serving.middleware import JsonBodyMiddleware
+
+    app = Starlette(routes=[Route("/act", _echo, methods=["POST"])])
+    app.add_middleware(JsonBodyMiddleware)
+    client = TestClient(app)
+    resp = client.post("/act", content=b"obs=1", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert resp.status_code == 415 and "application/json" in resp.json()["error"]
+    assert client.post("/act", json={"obs": [1]}).status_code == 200
+    assert client.post("/act", content=b"{}", headers={"Content-Type": "application/json; charset=utf-8"}).status_code == 200

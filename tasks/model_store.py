@@ -1,0 +1,255 @@
+"""Policies in the MLflow model registry: the one place that knows OpenTinker's MLflow model format.
+
+Format: an MLflow pyfunc model whose single artifact is the engine's export directory
+(``agents.export.export_policy``: ``policy.json`` + ``weights.npz``), with a tensor signature derived
+from the policy's spaces and the export's spec as model metadata. Any MLflow client can
+``mlflow.pyfunc.load_model(uri).predict(obs_batch)``; OpenTinker itself skips pyfunc and loads the
+export directory straight into the numpy ``InferencePolicy`` (fast, no torch).
+
+Typical package stage::
+
+    info = log_policy_model(export_dir, registered_model_name="cartpole")   # inside the training run
+    set_alias("cartpole", "champion", info.registered_model_version)
+    policy = load_registered_policy("models:/cartpole@champion")
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import mlflow
+
+    from opentinker.agents.export import InferencePolicy
+
+POLICY_FILE = "policy.json"
+_LOGGED_MODEL_ID = re.compile(r"^m-[0-9a-f]{32}$")
+_MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>[^/]+))?/?$")
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """Which policy a URI points at right now (an alias is resolved to its current version)."""
+
+    uri: str
+    """The URI as given (``models:/NAME@alias``, ``models:/NAME/3``, ``runs:/...`` or a local directory)."""
+    name: str
+    """Registered model name; the directory name for a local export."""
+    version: str
+    """Registered version; for a local export ``local-<weights hash>``; for other URIs the MLflow model id."""
+    run_id: str | None = None
+    """MLflow run that logged the model, when known."""
+    alias: str | None = None
+    """The alias the URI named, if any."""
+    download_uri: str = ""
+    """A URI that pins this exact version (never an alias), or the local directory."""
+
+
+class PolicyStoreError(RuntimeError):
+    """A model URI that cannot be resolved or does not hold an OpenTinker policy."""
+
+
+def _mlflow() -> "mlflow":
+    """MLflow pointed at the configured tracking store (``tasks.tracking.configure_mlflow``)."""
+    import mlflow
+
+    from opentinker.tasks.tracking import configure_mlflow
+
+    configure_mlflow()
+    return mlflow
+
+
+def _client():
+    return _mlflow().MlflowClient()
+
+
+def _load_export(directory: str | Path) -> "InferencePolicy":
+    from opentinker.agents.export import load_policy
+
+    return load_policy(Path(directory))
+
+
+def _tensor_spec(space) -> Any:
+    from gymnasium import spaces
+    from mlflow.types.schema import TensorSpec
+
+    if isinstance(space, spaces.Discrete):
+        return TensorSpec(np.dtype(np.int64), (-1,))
+    if isinstance(space, (spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)):
+        return TensorSpec(np.dtype(space.dtype), (-1, *space.shape))
+    raise PolicyStoreError(f"space: expected Box, Discrete, MultiDiscrete or MultiBinary, got {type(space).__name__}")
+
+
+def _policy_signature(policy: "InferencePolicy"):
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema
+
+    return ModelSignature(
+        inputs=Schema([_tensor_spec(policy.observation_space)]),
+        outputs=Schema([_tensor_spec(policy.action_space)]),
+    )
+
+
+def _pip_requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{pkg}=={version(pkg)}" for pkg in ("numpy", "gymnasium", "opentinker")]
+
+
+def _jsonable(value: Any) -> Any:
+    """MLflow metadata must be YAML-serialisable: numpy scalars/arrays become plain lists/numbers."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+class _PolicyPyfunc:
+    """``mlflow.pyfunc`` face of an exported policy: ``predict(obs_batch) -> actions``."""
+
+    def __init__(self, policy: "InferencePolicy"):
+        self.policy = policy
+
+    def predict(self, model_input, params=None):
+        return self.policy.act(np.asarray(model_input))
+
+
+def _load_pyfunc(data_path: str) -> _PolicyPyfunc:
+    """MLflow's loader-module hook (``mlflow.pyfunc.load_model``): no pickled code in the model."""
+    return _PolicyPyfunc(_load_export(data_path))
+
+
+def log_policy_model(
+    export_dir: str | Path,
+    *,
+    run_id: str | None = None,
+    name: str = "policy",
+    registered_model_name: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> str:
+    """Log an export directory as an MLflow pyfunc model and return its model URI.
+
+    Logs into ``run_id`` when given, else into the active run, else into a new run of the configured
+    experiment. ``registered_model_name`` also registers it (the pipeline calls ``register_policy``).
+    """
+    export_dir = Path(export_dir)
+    if not (export_dir / POLICY_FILE).is_file():
+        raise PolicyStoreError(f"export_dir: expected a directory with {POLICY_FILE} (agents.export.export_policy), got {export_dir}")
+    policy = _load_export(export_dir)
+    import mlflow
+
+    from opentinker.tasks.tracking import configure_mlflow
+
+    experiment_id = configure_mlflow()
+    kwargs = dict(
+        name=name,
+        loader_module="opentinker.tasks.model_store",
+        data_path=str(export_dir),
+        signature=_policy_signature(policy),
+        registered_model_name=registered_model_name,
+        pip_requirements=_pip_requirements(),
+        metadata=_jsonable({"opentinker_policy": getattr(policy, "spec", {}), **(metadata or {})}),
+    )
+    active = mlflow.active_run()
+    if active is not None and run_id in (None, active.info.run_id):
+        return mlflow.pyfunc.log_model(**kwargs).model_uri
+    if active is not None:
+        raise PolicyStoreError(f"run_id: another run ({active.info.run_id}) is active; end it or omit run_id")
+    with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else experiment_id):
+        return mlflow.pyfunc.log_model(**kwargs).model_uri
+
+
+def register_policy(model_uri: str, name: str, *, alias: str | None = None, tags: dict[str, str] | None = None):
+    """Register a logged policy (the URI ``log_policy_model`` returned) as a new version of ``name``.
+
+    Returns MLflow's ``ModelVersion`` (``.version``, ``.run_id``); ``alias`` is then pointed at it.
+    """
+    model_version = _mlflow().register_model(model_uri, name, tags=tags)
+    if alias:
+        set_alias(name, alias, model_version.version)
+    return model_version
+
+
+def set_alias(name: str, alias: str, version: str | int) -> None:
+    """Point ``models:/name@alias`` at ``version`` (a running service polls and follows it)."""
+    _client().set_registered_model_alias(name, alias, str(version))
+
+
+def resolve_policy(model_uri: str | Path) -> PolicyRef:
+    """Resolve a URI to the exact version it names now; local export directories are accepted too."""
+    uri = str(model_uri)
+    if uri.startswith("runs:/"):
+        run_id = uri[len("runs:/"):].split("/", 1)[0]
+        return PolicyRef(uri, uri.rstrip("/").rsplit("/", 1)[-1], run_id, run_id, download_uri=uri)
+    if not uri.startswith("models:/"):
+        return _resolve_local(Path(uri))
+    match = _MODELS_URI.match(uri)
+    if match is None:
+        raise PolicyStoreError(f"model_uri: expected models:/NAME@ALIAS or models:/NAME/VERSION, got {uri!r}")
+    name, alias, version = match["name"], match["alias"], match["version"]
+    if _LOGGED_MODEL_ID.match(name) and not (alias or version):
+        model = _client().get_logged_model(name)
+        return PolicyRef(uri, model.name, name, model.source_run_id, download_uri=uri)
+    from mlflow.exceptions import MlflowException
+
+    client = _client()
+    try:
+        if alias:
+            mv = client.get_model_version_by_alias(name, alias)
+        elif version in (None, "latest"):
+            versions = client.search_model_versions(f"name='{name}'")
+            if not versions:
+                raise PolicyStoreError(f"model_uri: registered model {name!r} has no versions")
+            mv = max(versions, key=lambda v: int(v.version))
+        else:
+            mv = client.get_model_version(name, version)
+    except MlflowException as exc:
+        raise PolicyStoreError(f"model_uri: cannot resolve {uri!r}: {exc.message}") from exc
+    return PolicyRef(uri, name, str(mv.version), mv.run_id, alias, download_uri=f"models:/{name}/{mv.version}")
+
+
+def _resolve_local(directory: Path) -> PolicyRef:
+    if not (directory / POLICY_FILE).is_file():
+        raise PolicyStoreError(
+            f"model_uri: expected models:/NAME@ALIAS, models:/NAME/VERSION, runs:/... or an export directory "
+            f"with {POLICY_FILE}, got {str(directory)!r}"
+        )
+    content = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.is_file()):
+        content.update(path.name.encode() + b"\0" + path.read_bytes())
+    resolved = directory.resolve()
+    return PolicyRef(str(directory), resolved.name, f"local-{content.hexdigest()[:12]}", download_uri=str(resolved))
+
+
+def download_policy(ref: PolicyRef, dst: str | Path | None = None) -> Path:
+    """The export directory of exactly ``ref``'s version, downloaded when it is remote."""
+    if not ref.download_uri.startswith(("models:/", "runs:/")):
+        return Path(ref.download_uri)
+    dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="opentinker-policy-"))
+    model_dir = Path(_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
+    found = sorted(model_dir.glob(f"**/{POLICY_FILE}"))
+    if not found:
+        raise PolicyStoreError(f"model_uri: {ref.uri!r} is not an OpenTinker policy (no {POLICY_FILE} in its artifacts)")
+    return found[0].parent
+
+
+def load_policy_version(model_uri: str | Path) -> tuple[PolicyRef, "InferencePolicy"]:
+    """Resolve then load, so the returned policy is exactly the version named in the ref."""
+    ref = resolve_policy(model_uri)
+    return ref, _load_export(download_policy(ref))
+
+
+def load_registered_policy(model_uri: str | Path) -> "InferencePolicy":
+    """The numpy ``InferencePolicy`` behind a registry URI, a run URI or a local export directory."""
+    return load_policy_version(model_uri)[1]
