@@ -1,1 +1,25 @@
-"""agents"""
+"""RL core, torch + numpy only: configs, policies, PPO, DQN, buffers, checkpoints, export.
+
+Names resolve lazily so that rollout workers importing ``opentinker.agents.numpy_policy`` never load torch.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "PPOConfig": "opentinker.agents.config",
+    "DQNConfig": "opentinker.agents.config",
+    "PPOTrainer": "opentinker.agents.ppo",
+    "DQNTrainer": "opentinker.agents.dqn",
+    "EvalResult": "opentinker.agents.trainer",
+    "export_policy": "opentinker.agents.export",
+    "load_policy": "opentinker.agents.export",
+    "InferencePolicy": "opentinker.agents.export",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'opentinker.agents' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

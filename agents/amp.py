@@ -1,0 +1,70 @@
+"""Mixed precision for the learner: ``amp_mode`` in off / bf16 / fp16 / safe.
+
+``safe`` runs bf16 autocast (fp16 with loss scaling on GPUs without bf16) and checks every loss and gradient;
+the first non-finite one skips that optimiser step and switches the rest of the run to fp32, recording why.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+
+AMP_MODES = ("off", "bf16", "fp16", "safe")
+log = logging.getLogger("opentinker.agents")
+
+
+class AmpController:
+    def __init__(self, mode: str, device: torch.device):
+        if mode not in AMP_MODES:
+            raise ValueError(f"amp_mode must be one of {AMP_MODES}, got {mode!r}")
+        self.mode, self.device_type = mode, device.type
+        bf16_ok = device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_bf16_supported())
+        self.dtype = torch.float16 if mode == "fp16" or (mode == "safe" and not bf16_ok) else torch.bfloat16
+        self.scaler = torch.amp.GradScaler(device.type, enabled=mode != "off" and self.dtype == torch.float16)
+        self.fallback_reason: str | None = None
+        self.skipped_steps = 0
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "off" and self.fallback_reason is None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.active)
+
+    def _fall_back(self, reason: str, optimizer: torch.optim.Optimizer) -> bool:
+        self.fallback_reason = reason
+        self.skipped_steps += 1
+        optimizer.zero_grad(set_to_none=True)
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=False)
+        log.warning("amp_mode=safe: %s; step skipped, continuing in fp32", reason)
+        return False
+
+    def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+             max_grad_norm: float) -> bool:
+        """Backward, clip and apply one update; False when the step was skipped (safe mode fallback)."""
+        guard = self.mode == "safe" and self.active
+        if guard and not torch.isfinite(loss).item():
+            return self._fall_back(f"non-finite loss ({loss.item()}) under {self.dtype}", optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(optimizer)
+        if guard and not all(torch.isfinite(p.grad).all().item() for p in params if p.grad is not None):
+            return self._fall_back(f"non-finite gradients under {self.dtype}", optimizer)
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return True
+
+    def metrics(self) -> dict[str, float]:
+        return {"system/amp_active": float(self.active), "system/amp_skipped_steps": float(self.skipped_steps)}
+
+    def state_dict(self) -> dict:
+        return {"fallback_reason": self.fallback_reason, "skipped_steps": self.skipped_steps, "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.fallback_reason, self.skipped_steps = state["fallback_reason"], state["skipped_steps"]
+        if self.fallback_reason is not None:
+            self.scaler = torch.amp.GradScaler(self.device_type, enabled=False)
+        elif state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])

@@ -1,0 +1,128 @@
+"""Typed hyper-parameters for PPO and DQN (CleanRL style: one docstring per field)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+def _check(name: str, ok: bool, expected: str, value: object) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+@dataclass
+class EnvConfig:
+    """Fields shared by every trainer: how the env copies are built when the trainer is given an env id."""
+
+    num_envs: int = 8
+    """Env copies stepped together (ignored when the trainer is given a RemoteEnv: its ``num_envs`` wins)."""
+    workers: int | None = None
+    """RemoteEnv workers (processes with the ray backend); None lets RemoteEnv choose."""
+    backend: str = "auto"
+    """RemoteEnv backend: "auto", "local" (in-process) or "ray" (one actor per worker)."""
+    state_diff: bool = False
+    """Send observations from workers delta-encoded and zstd-compressed (bit-exact)."""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """Widths of the MLP's hidden layers."""
+    activation: str = "tanh"
+    """Hidden-layer activation: "tanh" or "relu"."""
+    total_steps: int | None = None
+    """Horizon of the schedules (LR annealing, epsilon). None: the ``steps`` of the first ``train`` call."""
+    torch_threads: int | None = None
+    """``torch.set_num_threads`` for the learner; None leaves torch's default (one per core)."""
+
+    def __post_init__(self) -> None:
+        self.hidden_sizes = tuple(self.hidden_sizes)
+        _check("num_envs", isinstance(self.num_envs, int) and self.num_envs >= 1, "an int >= 1", self.num_envs)
+        _check("activation", self.activation in ("tanh", "relu"), '"tanh" or "relu"', self.activation)
+        _check("hidden_sizes", all(isinstance(h, int) and h > 0 for h in self.hidden_sizes), "positive ints", self.hidden_sizes)
+        _check("total_steps", self.total_steps is None or self.total_steps > 0, "None or > 0", self.total_steps)
+        for name in (f.name for f in dataclasses.fields(self) if f.type == "float"):
+            _check(name, getattr(self, name) >= 0, ">= 0", getattr(self, name))
+
+
+@dataclass
+class PPOConfig(EnvConfig):
+    """Proximal Policy Optimisation (clipped objective, GAE), after CleanRL's ppo.py / ppo_continuous_action.py."""
+
+    n_steps: int = 128
+    """Steps each env copy runs per iteration; a batch is ``num_envs * n_steps`` transitions."""
+    learning_rate: float = 2.5e-4
+    """Adam learning rate (start value when annealed)."""
+    anneal_lr: bool = True
+    """Decay the learning rate linearly to 0 over ``total_steps``."""
+    gamma: float = 0.99
+    """Discount factor."""
+    gae_lambda: float = 0.95
+    """GAE lambda: bias/variance trade-off of advantages."""
+    num_minibatches: int = 4
+    """Minibatches per epoch."""
+    update_epochs: int = 4
+    """Passes over each batch."""
+    norm_adv: bool = True
+    """Normalise advantages within each minibatch."""
+    clip_coef: float = 0.2
+    """Policy ratio clipping range."""
+    clip_vloss: bool = True
+    """Clip the value update to ``clip_coef`` around the old values."""
+    ent_coef: float = 0.01
+    """Entropy bonus weight."""
+    vf_coef: float = 0.5
+    """Value loss weight."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    target_kl: float | None = None
+    """Stop the epoch loop early once the approximate KL exceeds this; None never stops."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check("n_steps", isinstance(self.n_steps, int) and self.n_steps >= 1, "an int >= 1", self.n_steps)
+        _check("num_minibatches", self.num_minibatches >= 1, "an int >= 1", self.num_minibatches)
+        _check("update_epochs", self.update_epochs >= 1, "an int >= 1", self.update_epochs)
+        _check("gamma", 0 <= self.gamma <= 1, "in [0, 1]", self.gamma)
+        _check("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]", self.gae_lambda)
+        _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
+
+
+@dataclass
+class DQNConfig(EnvConfig):
+    """Deep Q-learning with a replay buffer and a target network, after CleanRL's dqn.py."""
+
+    num_envs: int = 4
+    """Env copies stepped together."""
+    activation: str = "relu"
+    """Hidden-layer activation: "tanh" or "relu"."""
+    n_steps: int = 32
+    """Steps each env copy runs per iteration before the iteration's gradient steps."""
+    learning_rate: float = 2.5e-4
+    """Adam learning rate."""
+    buffer_size: int = 10_000
+    """Replay buffer capacity (transitions)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 1.0
+    """Target network update rate (1.0 = hard copy)."""
+    target_network_frequency: int = 500
+    """Env steps between target network updates."""
+    batch_size: int = 128
+    """Transitions per gradient step."""
+    start_e: float = 1.0
+    """Exploration epsilon at the start."""
+    end_e: float = 0.05
+    """Exploration epsilon after the decay."""
+    exploration_fraction: float = 0.5
+    """Share of ``total_steps`` over which epsilon decays linearly."""
+    learning_starts: int = 10_000
+    """Env steps collected before learning begins."""
+    train_frequency: int = 10
+    """Env steps per gradient step."""
+    max_grad_norm: float = 10.0
+    """Global gradient-norm clip."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check("n_steps", isinstance(self.n_steps, int) and self.n_steps >= 1, "an int >= 1", self.n_steps)
+        _check("buffer_size", self.buffer_size >= self.batch_size, f">= batch_size ({self.batch_size})", self.buffer_size)
+        _check("train_frequency", self.train_frequency >= 1, "an int >= 1", self.train_frequency)
+        _check("tau", 0 < self.tau <= 1, "in (0, 1]", self.tau)
+        _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)

@@ -1,0 +1,92 @@
+"""DQN trainer: epsilon-greedy rollouts with the numpy Q network, replay, TD updates, target network."""
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from opentinker.agents.buffers import ReplayBuffer
+from opentinker.agents.config import DQNConfig
+from opentinker.agents.policies import QNetwork, policy_spec
+from opentinker.agents.trainer import Trainer
+
+
+def linear_schedule(start: float, end: float, duration: float, step: int) -> float:
+    return max(end, start + (end - start) * step / max(duration, 1.0))
+
+
+class DQNTrainer(Trainer):
+    """``DQNTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``."""
+
+    algorithm, config_cls, value_based = "dqn", DQNConfig, True
+    config: DQNConfig
+
+    def _build(self) -> None:
+        c = self.config
+        self.spec = policy_spec(self.observation_space, self.action_space, True, c.hidden_sizes, c.activation)
+        self.policy = QNetwork(self.spec).to(self.device)
+        self.target = copy.deepcopy(self.policy)
+        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=c.learning_rate)
+        self.buffer = ReplayBuffer(c.buffer_size)
+        self.next_target_update = c.target_network_frequency
+        self.pending_updates = 0.0
+
+    def _iterate(self) -> dict[str, float]:
+        c = self.config
+        # 1. Epsilon-greedy rollout with the current Q network (epsilon from the linear schedule).
+        epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction * self.horizon, self.global_step)
+        rollout = self.env.collect(self.policy.numpy_weights(), dict(self.spec, epsilon=epsilon), c.n_steps, self.iteration)
+        rollout_end = time.perf_counter()
+        self.global_step += rollout.num_steps
+        # 2. Store real transitions; the observation after step t is obs[t + 1] (final obs at episode ends).
+        next_obs = np.concatenate([rollout.obs[1:], rollout.last_obs[None]], axis=0)
+        keep = rollout.valid
+        self.buffer.add(rollout.obs[keep], next_obs[keep], rollout.actions[keep], rollout.rewards[keep],
+                        rollout.terminated[keep].astype(np.float32))
+        # 3. One gradient step per ``train_frequency`` env steps once learning has started.
+        losses, q_values = [], []
+        if self.global_step >= c.learning_starts:
+            self.pending_updates += rollout.num_steps / c.train_frequency
+            while self.pending_updates >= 1.0:
+                self.pending_updates -= 1.0
+                batch = {k: torch.as_tensor(v, device=self.device) for k, v in self.buffer.sample(c.batch_size, self.rng).items()}
+                with torch.no_grad():
+                    target_max = self.target(self.target.preprocess(batch["next_obs"])).float().max(dim=1).values
+                    td_target = batch["rewards"] + c.gamma * target_max * (1.0 - batch["terminated"])
+                with self.amp.autocast():
+                    q_all = self.policy(self.policy.preprocess(batch["obs"]))
+                q_taken = q_all.float().gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
+                loss = F.mse_loss(q_taken, td_target)
+                self.amp.step(loss, self.optimizer, list(self.policy.parameters()), c.max_grad_norm)
+                losses.append(loss.item())
+                q_values.append(q_taken.mean().item())
+        # 4. Target network: soft/hard update every ``target_network_frequency`` env steps.
+        while self.global_step >= self.next_target_update:
+            self.next_target_update += c.target_network_frequency
+            self.update_target()
+        metrics = {"charts/epsilon": epsilon, "charts/buffer_size": float(len(self.buffer)),
+                   "system/gradient_delay_ms": (time.perf_counter() - rollout_end) * 1000.0}
+        if losses:
+            metrics.update({"losses/td_loss": float(np.mean(losses)), "losses/q_values": float(np.mean(q_values))})
+        metrics.update(self.rollout_metrics(rollout))
+        metrics.update(self.episode_metrics(rollout.episode_returns, rollout.episode_lengths))
+        return metrics
+
+    def update_target(self) -> None:
+        """target <- tau * online + (1 - tau) * target."""
+        tau = self.config.tau
+        with torch.no_grad():
+            for target_param, param in zip(self.target.parameters(), self.policy.parameters()):
+                target_param.copy_(tau * param + (1.0 - tau) * target_param)
+
+    def _extra_state(self) -> dict:
+        return {"target": self.target.state_dict(), "buffer": self.buffer.state_dict(),
+                "next_target_update": self.next_target_update, "pending_updates": self.pending_updates}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self.target.load_state_dict(state["target"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.next_target_update, self.pending_updates = state["next_target_update"], state["pending_updates"]

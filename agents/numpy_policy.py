@@ -1,0 +1,99 @@
+"""Numpy-only forward pass of the MLP policies: used by rollout workers, evaluation and exported models.
+
+A policy is fully described by a JSON-able ``spec`` plus a dict of float32 arrays named like the torch
+``state_dict`` (``actor.0.weight`` ...). Workers and servers need neither torch nor the training code.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+POLICY_KINDS = ("categorical", "gaussian", "q")
+_ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
+
+
+def preprocess_obs(obs: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
+    """Batch of raw observations -> float32 matrix (Box: flattened; Discrete: one-hot)."""
+    if spec["obs_kind"] == "discrete":
+        idx = np.asarray(obs, dtype=np.int64).reshape(-1)
+        out = np.zeros((idx.shape[0], spec["obs_dim"]), dtype=np.float32)
+        out[np.arange(idx.shape[0]), idx] = 1.0
+        return out
+    return np.asarray(obs, dtype=np.float32).reshape(-1, spec["obs_dim"])
+
+
+class NumpyPolicy:
+    """The MLP of ``spec`` evaluated with numpy; ``sample`` draws actions from an explicit Generator."""
+
+    def __init__(self, spec: dict[str, Any], weights: dict[str, np.ndarray]):
+        if spec.get("kind") not in POLICY_KINDS:
+            raise ValueError(f"policy spec 'kind' must be one of {POLICY_KINDS}, got {spec.get('kind')!r}")
+        self.spec = spec
+        self.weights = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+        self._act = _ACTIVATIONS[spec["activation"]]
+        self._depth = len(spec["hidden"]) + 1
+
+    def _mlp(self, head: str, x: np.ndarray) -> np.ndarray:
+        for layer in range(self._depth):
+            x = x @ self.weights[f"{head}.{2 * layer}.weight"].T + self.weights[f"{head}.{2 * layer}.bias"]
+            if layer < self._depth - 1:
+                x = self._act(x)
+        return x
+
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        """State values (actor-critic) or max Q (Q network), shape (batch,)."""
+        x = preprocess_obs(obs, self.spec)
+        if self.spec["kind"] == "q":
+            return self._mlp("q", x).max(axis=1)
+        return self._mlp("critic", x)[:, 0]
+
+    def sample(self, obs: np.ndarray, rng: np.random.Generator | None, deterministic: bool = False):
+        """Actions, their log-probabilities and state values for a batch; ``rng`` unused when deterministic."""
+        x = preprocess_obs(obs, self.spec)
+        kind = self.spec["kind"]
+        n = x.shape[0]
+        if kind == "q":
+            q = self._mlp("q", x)
+            actions = q.argmax(axis=1)
+            eps = float(self.spec.get("epsilon", 0.0))
+            if not deterministic and eps > 0.0:
+                explore = rng.random(n) < eps
+                actions = np.where(explore, rng.integers(0, q.shape[1], size=n), actions)
+            return actions.astype(np.int64), np.zeros(n, np.float32), q.max(axis=1)
+        values = self._mlp("critic", x)[:, 0]
+        out = self._mlp("actor", x)
+        if kind == "categorical":
+            logits = out - out.max(axis=1, keepdims=True)
+            logp_all = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+            if deterministic:
+                actions = logp_all.argmax(axis=1)
+            else:
+                cdf = np.cumsum(np.exp(logp_all), axis=1)
+                actions = np.minimum((cdf < rng.random(n)[:, None] * cdf[:, -1:]).sum(axis=1), out.shape[1] - 1)
+            return actions.astype(np.int64), logp_all[np.arange(n), actions], values
+        log_std = self.weights["log_std"].reshape(1, -1)
+        std = np.exp(log_std)
+        actions = out if deterministic else out + std * rng.standard_normal(out.shape).astype(np.float32)
+        logp = (-0.5 * ((actions - out) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(axis=1)
+        return actions.astype(np.float32), logp.astype(np.float32), values
+
+    def probs(self, obs: np.ndarray) -> np.ndarray | None:
+        """Action probabilities for discrete actor-critic policies, else None."""
+        if self.spec["kind"] != "categorical":
+            return None
+        out = self._mlp("actor", preprocess_obs(obs, self.spec))
+        e = np.exp(out - out.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    def env_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Policy outputs -> what the env accepts (continuous actions clipped to the action bounds)."""
+        if self.spec["kind"] == "gaussian":
+            return np.clip(actions, self.spec["action_low"], self.spec["action_high"]).astype(np.float32)
+        return actions
+
+    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+        """Env-ready actions for a batch of observations."""
+        rng = None if deterministic else np.random.default_rng()
+        return self.env_actions(self.sample(obs, rng, deterministic)[0])

@@ -1,0 +1,74 @@
+"""``BaseEnv`` (spaces checked at construction) and ``make_env`` (one way to build an env from anything)."""
+from __future__ import annotations
+
+import copy
+import functools
+from typing import Any, Callable
+
+import gymnasium as gym
+
+from opentinker.envs.errors import EnvSpecError
+
+EnvLike = str | type[gym.Env] | Callable[[], gym.Env] | gym.Env
+
+
+def _check_spaces(env: gym.Env) -> None:
+    name = type(env).__name__
+    for field in ("observation_space", "action_space"):
+        space = getattr(env, field, None)
+        if space is None:
+            raise EnvSpecError(f"{name}.{field} is missing: set it in __init__ to a gymnasium.spaces.Space")
+        if not isinstance(space, gym.spaces.Space):
+            raise EnvSpecError(f"{name}.{field} must be a gymnasium.spaces.Space, got {type(space).__name__}")
+
+
+class BaseEnv(gym.Env):
+    """A gymnasium.Env whose subclasses must declare ``observation_space`` and ``action_space``.
+
+    The check runs right after the most-derived ``__init__`` returns, so a missing or wrongly typed space
+    fails at construction (``EnvSpecError`` naming the class and the field) rather than deep inside training.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        original = cls.__dict__.get("__init__")
+        if original is None:
+            return
+
+        @functools.wraps(original)
+        def checked_init(self, *args: Any, **kw: Any) -> None:
+            original(self, *args, **kw)
+            if type(self).__init__ is checked_init:  # only the outermost __init__ checks
+                _check_spaces(self)
+
+        cls.__init__ = checked_init  # type: ignore[method-assign]
+
+
+def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
+    """Build one env from a registered id, an env class, a zero-arg factory, or (copied) an env instance."""
+    if isinstance(env, str):
+        try:
+            made = gym.make(env, **kwargs)
+        except gym.error.Error as exc:  # NameNotFound, VersionNotFound, NamespaceNotFound, ...
+            raise EnvSpecError(f"env id {env!r} is not a registered gymnasium env: {exc}") from exc
+    elif isinstance(env, gym.Env):
+        if kwargs:
+            raise EnvSpecError(f"env instance {type(env).__name__} given with kwargs {sorted(kwargs)}: pass the class instead")
+        made = copy.deepcopy(env)
+    elif callable(env):
+        made = env(**kwargs)
+        if not isinstance(made, gym.Env):
+            raise EnvSpecError(f"env factory {getattr(env, '__name__', env)!r} returned {type(made).__name__}, expected a gymnasium.Env")
+    else:
+        raise EnvSpecError(f"env must be an id, a gymnasium.Env class, a factory or an instance; got {type(env).__name__}")
+    _check_spaces(made)
+    return made
+
+
+def env_name(env: EnvLike) -> str:
+    """A readable name for logs, metadata and error messages."""
+    if isinstance(env, str):
+        return env
+    if isinstance(env, gym.Env):
+        return env.spec.id if env.spec is not None else type(env).__name__
+    return getattr(env, "__name__", type(env).__name__)

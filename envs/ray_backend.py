@@ -1,0 +1,57 @@
+"""Ray backend of ``RemoteEnv``: one actor per worker, restarted and retried by Ray when its process dies.
+
+Recovery is exact: every collect hands the worker the env snapshot it returned after the previous iteration.
+A live worker ignores it; a restarted one (fresh process, fresh envs) restores it, so the retried collect
+produces the same data the dead worker would have. Weights go into the object store once per iteration and
+all workers read that one copy.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from opentinker.envs.base import EnvLike
+from opentinker.envs.rollout import Rollout, RolloutWorker
+from opentinker.infra.ray_runtime import ensure_ray
+
+MAX_RESTARTS = 4  # a worker process may die this many times before the job fails
+
+
+def default_workers(parallel: int) -> int:
+    ensure_ray()
+    return max(1, min(parallel, int(ray.cluster_resources().get("CPU", 1))))
+
+
+class RayPool:
+    def __init__(self, env: EnvLike, sizes: list[int], seed: int, env_kwargs: dict):
+        ensure_ray()
+        cpus = ray.cluster_resources().get("CPU", 1.0)
+        actor_cls = ray.remote(RolloutWorker).options(
+            num_cpus=min(1.0, cpus / len(sizes)), max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS)
+        self.actors = [actor_cls.remote(env, n, seed, i, env_kwargs, keep_snapshots=True) for i, n in enumerate(sizes)]
+        self.snapshots: list[bytes | None] = [None] * len(sizes)
+
+    def call(self, method: str, per_worker_args: list[tuple] | None = None, **kwargs: Any) -> list:
+        args = per_worker_args or [()] * len(self.actors)
+        if method in ("reset", "step"):
+            self.snapshots = [None] * len(self.actors)  # driver-side copies are stale after direct stepping
+        elif method == "restore":
+            self.snapshots = [x[0] for x in args]
+        return ray.get([getattr(a, method).remote(*x, **kwargs) for a, x in zip(self.actors, args)])
+
+    def call_one(self, index: int, method: str, *args: Any) -> Any:
+        return ray.get(getattr(self.actors[index], method).remote(*args))
+
+    def collect(self, weights, spec, n_steps, iteration, state_diff) -> list[tuple[Rollout, bytes | None]]:
+        weights_ref = ray.put(weights)
+        refs = [a.collect.remote(weights_ref, spec, n_steps, iteration, snap, state_diff)
+                for a, snap in zip(self.actors, self.snapshots)]
+        results = ray.get(refs)
+        self.snapshots = [snap for _, snap in results]
+        return results
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
