@@ -1,0 +1,105 @@
+"""The Flower ClientApp a site runs: train the global policy on the site's own env, or score it there.
+
+Only weights and a few scalar metrics (env steps, returns, seconds) leave the site; the env, its physics, the
+trajectories and the local optimiser state stay in the site's process and its ``state-dir``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import LocalDpMod
+
+from opentinker.federated import task
+from opentinker.federated.config import SiteConfig
+from opentinker.infra.settings import get_settings
+
+
+class SiteRefusedError(RuntimeError):
+    """The site declines the server's request (e.g. a strategy it did not agree to); the reason goes back in the reply."""
+
+
+def to_record(weights: task.Weights) -> ArrayRecord:
+    return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in weights.items()})
+
+
+def from_record(record: ArrayRecord) -> task.Weights:
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def _site(context: Context, sites: Sequence[SiteConfig] | None) -> SiteConfig:
+    """A deployed site reads its node config; a simulated one picks its entry by Flower's partition id."""
+    config = SiteConfig.from_node_config(dict(context.node_config))
+    if sites is not None:
+        return sites[config.site_id % len(sites)]
+    return config
+
+
+def _state_path(site: SiteConfig, context: Context) -> Path:
+    root = Path(site.state_dir) if site.state_dir else get_settings().resolved_data_dir / "federated" / "site-state"
+    path = root / f"run-{context.run_id}" / f"site-{site.site_id}" / "trainer.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _site_trainer(site: SiteConfig, context: Context, config, resume: bool):
+    variant = task.resolve_variant(site.site_id, site.pole_length, site.gravity)
+    state = _state_path(site, context) if resume else None
+    trainer = task.new_trainer(str(config["env"]), variant, seed=int(config["seed"]) + 1000 * site.site_id, state_path=state)
+    return trainer, variant
+
+
+def build_client_app(sites: Sequence[SiteConfig] | None = None) -> ClientApp:
+    """The ClientApp; ``sites`` (simulation only) gives each virtual site its settings, indexed by partition id."""
+    app = ClientApp()
+
+    def privacy_mod(msg: Message, context: Context, call_next) -> Message:
+        """Local differential privacy when the site asks for it: clip the update, add Gaussian noise (Flower's LocalDpMod)."""
+        site = _site(context, sites)
+        if site.dp_clip <= 0:
+            return call_next(msg, context)
+        return LocalDpMod(site.dp_clip, site.dp_clip, site.dp_epsilon, site.dp_delta)(msg, context, call_next)
+
+    @app.train(mods=[privacy_mod])
+    def train(msg: Message, context: Context) -> Message:
+        site = _site(context, sites)
+        config = msg.content["config"]
+        if site.strategy and site.strategy != config["strategy"]:
+            raise SiteRefusedError(
+                f"site {site.site_id} agreed to strategy {site.strategy!r} but the run uses {config['strategy']!r}"
+            )
+        trainer, _ = _site_trainer(site, context, config, resume=True)
+        global_weights = from_record(msg.content["arrays"])
+        task.set_weights(trainer, global_weights)
+        seconds = float(config["aggregation-interval"])
+        if site.aggregation_interval > 0:
+            seconds = min(seconds, site.aggregation_interval)
+        stats = task.train_local(
+            trainer,
+            seconds=seconds,
+            max_steps=int(config["local-steps"]),
+            proximal_mu=float(config.get("proximal-mu", 0.0)),
+            anchor=global_weights,
+        )
+        trainer.save(_state_path(site, context))
+        metrics = MetricRecord({"site-id": site.site_id, **stats})
+        return Message(RecordDict({"arrays": to_record(task.get_weights(trainer)), "metrics": metrics}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        site = _site(context, sites)
+        config = msg.content["config"]
+        trainer, _ = _site_trainer(site, context, config, resume=False)
+        task.set_weights(trainer, from_record(msg.content["arrays"]))
+        episodes = int(config["eval-episodes"])
+        score = task.evaluate(trainer, episodes=episodes)
+        metrics = MetricRecord({"site-id": site.site_id, "return": score, "num-steps": episodes})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+app = build_client_app()

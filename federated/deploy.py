@@ -1,0 +1,242 @@
+"""Flower's deployment engine on loopback: one `flower-superlink` and one `flower-supernode` per site, each its own
+process group, TLS from `federated.certs`, SuperNode authentication (each site's public key registered up front).
+
+State lives in ``<root>/federation.json`` so `opentinker federated up`, `run` and `down` can be separate commands.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from opentinker.federated.certs import CertPaths, generate_certs
+from opentinker.federated.config import FedConfig, SiteConfig
+from opentinker.infra.settings import get_settings
+
+STATE_FILE = "federation.json"
+APP_DIR = Path(__file__).resolve().parents[1]
+"""The repository root: its pyproject.toml carries the Flower app ([tool.flwr.app])."""
+
+
+class FederationError(RuntimeError):
+    """A Flower process failed to start, was refused, or a run failed; the message carries its log tail."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def default_root() -> Path:
+    return get_settings().resolved_data_dir / "federated" / "deployment"
+
+
+@dataclass
+class Federation:
+    """A running loopback federation: where its files are and which processes are its parts."""
+
+    root: str
+    port: int
+    certs: str
+    superlink_pid: int = 0
+    site_pids: dict[str, int] = field(default_factory=dict)
+    node_ids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def cert_paths(self) -> CertPaths:
+        return CertPaths(Path(self.certs))
+
+    @property
+    def cli_home(self) -> Path:
+        return Path(self.root) / "cli-home"
+
+    def save(self) -> None:
+        path = Path(self.root) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, root: str | Path | None = None) -> "Federation":
+        path = Path(root or default_root()) / STATE_FILE
+        if not path.exists():
+            raise FederationError(f"no federation at {path.parent}: start one with `opentinker federated up`")
+        return cls(**json.loads(path.read_text()))
+
+
+def _env(flwr_home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["FLWR_HOME"] = str(flwr_home)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("OPENTINKER_DATA_DIR", str(get_settings().resolved_data_dir))
+    return env
+
+
+def _spawn(args: list[str], log: Path, flwr_home: Path) -> subprocess.Popen:
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=_env(flwr_home), start_new_session=True)
+
+
+def _tail(log: Path, lines: int = 15) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
+
+
+def _wait_for(log: Path, marker: str, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and marker in log.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise FederationError(f"{what} exited with code {proc.returncode}:\n{_tail(log)}")
+        time.sleep(0.3)
+    raise FederationError(f"{what} not ready after {timeout:.0f}s:\n{_tail(log)}")
+
+
+def stop_pid(pid: int, timeout: float = 20.0) -> None:
+    """Stop a process and its group (flower-supernode leaves a flower-superexec child otherwise), then wait."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.2)
+
+
+def _flwr(fed: Federation, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    flwr = str(Path(sys.executable).parent / "flwr")
+    return subprocess.run([flwr, *args], env=_env(fed.cli_home), capture_output=True, text=True, timeout=timeout)
+
+
+def start_superlink(root: Path, certs: CertPaths, timeout: float = 180.0) -> Federation:
+    fed = Federation(root=str(root), port=free_port(), certs=str(certs.directory))
+    log = root / "superlink.log"
+    proc = _spawn([
+        str(Path(sys.executable).parent / "flower-superlink"),
+        "--ssl-certfile", str(certs.server_cert), "--ssl-keyfile", str(certs.server_key),
+        "--ssl-ca-certfile", str(certs.ca_cert), "--enable-supernode-auth",
+        "--disable-runtime-dependency-installation", "--database", str(root / "superlink.db"),
+        "--host", "127.0.0.1", "--port", str(fed.port),
+    ], log, root / "superlink-home")
+    fed.superlink_pid = proc.pid
+    _wait_for(log, "Uvicorn running", proc, timeout, "flower-superlink")
+    fed.cli_home.mkdir(parents=True, exist_ok=True)
+    (fed.cli_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{fed.address}"\n'
+        f'root-certificates = "{certs.ca_cert}"\n'
+    )
+    fed.save()
+    return fed
+
+
+def register_site(fed: Federation, site: int, public_key: Path) -> int:
+    """Register a site's public key with the SuperLink (SuperNode authentication); returns its node id."""
+    done = _flwr(fed, "supernode", "register", str(public_key), "local", "--format", "json")
+    try:
+        node_id = int(json.loads(done.stdout)["node-id"])
+    except (ValueError, KeyError) as err:
+        raise FederationError(f"registering site {site} failed ({err}):\n{done.stdout}\n{done.stderr}") from err
+    fed.node_ids[str(site)] = node_id
+    fed.save()
+    return node_id
+
+
+def start_site(fed: Federation, site: SiteConfig, private_key: Path | None = None, root_cert: Path | None = None,
+               timeout: float = 180.0, max_wait_time: float | None = None) -> int:
+    """Start a site's flower-supernode (TLS + its auth key) and wait until the SuperLink accepted it; returns its pid."""
+    key = private_key or fed.cert_paths.site_key(site.site_id)
+    site_dir = Path(fed.root) / f"site-{site.site_id}"
+    site_dir.mkdir(parents=True, exist_ok=True)
+    if not site.state_dir:
+        site.state_dir = str(site_dir / "state")
+    log = site_dir / "supernode.log"
+    log.unlink(missing_ok=True)
+    args = [
+        str(Path(sys.executable).parent / "flower-supernode"),
+        "--superlink", fed.address, "--root-certificates", str(root_cert or fed.cert_paths.ca_cert),
+        "--auth-supernode-private-key", str(key), "--port", str(free_port()),
+        "--node-config", site.to_node_config() or f"site-id={site.site_id}",
+    ]
+    if max_wait_time is not None:
+        args += ["--max-wait-time", str(max_wait_time)]
+    proc = _spawn(args, log, site_dir / "flwr-home")
+    try:
+        _wait_for(log, "SuperNode ID:", proc, timeout, f"site {site.site_id} (flower-supernode)")
+    except FederationError:
+        stop_pid(proc.pid)
+        raise
+    fed.site_pids[str(site.site_id)] = proc.pid
+    fed.save()
+    return proc.pid
+
+
+def stop_site(fed: Federation, site_id: int) -> None:
+    pid = fed.site_pids.pop(str(site_id), 0)
+    if pid:
+        stop_pid(pid)
+    fed.save()
+
+
+def up(sites: int = 3, root: str | Path | None = None, site_configs: list[SiteConfig] | None = None) -> Federation:
+    """Certificates (kept if present), SuperLink, every site's key registered, one SuperNode per site."""
+    root = Path(root or default_root()).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    certs = generate_certs(root / "certs", sites)
+    fed = start_superlink(root, certs)
+    try:
+        for site in site_configs or [SiteConfig(site_id=i) for i in range(sites)]:
+            register_site(fed, site.site_id, certs.site_public_key(site.site_id))
+            start_site(fed, site)
+    except Exception:
+        down(root)
+        raise
+    return fed
+
+
+def down(root: str | Path | None = None) -> None:
+    """Stop every SuperNode, then the SuperLink, and wait for each process group to go."""
+    fed = Federation.load(root)
+    for site_id in list(fed.site_pids):
+        stop_site(fed, int(site_id))
+    stop_pid(fed.superlink_pid)
+    fed.superlink_pid = 0
+    fed.save()
+
+
+def submit(fed: Federation, config: FedConfig, timeout: float = 3600.0):
+    """`flwr run` the app against the federation, stream until it ends, return the server's FederatedResult."""
+    from opentinker.federated.server_app import checkpoint_dir, read_result
+
+    result_file = checkpoint_dir(config) / "result.json"
+    result_file.unlink(missing_ok=True)
+    overrides = Path(fed.root) / f"run-config-{config.run_name}.toml"
+    overrides.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in config.to_run_config().items()))
+    done = _flwr(fed, "run", str(APP_DIR), "local", "--run-config", str(overrides), "--stream", timeout=timeout)
+    (Path(fed.root) / f"run-{config.run_name}.log").write_text(done.stdout + done.stderr)
+    result = read_result(config)
+    if result is None or result.status != "FINISHED":
+        reason = result.error if result else "the ServerApp wrote no result"
+        raise FederationError(f"federated run {config.run_name!r} failed: {reason}\n{(done.stdout + done.stderr)[-3000:]}")
+    return result
