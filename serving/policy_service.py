@@ -48,14 +48,14 @@ Observation = Annotated[
 ObservationBatch = Annotated[
     Any,
     AfterValidator(_check_batch),
-    WithJsonSchema({"type": "array", "description": "A list of observations, each matching the observation space (see /metadata)."}),
+    WithJsonSchema({"type": "array", "items": {}, "description": "A list of observations, each matching the observation space (see /metadata)."}),
 ]
 
 
 class ActResponse(BaseModel):
     action: Any = Field(description="The action for the observation (an int for discrete action spaces, else a list).")
     model_version: str = Field(description="The registered version that computed the action.")
-    probs: list[float] | None = Field(None, description="Action probabilities (discrete actor-critic policies, with return_info).")
+    probs: list[float] = Field(default_factory=list, description="Action probabilities with return_info (discrete actor-critic policies); else empty.")
     value: float | None = Field(None, description="State value estimate (with return_info).")
 
 
@@ -93,7 +93,7 @@ class PolicyService:
         return ActResponse(
             action=actions[0].tolist(),
             model_version=served.version,
-            probs=None if probs is None else probs[0].tolist(),
+            probs=[] if probs is None else probs[0].tolist(),
             value=None if values is None else float(values[0]),
         )
 

@@ -1,0 +1,42 @@
+"""The SDK's trainers: the engine's ``PPOTrainer``/``DQNTrainer`` plus ``deploy()``.
+
+The engine (``opentinker.agents``) stays free of serving code; this facade adds the one method that
+turns a trained policy into a running, authenticated HTTP service.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from opentinker.agents.dqn import DQNTrainer as _EngineDQNTrainer
+from opentinker.agents.ppo import PPOTrainer as _EnginePPOTrainer
+
+
+class _Deployable:
+    """Mixin: ``deploy(api_key=...)`` exports the current policy and serves it with ``serving.deploy``."""
+
+    def deploy(self, api_key: str, port: int | None = None, host: str = "127.0.0.1", **options: Any):
+        """Serve the current policy on ``host:port`` (a free loopback port by default) behind ``api_key``.
+
+        Returns a ``serving.deploy.Deployment`` (``url``, ``predict(obs)``, ``predict_batch(obs)``,
+        ``stop()``; also a context manager). ``options`` go to ``serving.deploy.deploy`` (e.g.
+        ``settings={"workers": 2}``). The export is written under ``<data_dir>/deployments/``.
+        """
+        from opentinker.agents.export import export_policy
+        from opentinker.infra.settings import get_settings
+        from opentinker.serving.deploy import deploy
+
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        name = f"{self.algorithm}-{(self.env_id or 'env').replace('/', '_')}-step{self.global_step}-{stamp}"
+        export_dir = Path(get_settings().resolved_data_dir) / "deployments" / name
+        export_policy(self, export_dir, metadata={"global_step": int(self.global_step), "seed": int(self.seed)})
+        return deploy(export_dir, api_key, host=host, port=port, **options)
+
+
+class PPOTrainer(_Deployable, _EnginePPOTrainer):
+    __doc__ = _EnginePPOTrainer.__doc__
+
+
+class DQNTrainer(_Deployable, _EngineDQNTrainer):
+    __doc__ = _EngineDQNTrainer.__doc__
