@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-console = Console()
+console = Console(soft_wrap=True)  # long paths and URIs stay on one line (copy-pasteable)
 
 _NOISY_LOGGERS = ("prefect", "mlflow", "ray", "alembic", "httpx", "urllib3", "botocore", "bentoml", "filelock")
 
@@ -50,7 +50,7 @@ def training_progress(total_steps: int, label: str) -> Iterator[None]:
 
         def listener(step: int, total: int, metrics: dict[str, float]) -> None:
             info = []
-            for key, fmt in (("charts/episodic_return", "return {:.1f}"), ("charts/SPS", "{:.0f} steps/s")):
+            for key, fmt in (("charts/episodic_return_mean", "return {:.1f}"), ("charts/sps", "{:.0f} steps/s")):
                 if key in metrics:
                     info.append(fmt.format(metrics[key]))
             bar.update(task_id, completed=min(step, total), total=total, info=" · ".join(info))

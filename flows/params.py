@@ -27,7 +27,7 @@ class TrainParams(BaseModel):
     workers: int | None = Field(None, gt=0, description="Ray rollout actors; None lets the engine choose.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs for the learner (device 'cuda' when > 0).")
     ppo: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine's PPOConfig fields.")
-    checkpoint_every: int | None = Field(None, gt=0, description="Iterations between checkpoints; None uses the engine default.")
+    checkpoint_every: int | None = Field(None, gt=0, description="Env steps between checkpoints; None checkpoints at the end only.")
     resume: bool = Field(False, description="Continue from the run's last checkpoint instead of starting over.")
     run_name: str | None = Field(None, description="Names the checkpoint dir (resume key); default '<env_id>-seed<seed>'.")
     model_name: str | None = Field(None, description="Registered model name; default 'opentinker-<env_id>'.")

@@ -65,24 +65,34 @@ class AliasWatcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._refused: str | None = None
 
-    def check_now(self) -> dict[str, Any]:
-        """Swap when the URI now names another version; returns what happened (never raises)."""
+    def check_now(self, force: bool = False) -> dict[str, Any]:
+        """Swap when the URI now names another version; returns what happened (never raises).
+
+        A refused version is not retried by the poll until the URI moves on (``force`` retries it).
+        """
         from opentinker.tasks.model_store import resolve_policy
 
         with self._lock:
             previous = self.slot.version()
+            unchanged = {"changed": False, "previous": previous, "current": previous, "error": None}
+            ref = None
             try:
                 ref = resolve_policy(self.model_uri)
                 if ref.version == previous:
-                    return {"changed": False, "previous": previous, "current": previous, "error": None}
+                    self._refused = self.slot.last_error = None
+                    return unchanged
+                if ref.version == self._refused and not force:
+                    return {**unchanged, "error": self.slot.last_error}
                 candidate = load_served_model(self.model_uri)
                 self._check_compatible(candidate)
             except Exception as exc:  # keep serving the old version; report why the new one was refused
+                self._refused = ref.version if ref is not None else None
                 self.slot.last_error = f"{type(exc).__name__}: {exc}"
                 logger.error("reload of %s refused: %s", self.model_uri, self.slot.last_error)
-                return {"changed": False, "previous": previous, "current": previous, "error": self.slot.last_error}
-            self.slot.current, self.slot.last_error = candidate, None
+                return {**unchanged, "error": self.slot.last_error}
+            self.slot.current, self.slot.last_error, self._refused = candidate, None, None
             logger.info("now serving %s version %s (was %s)", candidate.ref.name, candidate.version, previous)
             return {"changed": True, "previous": previous, "current": candidate.version, "error": None}
 

@@ -128,7 +128,7 @@ class PolicyService:
         """Re-resolve the model URI now and swap in a new version if it moved (in-flight requests finish on the old one)."""
         import anyio.to_thread
 
-        return await anyio.to_thread.run_sync(self.watcher.check_now)
+        return await anyio.to_thread.run_sync(lambda: self.watcher.check_now(force=True))
 
 
 # Outermost first: every response (401/413 included) is labelled, auth runs before the body is read.

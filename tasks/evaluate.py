@@ -5,8 +5,6 @@ an immutable model and the evaluation loads exactly that version even if an alia
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
+from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
 from opentinker.tasks.types import EvalOutcome
 
 
@@ -26,32 +25,13 @@ class ResolvedModel(BaseModel):
     env_id: str
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 8])
+@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
 def resolve_model(model_uri: str, env_id: str | None = None) -> ResolvedModel:
     """``models:/NAME@alias`` → ``models:/NAME/VERSION``; an export dir → a digest of its files."""
-    if model_uri.startswith("models:/"):
-        import mlflow
+    from opentinker.tasks.model_store import resolve_policy
 
-        from opentinker.tasks.tracking import configure_mlflow
-
-        configure_mlflow()
-        name, _, ref = model_uri.removeprefix("models:/").partition("/")
-        client = mlflow.MlflowClient()
-        if "@" in name:
-            name, alias = name.split("@", 1)
-            version = client.get_model_version_by_alias(name, alias)
-        else:
-            version = client.get_model_version(name, ref)
-        pinned = f"models:/{name}/{version.version}"
-        return ResolvedModel(uri=pinned, key=f"{name}/v{version.version}", env_id=env_id or _env_of(pinned))
-    if model_uri.startswith("runs:/"):
-        return ResolvedModel(uri=model_uri, key=model_uri, env_id=env_id or _env_of(model_uri))
-    directory = Path(model_uri)
-    digest = hashlib.sha256()
-    for file in sorted(p for p in directory.rglob("*") if p.is_file()):
-        digest.update(file.relative_to(directory).as_posix().encode())
-        digest.update(file.read_bytes())
-    return ResolvedModel(uri=str(directory), key=f"sha256:{digest.hexdigest()[:32]}", env_id=env_id or _env_of(model_uri))
+    ref = resolve_policy(model_uri)
+    return ResolvedModel(uri=ref.download_uri, key=f"{ref.name}/{ref.version}", env_id=env_id or _env_of(ref.download_uri))
 
 
 def _env_of(model_uri: str) -> str:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-RETURN_KEYS = ("charts/episodic_return", "charts/episodic_return_mean", "charts/mean_return")
+RETURN_KEYS = ("charts/episodic_return_mean", "charts/episodic_return")
 """Engine metric names tried, in order, for the mean episodic return."""
 
 

@@ -21,21 +21,9 @@ from opentinker.tasks import progress
 from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 from opentinker.tasks.types import TrainOutcome
 
-LATEST = "latest.pt"
-"""Name of the checkpoint written when the stage ends; the resume point of the next run."""
-
-
 def run_dir(data_dir: Path, run_name: str) -> Path:
     """Checkpoints, export, history and reports of one named training run (the resume key)."""
     return data_dir / "runs" / run_name
-
-
-def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """``latest.pt`` if the last stage finished, else the newest periodic checkpoint the engine wrote."""
-    if (checkpoint_dir / LATEST).exists():
-        return checkpoint_dir / LATEST
-    candidates = [p for p in checkpoint_dir.glob("*.pt") if not p.name.startswith(".")]
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
 
 
 @task(cache_policy=NO_CACHE)
@@ -52,41 +40,42 @@ def train_policy(
     resume: bool = False,
     checkpoint_every: int | None = None,
 ) -> TrainOutcome:
-    """Train PPO up to ``steps`` global env steps with Ray rollouts; checkpoint, export, log every iteration."""
+    """Train PPO until ``steps`` global env steps with Ray rollouts; checkpoint, export, log every iteration.
+
+    The engine rewrites ``checkpoints/checkpoint.pt`` atomically every ``checkpoint_every`` env steps and
+    at the end; with ``resume`` training continues from it (a finished run just re-exports).
+    """
     from opentinker.agents import PPOTrainer
+    from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.export import export_policy
     from opentinker.envs import RemoteEnv
-    from opentinker.infra.ray_runtime import ensure_ray
+    from opentinker.tasks.ray_connect import connect_ray
 
     root = Path(directory)
     checkpoint_dir = root / "checkpoints"
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     configure_mlflow()
-    ensure_ray()
+    connect_ray()
     env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed)
     try:
         _write_json(root / "workers.json", {"pids": env.worker_pids()})
-        resume_from = latest_checkpoint(checkpoint_dir) if resume else None
-        if resume_from is not None:
-            trainer = PPOTrainer.load(resume_from, env=env)
+        checkpoint = checkpoint_dir / CHECKPOINT_NAME
+        if resume and checkpoint.exists():
+            trainer = PPOTrainer.load(checkpoint, env=env, device=device)
         else:
             trainer = PPOTrainer(env, policy="MLP", seed=seed, device=device, **(ppo or {}))
             (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
         start_step = int(trainer.global_step)
         logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
         started = time.perf_counter()
-        if steps > start_step:
-            trainer.train(
-                steps - start_step, callback=logger, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every
-            )
+        trainer.train(steps, callback=logger, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
         train_seconds = time.perf_counter() - started
         logger.flush()
-        trainer.save(checkpoint_dir / LATEST)
         export_dir = export_policy(trainer, root / "export", metadata={"env_id": env_id, "run_id": run_id})
         history = logger.save_history(root / "history.jsonl")
         return TrainOutcome(
             run_id=run_id,
-            checkpoint_path=str(checkpoint_dir / LATEST),
+            checkpoint_path=str(checkpoint),
             export_dir=str(export_dir),
             history_path=str(history),
             start_step=start_step,

@@ -1,0 +1,75 @@
+"""CLI errors for the pipeline commands: clear message naming the field, exit code 1, no traceback."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opentinker.cli import app
+
+runner = CliRunner()
+
+
+def _fails_cleanly(args: list[str], *expected: str) -> str:
+    result = runner.invoke(app, args)
+    output = result.output
+    assert result.exit_code == 1, output
+    assert "Traceback" not in output
+    for text in expected:
+        assert text in output, output
+    return output
+
+
+def test_bad_env_id_names_the_field_and_the_id():
+    _fails_cleanly(["train", "NoSuchEnv-v9", "--steps", "1000"], "env_id", "NoSuchEnv-v9")
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('steps = "many"', ["steps", "valid integer", "'many'"]),
+        ("steps = -5", ["steps", "greater than 0"]),
+        ("stepz = 100", ["stepz", "unknown field"]),
+        ('[ppo]\nlearning_rat = 0.1', ["ppo.learning_rat", "unknown PPOConfig field", "learning_rate"]),
+        ("[ppo]\ngamma = 3.0", ["ppo", "gamma", "[0, 1]"]),
+        ("steps = [", ["not valid TOML"]),
+    ],
+)
+def test_bad_config_file_names_the_field(tmp_path, body, expected):
+    config = tmp_path / "train.toml"
+    config.write_text(body + "\n")
+    _fails_cleanly(["train", "CartPole-v1", "--config", str(config)], *expected)
+
+
+def test_missing_config_file_and_bad_cron(tmp_path):
+    _fails_cleanly(["train", "CartPole-v1", "--config", str(tmp_path / "nope.toml")], "does not exist")
+    _fails_cleanly(["schedule", "CartPole-v1", "--cron", "every night"], "cron", "every night")
+
+
+def test_schedule_without_a_prefect_server_says_how_to_get_one(monkeypatch):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("OPENTINKER_PREFECT_API_URL", raising=False)
+    from opentinker.infra.settings import get_settings
+
+    get_settings.cache_clear()
+    try:
+        _fails_cleanly(["schedule", "CartPole-v1", "--cron", "0 3 * * *"], "prefect_api_url", "opentinker stack up")
+    finally:
+        get_settings.cache_clear()
+
+
+def test_real_process_exit_code_and_no_traceback(tmp_path):
+    """The installed entry point, as a user runs it: non-zero exit, one clear line, no traceback."""
+    exe = Path(sys.executable).with_name("opentinker")
+    config = tmp_path / "bad.json"
+    config.write_text('{"env_id": "CartPole-v1", "eval_episodes": 0}')
+    done = subprocess.run([str(exe), "train", "CartPole-v1", "--config", str(config)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "eval_episodes" in output and "greater than 0" in output
+    assert "Traceback" not in output

@@ -1,0 +1,78 @@
+"""`opentinker schedule` serves a cron deployment from a real process against a real Prefect server;
+a run triggered through the API executes train_flow and registers a model."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from opentinker.infra.settings import get_settings
+
+pytestmark = pytest.mark.slow
+
+DEPLOYMENT = "train/nightly-test"
+
+
+def _read_deployment(api_url: str, name: str):
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        with get_client(sync_client=True) as client:
+            return client.read_deployment_by_name(name)
+
+
+def _wait_for_deployment(api_url: str, proc: subprocess.Popen, log: Path, timeout: float = 240.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"schedule process exited early:\n{log.read_text()[-3000:]}"
+        try:
+            return _read_deployment(api_url, DEPLOYMENT)
+        except Exception:  # ObjectNotFound until serve() has registered it
+            time.sleep(2)
+    raise AssertionError(f"deployment never appeared:\n{log.read_text()[-3000:]}")
+
+
+def test_scheduled_deployment_runs_when_triggered_and_registers_a_model(prefect_server, tmp_path):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    config = tmp_path / "nightly.toml"
+    config.write_text(
+        'model_name = "scheduled-cartpole"\nrun_name = "scheduled"\nseed = 3\nnum_envs = 4\nworkers = 2\n'
+        "eval_episodes = 2\nchampion_threshold = 0.0\n[ppo]\nn_steps = 128\n"
+    )
+    log = tmp_path / "schedule.log"
+    env = {**os.environ, "OPENTINKER_PREFECT_API_URL": prefect_server, "PREFECT_API_URL": prefect_server}
+    exe = Path(sys.executable).with_name("opentinker")
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(exe), "schedule", "CartPole-v1", "--cron", "0 3 * * *", "--steps", "1024", "--config", str(config),
+             "--name", "nightly-test"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    try:
+        deployment = _wait_for_deployment(prefect_server, proc, log)
+        assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+        assert deployment.parameters["params"]["model_name"] == "scheduled-cartpole"
+        with temporary_settings({PREFECT_API_URL: prefect_server}):
+            flow_run = run_deployment(DEPLOYMENT, timeout=420, poll_interval=2, as_subflow=False)
+        assert flow_run.state is not None and flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    client = mlflow.MlflowClient(get_settings().tracking_uri)
+    version = client.get_model_version_by_alias("scheduled-cartpole", "candidate")
+    run = client.get_run(version.run_id)
+    assert run.data.tags["prefect.flow_run_id"] == str(flow_run.id)
+    assert run.data.params["steps"] == "1024"
