@@ -21,4 +21,5 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from fixtures.stack import *  # noqa: F401,F403,E402
+from fixtures.pipeline import *  # noqa: F401,F403,E402
 from fixtures.serving import *  # noqa: F401,F403,E402
