@@ -5,12 +5,7 @@ Fixture modules live in tests/fixtures/ (one per area) and are star-imported her
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
-
-# Import opentinker from this checkout: the editable install's namespace hook otherwise shadows the packages'
-# __init__.py files when the repo root is not on sys.path (as under pytest), e.g. `from opentinker.agents import X`.
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Isolate state before anything reads settings.
 _SESSION_DIR = tempfile.mkdtemp(prefix="opentinker-tests-")
