@@ -12,3 +12,7 @@ app.add_typer(_stack_app, name="stack")
 from opentinker.flows.cli import register as _register_pipeline  # noqa: E402
 
 _register_pipeline(app)
+
+from opentinker.serving.cli import register as _register_serving  # noqa: E402
+
+_register_serving(app)

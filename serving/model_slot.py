@@ -33,11 +33,22 @@ class ServedModel:
         return self.ref.version
 
 
+def resolve(model_uri: str):
+    """The exact version ``model_uri`` names now: registry/run/local URIs, or a policy bundled in a Bento."""
+    from opentinker.tasks.model_store import resolve_policy
+
+    from .package import BUNDLED_PREFIX, bundled_ref
+
+    return bundled_ref(model_uri) if model_uri.startswith(BUNDLED_PREFIX) else resolve_policy(model_uri)
+
+
 def load_served_model(model_uri: str) -> ServedModel:
     """Resolve (pinning an alias to a version), download and load, then derive the request schema."""
-    from opentinker.tasks.model_store import load_policy_version
+    from opentinker.agents.export import load_policy
+    from opentinker.tasks.model_store import download_policy
 
-    ref, policy = load_policy_version(model_uri)
+    ref = resolve(model_uri)
+    policy = load_policy(download_policy(ref))
     return ServedModel(ref, policy, ObservationSchema.from_space(policy.observation_space))
 
 
@@ -72,14 +83,12 @@ class AliasWatcher:
 
         A refused version is not retried by the poll until the URI moves on (``force`` retries it).
         """
-        from opentinker.tasks.model_store import resolve_policy
-
         with self._lock:
             previous = self.slot.version()
             unchanged = {"changed": False, "previous": previous, "current": previous, "error": None}
             ref = None
             try:
-                ref = resolve_policy(self.model_uri)
+                ref = resolve(self.model_uri)
                 if ref.version == previous:
                     self._refused = self.slot.last_error = None
                     return unchanged
