@@ -1,1 +1,1 @@
-"""federated"""
+"""Federated training of RL policies through Flower (Message API): sites share weights, never data."""

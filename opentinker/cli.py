@@ -16,3 +16,7 @@ _register_pipeline(app)
 from opentinker.serving.cli import register as _register_serving  # noqa: E402
 
 _register_serving(app)
+
+from opentinker.federated.cli import app as _federated_app  # noqa: E402
+
+app.add_typer(_federated_app, name="federated")

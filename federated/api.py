@@ -1,0 +1,86 @@
+"""The seed API: `FLClient` for a site, `FLServer` for the side that runs the rounds.
+
+    site = FLClient(strategy="fedavg", aggregation_interval=300, site_id=0).train(local_data={"pole_length": 0.6})
+    result = FLServer(strategy="fedavg", rounds=10, num_sites=3).run()      # against `opentinker federated up`
+    result = FLServer(rounds=3, num_sites=3).simulate()                     # or Flower's simulation engine
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from opentinker.federated import deploy
+from opentinker.federated.config import FedConfig, FederatedConfigError, SiteConfig
+from opentinker.federated.server_app import FederatedResult
+
+LOCAL_DATA_KEYS = ("pole_length", "gravity")
+
+
+@dataclass
+class SiteHandle:
+    """A running site (its flower-supernode process group)."""
+
+    site_id: int
+    pid: int
+    federation: deploy.Federation
+
+    def stop(self) -> None:
+        deploy.stop_site(self.federation, self.site_id)
+
+
+class FLClient:
+    """One site of a federation: trains the global policy on its own data and sends back weights only.
+
+    ``aggregation_interval`` is the number of seconds the site trains locally between two aggregations (each
+    round it receives the global model, trains for at most that long — and at most the server's ``local-steps`` —
+    then replies with its weights and the env steps it took, which weight its share of the average).
+    """
+
+    def __init__(self, strategy: str = "fedavg", aggregation_interval: float = 300.0, site_id: int = 0,
+                 federation: str | Path | None = None, private_key: str | Path | None = None,
+                 root_certificates: str | Path | None = None, dp_clip: float = 0.0, dp_epsilon: float = 1.0,
+                 dp_delta: float = 1e-5) -> None:
+        if aggregation_interval <= 0:
+            raise FederatedConfigError(f"aggregation_interval must be > 0 seconds, got {aggregation_interval}")
+        self.site = SiteConfig(site_id=site_id, strategy=strategy, aggregation_interval=float(aggregation_interval),
+                               dp_clip=dp_clip, dp_epsilon=dp_epsilon, dp_delta=dp_delta)
+        self.federation_root, self.private_key, self.root_certificates = federation, private_key, root_certificates
+
+    def train(self, local_data: Mapping[str, Any] | None = None, connect_timeout: float = 180.0) -> SiteHandle:
+        """Join the federation with `local_data` (this site's env variant: ``{"pole_length": .., "gravity": ..}``).
+
+        Starts the site's SuperNode (TLS, authenticated with the site's private key) and returns once the SuperLink
+        has accepted it; the site then takes part in every round until ``stop()``.
+        """
+        for key, value in dict(local_data or {}).items():
+            if key not in LOCAL_DATA_KEYS:
+                raise FederatedConfigError(
+                    f"local_data: unknown key {key!r}; expected an env variant with keys {LOCAL_DATA_KEYS} "
+                    "(offline transition datasets are not supported yet)"
+                )
+            setattr(self.site, key, float(value))
+        fed = deploy.Federation.load(self.federation_root)
+        pid = deploy.start_site(
+            fed, self.site,
+            private_key=Path(self.private_key) if self.private_key else None,
+            root_cert=Path(self.root_certificates) if self.root_certificates else None,
+            timeout=connect_timeout,
+        )
+        return SiteHandle(self.site.site_id, pid, fed)
+
+
+class FLServer:
+    """Runs N rounds over the sites: ``FLServer(strategy="fedprox", rounds=5, min_completion_rate=0.66)``."""
+
+    def __init__(self, strategy: str = "fedavg", rounds: int = 3, **settings: Any) -> None:
+        self.config = FedConfig(strategy=strategy, num_server_rounds=rounds, **settings)
+
+    def run(self, federation: str | Path | None = None, timeout: float = 3600.0) -> FederatedResult:
+        """Submit the run to a deployed federation (`opentinker federated up`) and wait for its result."""
+        return deploy.submit(deploy.Federation.load(federation), self.config, timeout=timeout)
+
+    def simulate(self, sites: list[SiteConfig] | None = None) -> FederatedResult:
+        from opentinker.federated.simulation import simulate
+
+        return simulate(self.config, sites)
