@@ -49,11 +49,10 @@ def _describe(exc: BaseException) -> str:
 def _load_params(env_id: str | None, config: Path | None, **overrides):
     """Params from config + flags, checked against the env registry and the engine's PPOConfig before any work."""
     from opentinker.flows.params import load_train_params
-    from opentinker.flows.validate import check_env_id, check_ppo_overrides
+    from opentinker.flows.validate import check_env_id
 
     params = load_train_params(config, env_id=env_id, **overrides)
     check_env_id(params.env_id)
-    check_ppo_overrides(params.ppo)
     return params
 
 

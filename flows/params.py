@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class ConfigError(ValueError):
@@ -35,6 +35,22 @@ class TrainParams(BaseModel):
     eval_seed: int = Field(10_000, ge=0, description="Seed of the first evaluation episode (then +1 per episode).")
     champion_threshold: float = Field(475.0, description="Evaluation mean a candidate needs before it may become champion.")
     experiment: str | None = Field(None, description="MLflow experiment; default from settings.")
+
+    @field_validator("ppo")
+    @classmethod
+    def _known_ppo_fields(cls, ppo: dict[str, Any]) -> dict[str, Any]:
+        """Checked against the engine's PPOConfig here, so a typo fails before any service starts."""
+        if ppo:
+            import dataclasses
+
+            from opentinker.agents import PPOConfig
+
+            known = {field.name for field in dataclasses.fields(PPOConfig)}
+            unknown = sorted(set(ppo) - known)
+            if unknown:
+                raise ValueError(f"unknown PPOConfig field {unknown[0]!r} (expected one of: {', '.join(sorted(known))})")
+            PPOConfig(**ppo)  # its __post_init__ names the field and the expected range
+        return ppo
 
     @property
     def resolved_run_name(self) -> str:
@@ -91,7 +107,7 @@ def describe_errors(exc: ValidationError) -> str:
     for error in exc.errors():
         field = ".".join(str(part) for part in error["loc"]) or "(root)"
         got = f" (got {error['input']!r})" if error["type"] != "missing" and "input" in error else ""
-        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
         lines.append(f"  - {field}: {message}{got}")
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ def query_served_policy(model_ref: str, env_id: str, console: Console) -> list:
         action = deployment.predict(observation.tolist())
         console.print(f"Served at {deployment.url}: observation {observation.round(3).tolist()} → action {action}")
         console.print(
-            f"  curl -X POST {deployment.url}/predict -H 'Authorization: Bearer <api-key>' "
+            f"  the same request by hand: curl -X POST {deployment.url}/act -H 'Authorization: Bearer <api-key>' "
             f"-H 'Content-Type: application/json' -d '{{\"obs\": {observation.round(3).tolist()}}}'"
         )
         return action

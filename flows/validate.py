@@ -1,9 +1,6 @@
 """Checks that run before any heavy work, so bad input fails in a second with a message naming the field."""
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
 from opentinker.flows.params import ConfigError
 
 
@@ -16,20 +13,6 @@ def check_env_id(env_id: str) -> None:
         make_env(env_id).close()
     except EnvSpecError as exc:
         raise ConfigError(f"env_id: {exc}") from None
-
-
-def check_ppo_overrides(overrides: dict[str, Any]) -> None:
-    """Every key of ``ppo`` must be a PPOConfig field, and the resulting config must be valid."""
-    from opentinker.agents import PPOConfig
-
-    known = {field.name for field in dataclasses.fields(PPOConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ConfigError(f"ppo.{unknown[0]}: unknown PPOConfig field (expected one of: {', '.join(sorted(known))})")
-    try:
-        PPOConfig(**overrides)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"ppo: {exc}") from None
 
 
 def check_cron(cron: str) -> None:

@@ -34,7 +34,7 @@ def test_bad_env_id_names_the_field_and_the_id():
         ('steps = "many"', ["steps", "valid integer", "'many'"]),
         ("steps = -5", ["steps", "greater than 0"]),
         ("stepz = 100", ["stepz", "unknown field"]),
-        ('[ppo]\nlearning_rat = 0.1', ["ppo.learning_rat", "unknown PPOConfig field", "learning_rate"]),
+        ('[ppo]\nlearning_rat = 0.1', ["ppo", "unknown PPOConfig field 'learning_rat'", "learning_rate"]),
         ("[ppo]\ngamma = 3.0", ["ppo", "gamma", "[0, 1]"]),
         ("steps = [", ["not valid TOML"]),
     ],
