@@ -38,6 +38,15 @@ def serve(
     except ApiKeyError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
+    from opentinker.tasks.model_store import PolicyStoreError
+
+    from .model_slot import resolve
+
+    try:
+        resolve(model_ref)
+    except PolicyStoreError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
     settings = {"workers": workers, "reload_interval_s": reload_interval}
     proc, url = start_server(model_ref, key_hash, host, port or None, settings)
     try:

@@ -26,6 +26,8 @@ import numpy as np
 from .auth import API_KEY_ENV, HASH_ENV, hash_api_key
 
 SERVICE_IMPORT = "opentinker.serving.policy_service:PolicyService"
+STARTUP_FAILED = "Application startup failed"
+"""BentoML's log line when the service's __init__ raised (its supervisor then keeps restarting the worker)."""
 
 
 class DeploymentError(RuntimeError):
@@ -78,6 +80,8 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0, log_p
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise DeploymentError(f"bentoml serve exited with code {proc.returncode}{_log_tail(log_path)}")
+        if log_path is not None and log_path.exists() and STARTUP_FAILED in log_path.read_text(errors="replace"):
+            raise DeploymentError(f"the service failed to start{_log_tail(log_path)}")
         try:
             with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
                 if resp.status == 200:
@@ -187,11 +191,15 @@ def deploy(
     """Serve ``model_ref`` (registry URI or export dir) on ``host:port`` (a free port by default) and wait until ready.
 
     ``settings`` overrides ``ServeSettings`` fields for this server (e.g. ``{"reload_interval_s": 2}``).
-    The log goes to ``log_path`` (default: ``<data_dir>/serving/<port>.log``).
+    The log goes to ``log_path`` (default: ``<data_dir>/serving/policy-<port>.log``). A URI that does not
+    resolve raises ``PolicyStoreError`` at once; a server that fails to start raises ``DeploymentError``.
     """
     from opentinker.infra.settings import get_settings
 
+    from .model_slot import resolve
+
     key_hash = hash_api_key(api_key)
+    resolve(str(model_ref))  # a bad URI fails here, with the store's message, before any server starts
     port = port or free_port(host)
     log_file = Path(log_path) if log_path else get_settings().resolved_data_dir / "serving" / f"policy-{port}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
