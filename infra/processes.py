@@ -98,24 +98,39 @@ class ServiceProcess:
         return self.process() is not None
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop the service and all its children (TERM, then KILL after ``timeout``) and wait until they are gone."""
+        """Stop the service and every process of its group or tree (TERM, then KILL after ``timeout``), and wait.
+
+        Works even when the leader already died: leftovers of its process group are still found and stopped.
+        """
         timeout = self.stop_timeout if timeout is None else timeout
-        proc = self.process()
-        if proc is None:
-            self._reap()
-            return
-        if self.stop_command:
+        if self.stop_command and self.alive():
             subprocess.run(self.stop_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout, check=False)
-        try:
-            family = [proc, *proc.children(recursive=True)]
-        except psutil.Error:
-            family = [proc]
-        _signal_all(family, signal.SIGTERM, pgid=self.pid)
-        _, alive = psutil.wait_procs(family, timeout=timeout)
-        if alive:
-            _signal_all(alive, signal.SIGKILL, pgid=self.pid)
-            psutil.wait_procs(alive, timeout=10)
+        family = self.family()
+        _signal_all(family, signal.SIGTERM)
+        psutil.wait_procs(family, timeout=timeout)
+        leftovers = self.family()
+        if leftovers:
+            _signal_all(leftovers, signal.SIGKILL)
+            psutil.wait_procs(leftovers, timeout=10)
         self._reap()
+
+    def family(self) -> list[psutil.Process]:
+        """The leader, its descendants, and any process still in its process group started after it."""
+        members: dict[int, psutil.Process] = {}
+        leader = self.process()
+        if leader is not None:
+            members[leader.pid] = leader
+            try:
+                members.update((child.pid, child) for child in leader.children(recursive=True))
+            except psutil.Error:
+                pass
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) == self.pid and proc.create_time() >= self.create_time - 1.0:
+                    members.setdefault(proc.pid, proc)
+            except (psutil.Error, OSError):
+                continue
+        return [proc for proc in members.values() if _running(proc)]
 
     def _reap(self) -> None:
         if self.popen is not None:
@@ -125,12 +140,15 @@ class ServiceProcess:
                 pass
 
 
-def _signal_all(procs: Sequence[psutil.Process], sig: int, pgid: int) -> None:
+def _running(proc: psutil.Process) -> bool:
     try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for proc in procs:  # children that left the group (daemonised helpers) still get the signal
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _signal_all(procs: Sequence[psutil.Process], sig: int) -> None:
+    for proc in procs:
         try:
             proc.send_signal(sig)
         except psutil.Error:
@@ -149,6 +167,19 @@ def spawn(name: str, cmd: Sequence[str], log: Path, url: str, ports: dict[str, i
                                  env=full_env, cwd=cwd, start_new_session=True)
     create_time = psutil.Process(popen.pid).create_time()
     return ServiceProcess(name=name, pid=popen.pid, create_time=create_time, url=url, log=str(log), ports=dict(ports), popen=popen)
+
+
+def set_session_priority(pid: int, nice: int) -> bool:
+    """Set the CPU weight (nice) of the scheduler autogroup of ``pid``'s session; False where not allowed/supported.
+
+    With Linux autogroups every session gets an equal CPU share whatever its process count, so a service that
+    starts many processes in one session (a Ray node) can starve on a busy machine.
+    """
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+        return True
+    except OSError:
+        return False
 
 
 def http_ok(url: str, timeout: float = 3.0) -> bool:

@@ -9,6 +9,10 @@ from opentinker.infra.stack_cli import app as _stack_app  # noqa: E402
 
 app.add_typer(_stack_app, name="stack")
 
+from opentinker.infra.cluster_cli import app as _cluster_app  # noqa: E402
+
+app.add_typer(_cluster_app, name="cluster")
+
 from opentinker.flows.cli import register as _register_pipeline  # noqa: E402
 
 _register_pipeline(app)
