@@ -18,3 +18,4 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from fixtures.stack import *  # noqa: F401,F403,E402
 from fixtures.pipeline import *  # noqa: F401,F403,E402
 from fixtures.serving import *  # noqa: F401,F403,E402
+from fixtures.federated import *  # noqa: F401,F403,E402
