@@ -25,8 +25,11 @@ class ServeSettings(BaseSettings):
     max_concurrency: int = Field(64, gt=0, description="Requests in flight per worker; beyond it the server answers 429.")
     max_body_bytes: int = Field(1 << 20, gt=0, description="Largest accepted request body; larger gets 413.")
     max_batch_size: int = Field(1024, gt=1, description="Most observations per act_batch request, and per merged adaptive batch.")
-    max_latency_ms: int = Field(20, gt=0, description="Adaptive batching: the longest a request may wait to be merged.")
+    max_latency_ms: int = Field(1000, gt=0, description="Adaptive batching latency budget; requests expected to exceed it are shed with 503.")
     workers: int = Field(1, gt=0, description="Server worker processes (each loads the policy and polls the alias).")
+    access_log: bool = Field(True, description="BentoML's per-request access log (costs throughput; keys are never in it).")
+    metrics: bool = Field(True, description="Prometheus metrics at /metrics (behind the API key like every non-health path).")
+    tracing: bool = Field(False, description="OpenTelemetry spans per request (BentoML turns them on; with no exporter configured they only cost CPU: ~half of a small request).")
 
 
 def get_serve_settings() -> ServeSettings:

@@ -6,6 +6,7 @@ with the field (``loc``) and a message saying what was expected and where it fai
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -60,32 +61,65 @@ class ObservationSchema:
     def _fmt(self, x: float) -> str:
         return str(self.dtype.type(x))
 
+    @cached_property
+    def _finite_bounds(self) -> bool:
+        return bool(np.isfinite(self.low).all() and np.isfinite(self.high).all())
+
     def validate(self, value: Any, *, batched: bool = False, max_rows: int | None = None) -> np.ndarray:
-        """Return ``value`` as an array of this space's dtype, or raise naming the first problem."""
+        """Return ``value`` as an array of this space's dtype, or raise naming the first problem.
+
+        A few vectorised checks accept valid input (the hot path); only a rejected value is
+        examined element by element to say exactly what is wrong.
+        """
+        try:
+            arr = np.asarray(value)
+        except ValueError:
+            arr = None
+        if arr is not None and arr.dtype.kind in "iuf" and self._acceptable(arr, batched, max_rows):
+            return arr.astype(self.dtype, copy=False)
+        raise self._diagnose(value, batched, max_rows)
+
+    def _acceptable(self, arr: np.ndarray, batched: bool, max_rows: int | None) -> bool:
+        if batched:
+            if arr.shape[1:] != self.shape or arr.ndim != len(self.shape) + 1 or arr.shape[0] == 0:
+                return False
+            if max_rows is not None and arr.shape[0] > max_rows:
+                return False
+        elif arr.shape != self.shape:
+            return False
+        with np.errstate(invalid="ignore"):
+            if not ((arr >= self.low) & (arr <= self.high)).all():  # NaN fails both comparisons
+                return False
+        if not self._finite_bounds and not np.isfinite(arr).all():
+            return False
+        return not self.is_integer or bool((arr == np.floor(arr)).all())
+
+    def _diagnose(self, value: Any, batched: bool, max_rows: int | None) -> PydanticCustomError:
+        """The first problem with a rejected value, in the order a client should fix them."""
         expected = ("(N, " + ", ".join(map(str, self.shape)) + ")") if batched else str(self.shape)
         expected = expected.replace(", )", ")")
-        arr = _as_numeric_array(value, self.dtype, expected)
+        try:
+            arr = _as_numeric_array(value, self.dtype, expected)
+        except PydanticCustomError as exc:
+            return exc
         want = (arr.shape[0], *self.shape) if batched and arr.ndim >= 1 else self.shape
         if arr.shape != want or (batched and arr.ndim == 0):
-            raise PydanticCustomError("obs_shape", "expected shape {expected}, got {got}", {"expected": expected, "got": str(arr.shape)})
+            return PydanticCustomError("obs_shape", "expected shape {expected}, got {got}", {"expected": expected, "got": str(arr.shape)})
         if batched and arr.shape[0] == 0:
-            raise PydanticCustomError("obs_shape", "expected at least one observation, got an empty batch")
+            return PydanticCustomError("obs_shape", "expected at least one observation, got an empty batch")
         if batched and max_rows is not None and arr.shape[0] > max_rows:
-            raise PydanticCustomError("obs_batch_size", "expected at most {max} observations per request, got {got}",
-                                      {"max": max_rows, "got": arr.shape[0]})
+            return PydanticCustomError("obs_batch_size", "expected at most {max} observations per request, got {got}",
+                                       {"max": max_rows, "got": arr.shape[0]})
         if not np.all(np.isfinite(arr)):
-            raise _element_error(arr, ~np.isfinite(arr), "expected a finite number")
+            return _element_error(arr, ~np.isfinite(arr), "expected a finite number")
         if self.is_integer and not np.array_equal(arr, np.round(arr)):
-            raise _element_error(arr, arr != np.round(arr), f"expected an integer ({self.dtype.name})")
+            return _element_error(arr, arr != np.round(arr), f"expected an integer ({self.dtype.name})")
         low, high = np.broadcast_to(self.low, arr.shape), np.broadcast_to(self.high, arr.shape)
-        outside = (arr < low) | (arr > high)
-        if outside.any():
-            first = tuple(int(i) for i in np.argwhere(outside)[0])
-            raise PydanticCustomError(
-                "obs_bounds", "obs{index} = {value}: expected a value within [{low}, {high}]",
-                {"index": _index(first), "value": self._fmt(arr[first]), "low": self._fmt(low[first]), "high": self._fmt(high[first])},
-            )
-        return arr.astype(self.dtype, copy=False)
+        first = tuple(int(i) for i in np.argwhere((arr < low) | (arr > high))[0])
+        return PydanticCustomError(
+            "obs_bounds", "obs{index} = {value}: expected a value within [{low}, {high}]",
+            {"index": _index(first), "value": self._fmt(arr[first]), "low": self._fmt(low[first]), "high": self._fmt(high[first])},
+        )
 
 
 def _as_numeric_array(value: Any, dtype: np.dtype, expected: str) -> np.ndarray:

@@ -63,6 +63,9 @@ class ActResponse(BaseModel):
     name="opentinker_policy",
     workers=SETTINGS.workers,
     traffic={"timeout": SETTINGS.timeout_s, "max_concurrency": SETTINGS.max_concurrency},
+    logging={"access": {"enabled": SETTINGS.access_log}},
+    metrics={"enabled": SETTINGS.metrics},
+    tracing={} if SETTINGS.tracing else {"excluded_urls": [".*"]},
 )
 class PolicyService:
     """Loads the configured policy version at start and follows its alias while running."""
