@@ -88,7 +88,10 @@ def main():
     except SystemExit:
         raise
     except BaseException as exc:  # report like a REPL would: the traceback, then a non-zero exit
-        traceback.print_exception(exc, limit=-3)
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<sandbox>":
+            tb = tb.tb_next  # hide this bootstrap's own frames
+        traceback.print_exception(type(exc), exc, tb)
         sys.stdout.flush()
         os._exit(1)
     sys.stdout.flush()
