@@ -78,7 +78,7 @@ class PolicyTool(BaseTool):
     description: str = "Ask the trained RL policy which action to take for an observation; returns the action."
     args_schema: type[BaseModel] = _ObservationInput
     url: str | None = None
-    endpoint: str = "/predict"
+    endpoint: str = "/act"
     timeout_s: float = 10.0
     _predict: Callable[[Any], Any] | None = PrivateAttr(default=None)
     _api_key: str | None = PrivateAttr(default=None)
@@ -103,7 +103,7 @@ class PolicyTool(BaseTool):
                               headers={"Authorization": f"Bearer {self._api_key}"})
         if response.status_code != 200:
             raise ToolException(f"policy service answered {response.status_code}: {response.text[:300]}")
-        return response.json()
+        return response.json()["action"]
 
 
 def _plain(value: Any) -> Any:
