@@ -19,3 +19,4 @@ from fixtures.stack import *  # noqa: F401,F403,E402
 from fixtures.pipeline import *  # noqa: F401,F403,E402
 from fixtures.serving import *  # noqa: F401,F403,E402
 from fixtures.federated import *  # noqa: F401,F403,E402
+from fixtures.llm import *  # noqa: F401,F403,E402
