@@ -75,13 +75,24 @@ def _project_root() -> Path:
 
 
 def build_project_wheel(directory: Path) -> Path:
-    """``pip wheel`` the project without dependencies or build isolation: offline, seconds."""
-    directory.mkdir(parents=True, exist_ok=True)
+    """``pip wheel`` a copy of the project (no deps, no build isolation, no index): offline, and the
+    checkout gets no ``build/`` or egg-info side effects."""
+    import tomllib
+
+    root = _project_root()
+    package_dirs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    source = directory / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for folder in sorted(set(package_dirs.values())):
+        shutil.copytree(root / folder, source / folder, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, source / name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(directory), str(_project_root())],
-        check=True, capture_output=True, text=True,
+         "-w", str(directory), str(source)],
+        check=True, capture_output=True, text=True, cwd=directory,
     )
+    shutil.rmtree(source)
     return next(directory.glob("opentinker-*.whl"))
 
 
