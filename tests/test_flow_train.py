@@ -39,7 +39,7 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
 
     candidate = client.get_model_version_by_alias(result.model_name, "candidate")
     champion = client.get_model_version_by_alias(result.model_name, "champion")  # threshold 0: first champion
-    assert candidate.version == champion.version == result.model_version
+    assert str(candidate.version) == str(champion.version) == result.model_version
     assert candidate.run_id == result.run_id
     assert candidate.tags["gate.decision"].startswith("promoted") and float(candidate.tags["eval.mean"]) == pytest.approx(result.eval_mean, abs=1e-3)
 
@@ -117,7 +117,7 @@ def test_promotion_gate_moves_champion_only_on_a_strict_win(cartpole_run, tmp_pa
         version = _register_export(candidate_dir, name)
         released = release_flow(name, version, episodes=3, threshold=0.0)
         assert "champion" not in released.aliases, outcome
-        assert client.get_model_version_by_alias(name, "champion").version == first.version, outcome
+        assert str(client.get_model_version_by_alias(name, "champion").version) == first.version, outcome
         tags = client.get_model_version(name, version).tags
         assert tags["gate.promoted"] == "false" and tags["gate.champion_version"] == first.version
         assert float(tags["gate.champion_mean"]) == 500.0

@@ -29,7 +29,7 @@ def test_train_flow_on_the_stack_puts_artifacts_in_s3(s3_server, mlflow_server):
         result = train_flow(params)
         client = mlflow.MlflowClient(mlflow_server)
         assert client.get_run(result.run_id).data.metrics["charts/sps"] > 0
-        assert client.get_model_version_by_alias("stack-cartpole", "champion").version == result.model_version
+        assert str(client.get_model_version_by_alias("stack-cartpole", "champion").version) == result.model_version
         listed = s3_client().list_objects_v2(Bucket=s3_server.bucket)
     keys = {item["Key"] for item in listed.get("Contents", [])}
     run_keys = {key.split(f"{result.run_id}/artifacts/", 1)[1] for key in keys if f"{result.run_id}/artifacts/" in key}
