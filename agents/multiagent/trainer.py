@@ -113,6 +113,7 @@ class GroupTrainer:
             self.trainers[kind] = ENGINE[group.policy_mapping[kind]](
                 view, seed=derive_seed(seed, i), device=device, **{**KIND_DEFAULTS, **group.configs[kind], "n_steps": n_steps})
         self.global_step, self.iteration, self.horizon = 0, 0, None
+        self.agent_steps = 0  # actions actually taken by living agents, all kinds
         self.frozen: set[str] = set()
 
     def _joint(self, num_envs: int, seed: int) -> JointEnvs:
@@ -204,8 +205,10 @@ class GroupTrainer:
                 kind_metrics["charts/terminated_fraction"] = terminated_fraction[kind]
             metrics.update({f"{kind}/{name}": value for name, value in kind_metrics.items()})
         elapsed = max(time.perf_counter() - start, 1e-9)
+        agent_steps = sum(int(r.valid.sum()) for r in rollouts.values())
+        self.agent_steps += agent_steps
         metrics["charts/sps"] = self.num_envs * self.n_steps / elapsed
-        metrics["charts/agent_steps_per_s"] = sum(int(r.valid.sum()) for r in rollouts.values()) / elapsed
+        metrics["charts/agent_steps_per_s"] = agent_steps / elapsed
         return metrics
 
     # -- evaluation ------------------------------------------------------------------------------------------------
@@ -244,7 +247,7 @@ class GroupTrainer:
         state = {"format": 1, "group": _try_pickle(self.group), "env": _try_pickle(self.env),
                  "env_kwargs": self.env_kwargs, "num_envs": self.num_envs, "n_steps": self.n_steps, "seed": self.seed,
                  "global_step": self.global_step, "iteration": self.iteration, "horizon": self.horizon,
-                 "frozen": sorted(self.frozen), "joint": joint, "kinds": kinds}
+                 "agent_steps": self.agent_steps, "frozen": sorted(self.frozen), "joint": joint, "kinds": kinds}
         return atomic_save(state, path)
 
     @classmethod
@@ -266,7 +269,7 @@ class GroupTrainer:
                 view = trainer.trainers[kind].env
                 trainer.trainers[kind] = ENGINE[group.policy_mapping[kind]].load(file, env=view, device=device)
         trainer.global_step, trainer.iteration, trainer.horizon = state["global_step"], state["iteration"], state["horizon"]
-        trainer.frozen = set(state["frozen"])
+        trainer.agent_steps, trainer.frozen = state["agent_steps"], set(state["frozen"])
         return trainer
 
     def export(self, directory: str | os.PathLike, metadata: dict | None = None) -> dict[str, Path]:
