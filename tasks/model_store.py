@@ -1,15 +1,16 @@
 """Policies in the MLflow model registry: the one place that knows OpenTinker's MLflow model format.
 
-Format: an MLflow pyfunc model whose single artifact is the engine's export directory
-(``agents.export.export_policy``: ``policy.json`` + ``weights.npz``), with a tensor signature derived
-from the policy's spaces and the export's spec as model metadata. Any MLflow client can
-``mlflow.pyfunc.load_model(uri).predict(obs_batch)``; OpenTinker itself skips pyfunc and loads the
-export directory straight into the numpy ``InferencePolicy`` (fast, no torch).
+Format: an MLflow pyfunc model whose data is the engine's export directory
+(``agents.export.export_policy``: ``policy.json`` + ``weights.npz``), loaded through this module as
+its loader module (no pickled code), with a tensor signature derived from the policy's spaces and
+the export's spec as model metadata. Any MLflow client can ``mlflow.pyfunc.load_model(uri).predict(obs_batch)``;
+OpenTinker itself skips pyfunc and loads the export directory straight into the numpy ``InferencePolicy``.
 
 Typical package stage::
 
-    info = log_policy_model(export_dir, registered_model_name="cartpole")   # inside the training run
-    set_alias("cartpole", "champion", info.registered_model_version)
+    model_uri = log_policy_model(export_dir, run_id=run_id)
+    version = register_policy(model_uri, "cartpole").version
+    set_alias("cartpole", "champion", version)
     policy = load_registered_policy("models:/cartpole@champion")
 """
 from __future__ import annotations
