@@ -28,8 +28,9 @@ class EnvConfig:
     """Hidden-layer activation: "tanh" or "relu"."""
     total_steps: int | None = None
     """Horizon of the schedules (LR annealing, epsilon). None: the ``steps`` of the first ``train`` call."""
-    torch_threads: int | None = None
-    """``torch.set_num_threads`` for the learner; None leaves torch's default (one per core)."""
+    torch_threads: int | None = 1
+    """Torch intra-op threads while ``train`` runs (restored after). Small MLPs are overhead-bound: extra
+    threads only spin against the env loop and other processes. None keeps torch's setting."""
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
@@ -53,6 +54,8 @@ class PPOConfig(EnvConfig):
     """Decay the learning rate linearly to 0 over ``total_steps``."""
     gamma: float = 0.99
     """Discount factor."""
+    reward_scale: float = 1.0
+    """Rewards are multiplied by this before GAE (e.g. 0.1 on Pendulum keeps values near unit scale)."""
     gae_lambda: float = 0.95
     """GAE lambda: bias/variance trade-off of advantages."""
     num_minibatches: int = 4

@@ -29,7 +29,8 @@ class DQNTrainer(Trainer):
         self.spec = policy_spec(self.observation_space, self.action_space, True, c.hidden_sizes, c.activation)
         self.policy = QNetwork(self.spec).to(self.device)
         self.target = copy.deepcopy(self.policy)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=c.learning_rate)
+        self.params = list(self.policy.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=c.learning_rate, fused=True)
         self.buffer = ReplayBuffer(c.buffer_size)
         self.next_target_update = c.target_network_frequency
         self.pending_updates = 0.0
@@ -60,7 +61,7 @@ class DQNTrainer(Trainer):
                     q_all = self.policy(self.policy.preprocess(batch["obs"]))
                 q_taken = q_all.float().gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
                 loss = F.mse_loss(q_taken, td_target)
-                self.amp.step(loss, self.optimizer, list(self.policy.parameters()), c.max_grad_norm)
+                self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm)
                 losses.append(loss.item())
                 q_values.append(q_taken.mean().item())
         # 4. Target network: soft/hard update every ``target_network_frequency`` env steps.

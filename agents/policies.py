@@ -11,6 +11,8 @@ from torch import nn
 
 from opentinker.envs.errors import EnvSpecError
 
+_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
 
 def policy_spec(obs_space: gym.Space, action_space: gym.Space, value_based: bool, hidden: tuple[int, ...],
                 activation: str) -> dict[str, Any]:
@@ -89,24 +91,27 @@ class ActorCritic(SpecPolicy):
     def value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
 
-    def distribution(self, x: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(x)
-        if self.spec["kind"] == "categorical":
-            return torch.distributions.Categorical(logits=out.float())
-        return torch.distributions.Normal(out.float(), self.log_std.exp().expand_as(out))
-
     def evaluate_actions(self, x: torch.Tensor, actions: torch.Tensor):
-        """Log-probabilities and entropies of ``actions`` under the current policy, and state values."""
-        dist = self.distribution(x)
+        """Log-probabilities and entropies of ``actions`` under the current policy, and state values.
+
+        Written out instead of torch.distributions: the distribution objects' argument checks cost more than
+        the maths for these small networks.
+        """
+        out = self.actor(x).float()
+        value = self.value(x).float()
         if self.spec["kind"] == "categorical":
-            return dist.log_prob(actions.long()), dist.entropy(), self.value(x).float()
-        return dist.log_prob(actions).sum(-1), dist.entropy().sum(-1), self.value(x).float()
+            logp_all = out.log_softmax(-1)
+            logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+            return logp, -(logp_all.exp() * logp_all).sum(-1), value
+        log_std = self.log_std.expand_as(out)
+        logp = (-0.5 * ((actions - out) / log_std.exp()) ** 2 - log_std - _HALF_LOG_2PI).sum(-1)
+        return logp, (log_std + 0.5 + _HALF_LOG_2PI).sum(-1), value
 
     def _act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        dist = self.distribution(x)
-        if deterministic:
-            return dist.probs.argmax(-1) if self.spec["kind"] == "categorical" else dist.mean
-        return dist.sample()
+        out = self.actor(x).float()
+        if self.spec["kind"] == "categorical":
+            return out.argmax(-1) if deterministic else torch.multinomial(out.softmax(-1), 1).squeeze(-1)
+        return out if deterministic else out + self.log_std.exp() * torch.randn_like(out)
 
 
 class QNetwork(SpecPolicy):

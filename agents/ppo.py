@@ -12,6 +12,25 @@ from opentinker.agents.policies import ActorCritic, policy_spec
 from opentinker.agents.trainer import Trainer
 
 
+def clipped_policy_loss(advantages: torch.Tensor, ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
+    """PPO's pessimistic surrogate: mean of max(-A * r, -A * clip(r, 1 - eps, 1 + eps))."""
+    return torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
+
+
+def value_loss(new_values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+               clip_coef: float | None) -> torch.Tensor:
+    """0.5 * squared error; with ``clip_coef`` the pessimistic max over the clipped and unclipped update."""
+    unclipped = (new_values - returns) ** 2
+    if clip_coef is None:
+        return 0.5 * unclipped.mean()
+    clipped = (old_values + (new_values - old_values).clamp(-clip_coef, clip_coef) - returns) ** 2
+    return 0.5 * torch.max(unclipped, clipped).mean()
+
+
+def normalize(advantages: torch.Tensor) -> torch.Tensor:
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8) if advantages.numel() > 1 else advantages
+
+
 def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     var = np.var(target)
     return float("nan") if var == 0 else float(1 - np.var(target - predicted) / var)
@@ -27,7 +46,9 @@ class PPOTrainer(Trainer):
         c = self.config
         self.spec = policy_spec(self.observation_space, self.action_space, False, c.hidden_sizes, c.activation)
         self.policy = ActorCritic(self.spec).to(self.device)
-        self.optimizer = torch.optim.Adam(self.policy.parameters(), lr=c.learning_rate, eps=1e-5)
+        self.params = list(self.policy.parameters())
+        # fused Adam: one kernel per step instead of a dozen per tensor (small MLPs are overhead-bound).
+        self.optimizer = torch.optim.Adam(self.params, lr=c.learning_rate, eps=1e-5, fused=True)
 
     def _iterate(self) -> dict[str, float]:
         c = self.config
@@ -40,7 +61,7 @@ class PPOTrainer(Trainer):
         rollout_end = time.perf_counter()
         self.global_step += rollout.num_steps
         # 3. Advantages (GAE) and returns; reset steps after an episode end are dropped.
-        advantages, returns = compute_gae(rollout.rewards, rollout.values, rollout.terminated, rollout.truncated,
+        advantages, returns = compute_gae(rollout.rewards * c.reward_scale, rollout.values, rollout.terminated, rollout.truncated,
                                           rollout.last_values, c.gamma, c.gae_lambda)
         keep = rollout.valid
         as_tensor = lambda a: torch.as_tensor(a[keep], device=self.device)  # noqa: E731
@@ -49,8 +70,8 @@ class PPOTrainer(Trainer):
         b_x = self.policy.preprocess(b_obs)
         # 4. Clipped-objective update over shuffled minibatches.
         batch = b_x.shape[0]
-        minibatch = max(batch // c.num_minibatches, 1)
-        stats: dict[str, list[float]] = {k: [] for k in ("policy", "value", "entropy", "approx_kl", "clipfrac")}
+        minibatch = -(-batch // c.num_minibatches)  # ceil: exactly num_minibatches per epoch
+        stats: dict[str, list[torch.Tensor]] = {k: [] for k in ("policy", "value", "entropy", "approx_kl", "clipfrac")}
         for _epoch in range(c.update_epochs):
             order = torch.as_tensor(self.rng.permutation(batch), device=self.device)
             for start in range(0, batch, minibatch):
@@ -61,25 +82,19 @@ class PPOTrainer(Trainer):
                 ratio = logratio.exp()
                 with torch.no_grad():
                     approx_kl = ((ratio - 1) - logratio).mean()
-                    stats["clipfrac"].append(((ratio - 1.0).abs() > c.clip_coef).float().mean().item())
-                mb_adv = b_advantages[mb]
-                if c.norm_adv and mb_adv.numel() > 1:
-                    mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
-                pg_loss = torch.max(-mb_adv * ratio, -mb_adv * ratio.clamp(1 - c.clip_coef, 1 + c.clip_coef)).mean()
-                if c.clip_vloss:
-                    v_clipped = b_values[mb] + (newvalue - b_values[mb]).clamp(-c.clip_coef, c.clip_coef)
-                    v_loss = 0.5 * torch.max((newvalue - b_returns[mb]) ** 2, (v_clipped - b_returns[mb]) ** 2).mean()
-                else:
-                    v_loss = 0.5 * ((newvalue - b_returns[mb]) ** 2).mean()
+                    stats["clipfrac"].append(((ratio - 1.0).abs() > c.clip_coef).float().mean())
+                mb_adv = normalize(b_advantages[mb]) if c.norm_adv else b_advantages[mb]
+                pg_loss = clipped_policy_loss(mb_adv, ratio, c.clip_coef)
+                v_loss = value_loss(newvalue, b_values[mb], b_returns[mb], c.clip_coef if c.clip_vloss else None)
                 entropy_loss = entropy.mean()
                 loss = pg_loss - c.ent_coef * entropy_loss + v_loss * c.vf_coef
-                self.amp.step(loss, self.optimizer, list(self.policy.parameters()), c.max_grad_norm)
+                self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm)
                 for key, value in (("policy", pg_loss), ("value", v_loss), ("entropy", entropy_loss), ("approx_kl", approx_kl)):
-                    stats[key].append(value.item())
-            if c.target_kl is not None and stats["approx_kl"][-1] > c.target_kl:
+                    stats[key].append(value.detach().float())
+            if c.target_kl is not None and stats["approx_kl"][-1].item() > c.target_kl:
                 break
         # 5. Metrics for the dashboard.
-        metrics = {f"losses/{k}": float(np.mean(v)) for k, v in stats.items()}
+        metrics = {f"losses/{k}": torch.stack(v).mean().item() for k, v in stats.items()}
         metrics["losses/explained_variance"] = explained_variance(rollout.values[keep], returns[keep])
         metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
         metrics["system/gradient_delay_ms"] = (time.perf_counter() - rollout_end) * 1000.0

@@ -54,8 +54,6 @@ class Trainer:
         if unknown:
             raise ValueError(f"unknown {self.config_cls.__name__} field(s) {unknown}; valid fields: {sorted(fields)}")
         self.config = self.config_cls(**config)
-        if self.config.torch_threads:
-            torch.set_num_threads(self.config.torch_threads)
         self.seed, self.device = seed, resolve_device(device)
         if isinstance(env, RemoteEnv):
             self.env = env
@@ -97,6 +95,16 @@ class Trainer:
         if checkpoint_every is not None and (checkpoint_dir is None or checkpoint_every < 1):
             raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
         self.horizon = self.horizon or steps
+        threads = torch.get_num_threads()
+        if self.config.torch_threads:
+            torch.set_num_threads(self.config.torch_threads)
+        try:
+            return self._train_loop(steps, callback, checkpoint_dir, checkpoint_every)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _train_loop(self, steps: int, callback: Callback | None, checkpoint_dir: str | os.PathLike | None,
+                    checkpoint_every: int | None) -> dict[str, float]:
         metrics: dict[str, float] = {}
         next_checkpoint = None if checkpoint_every is None else (self.global_step // checkpoint_every + 1) * checkpoint_every
         start, start_step = time.perf_counter(), self.global_step

@@ -1,23 +1,44 @@
 """``RemoteEnv``: N env copies behind one batched, numpy-only API, stepped in-process or on Ray actors."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from opentinker.envs.base import EnvLike, env_name
+from opentinker.envs.base import EnvLike, env_name, make_env
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed
 
 BACKENDS = ("auto", "local", "ray")
-# "auto" uses Ray only when the env has no numpy-vectorised implementation and enough copies are asked for:
-# a vectorised env (CartPole steps millions of copies/s in one process) or a handful of copies is always
-# faster in-process than behind inter-process calls.
+# "auto" picks Ray only when it can pay off: at least AUTO_RAY_MIN_PARALLEL copies of an env that has no
+# numpy-vectorised implementation and whose step costs at least AUTO_RAY_MIN_STEP_S (measured on one copy).
+# Cheap envs (classic control steps in ~20 us) lose more to inter-process calls than they gain.
 AUTO_RAY_MIN_PARALLEL = 16
+AUTO_RAY_MIN_STEP_S = 1e-3
 
 
-def resolve_backend(env: EnvLike, backend: str, parallel: int, workers: int | None) -> str:
+def mean_step_seconds(env: EnvLike, env_kwargs: dict, steps: int = 32) -> float:
+    """Average wall time of one step of one copy (random actions, resets excluded)."""
+    probe = make_env(env, **env_kwargs)
+    try:
+        probe.reset(seed=0)
+        probe.action_space.seed(0)
+        total = 0.0
+        for _ in range(steps):
+            action = probe.action_space.sample()
+            start = time.perf_counter()
+            _, _, terminated, truncated, _ = probe.step(action)
+            total += time.perf_counter() - start
+            if terminated or truncated:
+                probe.reset()
+        return total / steps
+    finally:
+        probe.close()
+
+
+def resolve_backend(env: EnvLike, backend: str, parallel: int, workers: int | None, env_kwargs: dict) -> str:
     if backend not in BACKENDS:
         raise EnvSpecError(f"RemoteEnv backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
@@ -25,7 +46,7 @@ def resolve_backend(env: EnvLike, backend: str, parallel: int, workers: int | No
     vectorised = isinstance(env, str) and env in gym.registry and gym.spec(env).vector_entry_point is not None
     if vectorised or parallel < AUTO_RAY_MIN_PARALLEL or workers == 1 or isinstance(env, gym.Env):
         return "local"
-    return "ray"
+    return "ray" if mean_step_seconds(env, env_kwargs) >= AUTO_RAY_MIN_STEP_S else "local"
 
 
 def split_envs(parallel: int, workers: int) -> list[int]:
@@ -59,8 +80,8 @@ class RemoteEnv:
     """``parallel`` copies of ``env`` split over ``workers``; see docs/engine.md.
 
     ``backend="local"`` keeps the copies in this process, ``"ray"`` runs one Ray actor per worker, ``"auto"``
-    picks local for numpy-vectorised envs, env instances, fewer than 16 copies or a single worker. Env seeds
-    derive from (seed, worker); action noise in ``collect`` from (seed, iteration, worker).
+    uses Ray only for 16+ copies of an env without a vectorised implementation whose step takes >= 1 ms.
+    Env seeds derive from (seed, worker); action noise in ``collect`` from (seed, iteration, worker).
     """
 
     def __init__(self, env: EnvLike, parallel: int = 8, workers: int | None = None, backend: str = "auto",
@@ -70,7 +91,7 @@ class RemoteEnv:
         if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= parallel):
             raise EnvSpecError(f"RemoteEnv workers must be an int in [1, parallel={parallel}], got {workers!r}")
         self.env, self.env_kwargs, self.env_id = env, dict(env_kwargs), env_name(env)
-        self.backend = resolve_backend(env, backend, parallel, workers)
+        self.backend = resolve_backend(env, backend, parallel, workers, self.env_kwargs)
         self.num_envs, self.seed, self.state_diff = parallel, seed, state_diff
         if self.backend == "local":
             self.sizes = split_envs(parallel, workers or 1)
@@ -106,8 +127,6 @@ class RemoteEnv:
         """Every worker runs ``n_steps`` with a numpy copy of the policy; returns the joined numpy ``Rollout``."""
         if not isinstance(n_steps, int) or n_steps < 1:
             raise ValueError(f"RemoteEnv.collect n_steps must be an int >= 1, got {n_steps!r}")
-        import time
-
         start = time.perf_counter()
         parts = [r.decode_obs() for r, _ in self._pool.collect(weights, policy_spec, n_steps, iteration, self.state_diff)]
         rollout = Rollout.concat(parts)
