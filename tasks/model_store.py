@@ -57,12 +57,16 @@ class PolicyStoreError(RuntimeError):
 
 
 def _mlflow() -> "mlflow":
-    """MLflow pointed at the configured tracking store (``tasks.tracking.configure_mlflow``)."""
+    """MLflow pointed at the configured store, read-only: a serving process must not create experiments."""
     import mlflow
 
-    from opentinker.tasks.tracking import configure_mlflow
+    from opentinker.infra.settings import get_settings
+    from opentinker.tasks.tracking import export_s3_environment
 
-    configure_mlflow()
+    settings = get_settings()
+    if settings.s3_endpoint_url:
+        export_s3_environment()
+    mlflow.set_tracking_uri(settings.tracking_uri)
     return mlflow
 
 
