@@ -81,8 +81,8 @@ class LocalChatModel(BaseChatModel):
         """LangChain messages as ChatML turns (tool calls/results in the strict text format), and how many
         leading turns are fixed (system prompt + examples: their KV cache is reused)."""
         system = "\n\n".join(_text(m) for m in messages if isinstance(m, SystemMessage))
-        if tools:
-            system = (system + "\n\n" if system else "") + _tool_instructions(tools)
+        if tools:  # the tool format first: a 135M model follows what it reads first most reliably
+            system = _tool_instructions(tools) + ("\n\n" + system if system else "")
         chat = [{"role": "system", "content": system or "You are a helpful assistant."}]
         chat += _examples(tools)
         n_fixed = len(chat)
