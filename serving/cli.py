@@ -4,6 +4,8 @@ Heavy imports (bentoml, mlflow) happen inside the commands so ``opentinker --hel
 """
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -49,6 +51,7 @@ def serve(
         raise typer.Exit(2) from None
     settings = {"workers": workers, "reload_interval_s": reload_interval}
     proc, url = start_server(model_ref, key_hash, host, port or None, settings)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a process manager's stop also stops the server
     try:
         wait_ready(url, proc)
         typer.secho(f"serving {model_ref} at {url}  (POST /act, /act_batch, /metadata, /reload; GET /readyz)", fg="green")
