@@ -12,6 +12,7 @@ import pytest
 from fixtures.federated import small_fed_config
 
 from opentinker.federated import deploy
+from opentinker.federated.api import FLClient
 from opentinker.flows.federated_flow import federated_flow
 from opentinker.federated.certs import CertPaths, generate_certs, generate_site_key
 from opentinker.federated.config import SiteConfig
@@ -25,34 +26,6 @@ def _wait_for_line(path: Path, text: str, timeout: float) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"{text!r} not in {path} after {timeout:.0f}s")
-
-
-def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
-    """Site 2's SuperNode dies while training round 1: the floor (2 of 3) is met, and site 2 is back in round 2.
-
-    The run goes through the Prefect `federated_flow` (federation check → flwr run → registry check)."""
-    config = small_fed_config(run_name="deploy-kill", num_server_rounds=2, min_completion_rate=0.6,
-                              round_timeout=180.0, register_as="fed-deploy")
-    outcome: dict = {}
-    flow_args = dict(config=dataclasses.asdict(config), root=federation.root)
-    runner = threading.Thread(target=lambda: outcome.update(result=federated_flow(**flow_args)))
-    runner.start()
-    try:
-        site_log = Path(federation.root) / "site-2" / "supernode.log"
-        _wait_for_line(site_log, "Receiving: train message", timeout=600)
-        deploy.stop_pid(federation.site_pids["2"])  # the whole process group: supernode, superexec, clientapp
-        deploy.start_site(federation, SiteConfig(site_id=2))  # same key, same node id: the site rejoins
-    finally:
-        runner.join(timeout=1500)
-    result = outcome["result"]
-    assert result["status"] == "FINISHED", result
-    round1, round2 = result["history"][1], result["history"][2]
-    assert sorted(round1["sites"]) == [0, 1] and any("no reply" in f or "node" in f for f in round1["failures"])
-    assert sorted(round2["sites"]) == [0, 1, 2]
-    assert round2["round/bytes_received"] > 0 and round2["round/seconds"] > 0
-    assert result["model_uri"] == "models:/fed-deploy@federated"
-    policy = load_registered_policy(result["model_uri"])  # the serving side's way in
-    assert policy.act(np.zeros((2, 4), dtype=np.float32)).shape == (2,)
 
 
 def test_site_with_an_unregistered_key_is_refused(federation, tmp_path):
@@ -69,3 +42,34 @@ def test_site_trusting_another_ca_cannot_connect(federation, tmp_path):
         deploy.start_site(federation, SiteConfig(site_id=8), private_key=federation.cert_paths.site_key(0),
                           root_cert=other.ca_cert, timeout=300, max_wait_time=5)
     assert "8" not in federation.site_pids
+
+
+def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
+    """Site 2's SuperNode dies while training round 1: the floor (2 of 3) is met, and site 2 is back in round 2.
+
+    The run goes through the Prefect `federated_flow` (federation check → flwr run → registry check)."""
+    config = small_fed_config(run_name="deploy-kill", num_server_rounds=2, min_completion_rate=0.6,
+                              round_timeout=180.0, register_as="fed-deploy")
+    outcome: dict = {}
+    flow_args = dict(config=dataclasses.asdict(config), root=federation.root)
+    runner = threading.Thread(target=lambda: outcome.update(result=federated_flow(**flow_args)))
+    runner.start()
+    try:
+        site_log = Path(federation.root) / "site-2" / "supernode.log"
+        _wait_for_line(site_log, "Receiving: train message", timeout=600)
+        deploy.stop_pid(federation.site_pids["2"])  # the whole process group: supernode, superexec, clientapp
+        # Same key, same node id: the site rejoins, through the seed API this time.
+        FLClient(strategy="fedavg", aggregation_interval=60, site_id=2, federation=federation.root).train(
+            local_data={"pole_length": 0.65, "gravity": 10.78})
+        federation.site_pids.update(deploy.Federation.load(federation.root).site_pids)
+    finally:
+        runner.join(timeout=1500)
+    result = outcome["result"]
+    assert result["status"] == "FINISHED", result
+    round1, round2 = result["history"][1], result["history"][2]
+    assert sorted(round1["sites"]) == [0, 1] and any("no reply" in f or "node" in f for f in round1["failures"])
+    assert sorted(round2["sites"]) == [0, 1, 2]
+    assert round2["round/bytes_received"] > 0 and round2["round/seconds"] > 0
+    assert result["model_uri"] == "models:/fed-deploy@federated"
+    policy = load_registered_policy(result["model_uri"])  # the serving side's way in
+    assert policy.act(np.zeros((2, 4), dtype=np.float32)).shape == (2,)
