@@ -25,8 +25,10 @@ def prepare_prefect(verbose: bool = False) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-        os.environ.setdefault("PREFECT_LOGGING_TO_API_ENABLED", "false")
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a Ray FutureWarning
         warnings.filterwarnings("ignore")
         for name in _NOISY_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
