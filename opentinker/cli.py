@@ -24,3 +24,7 @@ _register_serving(app)
 from opentinker.federated.cli import app as _federated_app  # noqa: E402
 
 app.add_typer(_federated_app, name="federated")
+
+from opentinker.agents.llm.cli import app as _agent_app  # noqa: E402
+
+app.add_typer(_agent_app, name="agent")
