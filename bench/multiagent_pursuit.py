@@ -3,8 +3,8 @@
 Measured in one command:
   1. reference: the raw env stepped with uniformly random actions (PettingZoo dict API), agent-steps/s and the
      capture rate random predators achieve against random prey;
-  2. the group (predators PPO, prey DQN, trained together) until the capture rate, averaged over the last
-     ``--window`` iterations, reaches ``--threshold`` (default: random capture rate + 0.15) or the budget ends.
+  2. the group (predators PPO, prey DQN, trained together) until the capture rate, pooled over the prey
+     episodes of the last ``--window`` iterations, reaches ``--threshold`` (default: random capture rate + 0.15) or the budget ends.
 
 Capture rate = share of prey episodes that end in a capture (``prey/charts/terminated_fraction``).
 Final line: ``{"agents": 50, "agent_steps_per_s": …, "time_to_threshold_s": …, …}``.
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=2)
     parser.add_argument("--n-steps", type=int, default=32)
     parser.add_argument("--threshold", type=float, default=None, help="capture rate to reach (default: random + 0.15)")
-    parser.add_argument("--window", type=int, default=3, help="iterations averaged for the capture rate")
+    parser.add_argument("--window", type=int, default=5, help="iterations pooled for the capture rate")
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--reference-s", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
@@ -75,22 +75,31 @@ def main() -> None:
               "buffer_size": 50_000, "target_network_frequency": 2_000, "epsilon_decay": 0.97})
     trainer = group.build("pursuit", num_envs=args.num_envs, n_steps=args.n_steps, seed=args.seed, device="cpu",
                           **env_kwargs)
-    captures: list[float] = []
+    # (prey episodes, caught) per iteration; early iterations are skipped because before the first time limit
+    # only episodes that ended in a capture can have ended, which would overstate the rate.
+    counts: list[tuple[float, float]] = []
+    warmup_steps = 2 * args.max_cycles * args.num_envs
     reached: dict[str, float] = {}
     start = time.perf_counter()
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
                TimeElapsedColumn())
+
+    def capture_rate() -> float:
+        episodes, caught = np.sum(counts[-args.window:], axis=0) if counts else (0.0, 0.0)
+        return caught / episodes if episodes else float("nan")
+
     with Progress(*columns) as progress:
         task = progress.add_task("training 50-agent pursuit", total=args.budget_s, status="")
 
         def on_iteration(metrics: dict[str, float], step: int) -> bool:
             elapsed = time.perf_counter() - start
-            if "prey/charts/terminated_fraction" in metrics:
-                captures.append(metrics["prey/charts/terminated_fraction"])
-            rate = float(np.mean(captures[-args.window:])) if captures else float("nan")
+            if step > warmup_steps and "prey/charts/terminated_fraction" in metrics:
+                episodes = metrics["prey/charts/episodes"]
+                counts.append((episodes, episodes * metrics["prey/charts/terminated_fraction"]))
+            rate = capture_rate()
             progress.update(task, completed=min(elapsed, args.budget_s),
                             status=f"step {step:,}  capture {rate:.3f}/{threshold:.3f}")
-            if len(captures) >= args.window and rate >= threshold and not reached:
+            if len(counts) >= args.window and rate >= threshold and not reached:
                 reached.update(time_s=elapsed, env_steps=step, capture_rate=rate)
                 return False
             return elapsed < args.budget_s
@@ -103,7 +112,7 @@ def main() -> None:
         "agents": agents, "agent_steps_per_s": round(train_sps, 1),
         "time_to_threshold_s": None if time_to_threshold is None else round(time_to_threshold, 1),
         "threshold_capture_rate": round(threshold, 3), "random_capture_rate": round(random_capture, 3),
-        "final_capture_rate": round(float(np.mean(captures[-args.window:])), 3) if captures else None,
+        "final_capture_rate": round(capture_rate(), 3) if counts else None,
         "env_steps": trainer.global_step, "wall_s": round(wall, 1),
         "reference_random_agent_steps_per_s": round(ref_sps, 1),
         "train_vs_random_env_ratio": round(train_sps / ref_sps, 3),

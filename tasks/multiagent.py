@@ -1,0 +1,83 @@
+"""Multi-agent stages: train an ``AgentGroup`` (one task, checkpointed, metrics per kind to MLflow) and
+evaluate it from its checkpoint. Packaging reuses ``tasks.package.package_model`` once per kind."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, Field
+
+from opentinker.tasks import progress
+from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
+
+
+class GroupTrainOutcome(BaseModel):
+    """Where a group's checkpoint and per-kind exports are, how far it got."""
+
+    run_id: str
+    checkpoint_path: str = Field(description="One file: every kind's engine checkpoint + env state + counters.")
+    export_dirs: dict[str, str] = Field(description="Kind -> numpy-only export (policy.json + weights.npz).")
+    history_path: str
+    start_step: int
+    global_step: int
+    agent_steps: int
+    train_seconds: float
+
+
+class KindEvaluation(BaseModel):
+    """Deterministic evaluation of one kind (per agent-episode)."""
+
+    mean: float
+    std: float
+    returns: list[float]
+    mean_length: float
+    terminated_fraction: float
+
+
+@task(cache_policy=NO_CACHE)
+def train_group(run_id: str, directory: str, policy_mapping: dict[str, str], configs: dict[str, dict[str, Any]],
+                steps: int, seed: int = 0, env_id: str = "pursuit", env_kwargs: dict[str, Any] | None = None,
+                shared_memory: bool | str = False, num_envs: int = 4, n_steps: int = 32, device: str = "auto",
+                resume: bool = False, checkpoint_every: int | None = None) -> GroupTrainOutcome:
+    """Train every kind until ``steps`` env steps; resume from ``checkpoints/checkpoint.pt`` when asked."""
+    from opentinker.agents.checkpoint import CHECKPOINT_NAME
+    from opentinker.agents.multiagent import AgentGroup, GroupTrainer
+
+    root = Path(directory)
+    checkpoint = root / "checkpoints" / CHECKPOINT_NAME
+    configure_mlflow()
+    if resume and checkpoint.exists():
+        trainer = GroupTrainer.load(checkpoint, device=device)
+    else:
+        group = AgentGroup(policy_mapping, shared_memory=shared_memory).configure(**configs)
+        trainer = group.build(env_id, num_envs=num_envs, n_steps=n_steps, seed=seed, device=device, **(env_kwargs or {}))
+        (root / "history.jsonl").unlink(missing_ok=True)
+    try:
+        start_step = trainer.global_step
+        logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
+        started = time.perf_counter()
+        trainer.train(steps, callback=logger, checkpoint_dir=checkpoint.parent, checkpoint_every=checkpoint_every)
+        train_seconds = time.perf_counter() - started
+        logger.flush()
+        exports = trainer.export(root / "export", metadata={"env_id": env_id, "run_id": run_id})
+        return GroupTrainOutcome(
+            run_id=run_id, checkpoint_path=str(checkpoint), export_dirs={k: str(v) for k, v in exports.items()},
+            history_path=str(logger.save_history(root / "history.jsonl")), start_step=start_step,
+            global_step=trainer.global_step, agent_steps=trainer.agent_steps, train_seconds=train_seconds)
+    finally:
+        trainer.close()
+
+
+@task(cache_policy=NO_CACHE)
+def evaluate_group(checkpoint_path: str, episodes: int = 10, seed: int = 10_000) -> dict[str, KindEvaluation]:
+    """Every kind acting deterministically, one episode per fresh env copy, from the saved group."""
+    from opentinker.agents.multiagent import GroupTrainer
+
+    trainer = GroupTrainer.load(checkpoint_path, device="cpu")
+    try:
+        return {kind: KindEvaluation(**result._asdict()) for kind, result in trainer.evaluate(episodes, seed).items()}
+    finally:
+        trainer.close()
