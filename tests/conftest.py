@@ -20,3 +20,4 @@ from fixtures.pipeline import *  # noqa: F401,F403,E402
 from fixtures.serving import *  # noqa: F401,F403,E402
 from fixtures.federated import *  # noqa: F401,F403,E402
 from fixtures.llm import *  # noqa: F401,F403,E402
+from fixtures.ray import *  # noqa: F401,F403,E402
