@@ -116,6 +116,10 @@ class AgentService:
         if self.config.tracing:
             enable_tracing()
         self.agent = build_agent(self.config)
+        if self.config.llm == "local" and not self.config.base_url:
+            from opentinker.agents.llm.local_weights import load_local_weights
+
+            load_local_weights()  # load before /readyz turns green, not on the first request
 
     @bentoml.api
     def chat(self, thread_id: ThreadId, message: Message) -> ChatResponse:

@@ -109,6 +109,7 @@ class LangChainAgent:
         self.max_parallel_tools = max_parallel_tools
         self.max_steps = max_steps
         self.checkpointer = _make_checkpointer(checkpointer)
+        self._owns_checkpointer = not isinstance(checkpointer, BaseCheckpointSaver)
         self.graph = create_agent(self.model, self.tools, system_prompt=system_prompt,
                                   middleware=[RollingMemoryMiddleware(memory_window, summarizer), ToolGuardMiddleware()],
                                   checkpointer=self.checkpointer)
@@ -127,7 +128,7 @@ class LangChainAgent:
         thread = thread_id or self.thread_id
         run_config = {"configurable": {"thread_id": thread}, "max_concurrency": self.max_parallel_tools,
                       "recursion_limit": 3 * self.max_steps + 2, **(config or {})}
-        before = {m.id for m in self._messages(thread)}
+        before = {m.id for m in self.history(thread)[0]}
         try:
             state = self.graph.invoke({"messages": [HumanMessage(message)]}, run_config)
         except GraphRecursionError:
@@ -140,13 +141,10 @@ class LangChainAgent:
         values = self.graph.get_state({"configurable": {"thread_id": thread_id or self.thread_id}}).values
         return list(values.get("messages", [])), values.get("summary", "")
 
-    def _messages(self, thread: str) -> list[BaseMessage]:
-        return self.history(thread)[0]
-
     def close(self) -> None:
-        """Close the SQLite connection this agent opened (if any)."""
+        """Close the SQLite connection this agent opened (a checkpointer passed in is left to its owner)."""
         conn = getattr(self.checkpointer, "conn", None)
-        if conn is not None and getattr(self, "_owns_connection", True):
+        if conn is not None and self._owns_checkpointer:
             conn.close()
 
 
