@@ -55,12 +55,6 @@ def test_output_is_capped():
     assert "[output truncated]" in result.report()
 
 
-def test_network_namespace_used_when_available():
-    result = run_python("print('ok')", LIMITS)
-    # On this machine unshare works; elsewhere the audit guard alone refuses sockets (tested above).
-    assert result.network_isolated in (True, False) and result.ok
-
-
 def test_limits_are_validated():
     with pytest.raises(ValueError, match="wall_time_s"):
         SandboxLimits(wall_time_s=0)
