@@ -208,17 +208,20 @@ def collect(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: int, rn
     return rollouts, terminated_fraction
 
 
-def run_episodes(joint: JointEnvs, policies: dict[str, NumpyPolicy]) -> dict[str, list[tuple[float, int, bool]]]:
+def run_episodes(joint: JointEnvs, policies: dict[str, NumpyPolicy], max_steps: int = 100_000
+                 ) -> dict[str, list[tuple[float, int, bool]]]:
     """Deterministic actions until every env copy has finished one episode; per kind (return, length, terminated)."""
     for kind in policies:
         joint.take_finished(kind)
     results: dict[str, list[tuple[float, int, bool]]] = {k: [] for k in policies}
     first_episode = joint.episodes_done.copy()
-    while (joint.episodes_done == first_episode).any():
+    for _ in range(max_steps):
+        if (joint.episodes_done > first_episode).all():
+            return results
         actions = {k: p.env_actions(p.sample(joint.observations(k), None, deterministic=True)[0])
                    for k, p in policies.items()}
         still_first = joint.episodes_done == first_episode
         joint.step(actions)
         for kind in policies:
             results[kind] += [(r, n, t) for e, r, n, t in joint.take_finished(kind) if still_first[e]]
-    return results
+    raise RuntimeError(f"evaluation: an env copy ran {max_steps} steps without ending its episode (no time limit?)")
