@@ -1,6 +1,4 @@
 """Evaluation and release flows: evaluate a model on fixed seeds (cached), and the promotion gate."""
-from __future__ import annotations
-
 import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from prefect import flow
 

@@ -1,6 +1,8 @@
-"""The training flow: storage check → tracking run → train (Ray) → evaluate → package → release gate → reports."""
-from __future__ import annotations
+"""The training flow: storage check → tracking run → train (Ray) → evaluate → package → release gate → reports.
 
+No ``from __future__ import annotations`` in flow modules: Prefect builds a pydantic model from the flow's
+signature to validate deployment parameters, and string annotations leave it "not fully defined".
+"""
 import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from prefect import flow
 

@@ -7,3 +7,7 @@ import os
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no phoning home (and no telemetry errors offline)
+# Prefect 3.7 keeps results (and cache records) in ~/.prefect/storage even when PREFECT_HOME points elsewhere.
+os.environ.setdefault(
+    "PREFECT_RESULTS_LOCAL_STORAGE_PATH", os.path.join(os.path.expanduser(os.environ.get("PREFECT_HOME", "~/.prefect")), "storage")
+)

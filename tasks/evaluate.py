@@ -5,6 +5,7 @@ an immutable model and the evaluation loads exactly that version even if an alia
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ class ResolvedModel(BaseModel):
     uri: str
     key: str
     env_id: str
+    store: str = ""
+    """Digest of the tracking URI for registry models: versions are numbered per store, so keys must say which."""
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
@@ -31,7 +34,14 @@ def resolve_model(model_uri: str, env_id: str | None = None) -> ResolvedModel:
     from opentinker.tasks.model_store import resolve_policy
 
     ref = resolve_policy(model_uri)
-    return ResolvedModel(uri=ref.download_uri, key=f"{ref.name}/{ref.version}", env_id=env_id or _env_of(ref.download_uri))
+    store = ""
+    if ref.download_uri.startswith(("models:/", "runs:/")):
+        from opentinker.infra.settings import get_settings
+
+        store = hashlib.sha256(get_settings().tracking_uri.encode()).hexdigest()[:12]
+    return ResolvedModel(
+        uri=ref.download_uri, key=f"{ref.name}/{ref.version}", env_id=env_id or _env_of(ref.download_uri), store=store
+    )
 
 
 def _env_of(model_uri: str) -> str:
@@ -46,7 +56,7 @@ def _env_of(model_uri: str) -> str:
 
 def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     model: ResolvedModel = parameters["model"]
-    return f"evaluate-{model.key}-{model.env_id}-n{parameters['episodes']}-s{parameters['seed']}"
+    return f"evaluate-{model.store or 'local'}-{model.key}-{model.env_id}-n{parameters['episodes']}-s{parameters['seed']}"
 
 
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
