@@ -15,10 +15,9 @@ from opentinker.federated.config import SiteConfig
 from opentinker.federated.rounds import CompletionFloorError
 from opentinker.federated.server_app import build_server_app, checkpoint_dir
 from opentinker.federated.simulation import simulate
-from opentinker.infra.ray_runtime import ensure_ray
 
 
-def test_fedavg_improves_every_site_then_resumes_from_checkpoint():
+def test_fedavg_improves_every_site_then_resumes_from_checkpoint(ray_session):
     config = small_fed_config(run_name="sim-fedavg", register_as="fed-sim")
     result = simulate(config)
     assert result.status == "FINISHED" and result.rounds == 2
@@ -62,10 +61,9 @@ def _client_app_with_a_truncated_site(bad_site: int) -> ClientApp:
     return app
 
 
-def test_mismatched_reply_is_rejected_and_the_completion_floor_fails_loudly():
+def test_mismatched_reply_is_rejected_and_the_completion_floor_fails_loudly(ray_session):
     config = small_fed_config(run_name="sim-floor", strategy="fedprox", num_server_rounds=1, min_completion_rate=1.0,
                               register_as="")
-    ensure_ray()
     with pytest.raises(CompletionFloorError) as failure:
         run_simulation(server_app=build_server_app(config), client_app=_client_app_with_a_truncated_site(1),
                        num_supernodes=3, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
