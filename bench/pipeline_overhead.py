@@ -22,9 +22,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1_000_000, help="PPO env steps for each side.")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--num-envs", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--n-steps", type=int, default=128, help="PPOConfig.n_steps (steps per env per iteration).")
+    parser.add_argument("--n-steps", type=int, default=16, help="PPOConfig.n_steps (steps per env per iteration).")
     args = parser.parse_args()
 
     os.environ.setdefault("OPENTINKER_DATA_DIR", tempfile.mkdtemp(prefix="opentinker-bench-"))

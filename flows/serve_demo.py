@@ -14,15 +14,16 @@ def query_served_policy(model_ref: str, env_id: str, console: Console) -> list:
     env = make_env(env_id)
     observation, _ = env.reset(seed=0)
     env.close()
+    shown = [round(float(x), 3) for x in observation]
     api_key = secrets.token_urlsafe(24)
     with console.status(f"Starting a BentoML server for {model_ref} on loopback…"):
         deployment = deploy(model_ref, api_key=api_key, host="127.0.0.1")
     try:
         action = deployment.predict(observation.tolist())
-        console.print(f"Served at {deployment.url}: observation {observation.round(3).tolist()} → action {action}")
+        console.print(f"Served at {deployment.url}: observation {shown} → action {action}")
         console.print(
             f"  the same request by hand: curl -X POST {deployment.url}/act -H 'Authorization: Bearer <api-key>' "
-            f"-H 'Content-Type: application/json' -d '{{\"obs\": {observation.round(3).tolist()}}}'"
+            f"-H 'Content-Type: application/json' -d '{{\"obs\": {shown}}}'"
         )
         return action
     finally:
