@@ -30,7 +30,7 @@ def test_fedavg_improves_every_site_then_resumes_from_checkpoint(ray_session):
     client = mlflow.MlflowClient()
     assert [m.step for m in client.get_metric_history(result.mlflow_run_id, "return/site-2")] == [0, 1, 2]
     assert client.get_run(result.mlflow_run_id).data.params["fed.strategy"] == "fedavg"
-    assert client.get_model_version_by_alias("fed-sim", "federated").version == result.model_version
+    assert str(client.get_model_version_by_alias("fed-sim", "federated").version) == result.model_version
 
     # A restarted server continues from its last checkpointed round instead of starting over.
     saved = checkpoint.load(checkpoint_dir(config))
