@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentinker.infra.processes import (ServiceError, ServiceProcess, free_ports, log_tail, set_session_priority, spawn, venv_bin,
+from opentinker.infra.processes import (ServiceError, ServiceProcess, free_ports, log_since, set_session_priority, spawn, venv_bin,
                                         wait_until, write_json_atomic)
 from opentinker.infra.settings import Settings, get_settings
 
@@ -84,6 +84,7 @@ class LocalCluster:
                 raise ClusterError(str(exc)) from exc
             raise
         state["nodes"] = {node.name: node.to_dict() for node in started}
+        state["next_worker"] = nodes
         write_json_atomic(self.state_path, state)
         return address
 
@@ -92,9 +93,10 @@ class LocalCluster:
         state = self._state()
         if not self.address:
             raise ClusterError("no running cluster to join; run `opentinker cluster up` first.")
-        index = 1 + max([int(name.split("-")[1]) for name in state["nodes"] if name.startswith("worker-")] or [0])
+        index = state.get("next_worker", len(state["nodes"]))  # never reuse a name (or its log) within a cluster
         node = self._start_node(f"worker-{index}", self.address, cpus_per_node, object_store_mb, state["temp_dir"], timeout)
         state["nodes"][node.name] = node.to_dict()
+        state["next_worker"] = index + 1
         write_json_atomic(self.state_path, state)
         return node
 
@@ -154,13 +156,14 @@ class LocalCluster:
             cmd += [f"--address={head_address}", f"--resources={json.dumps({WORKER_RESOURCE: 1})}"]
             url = head_address
         log = self.root / "logs" / f"{name}.log"
+        offset = log.stat().st_size if log.exists() else 0  # logs are appended to: only this start's lines count
         node = spawn(name, cmd, log, url=url, ports=ports)
         node.stop_timeout = 20.0
         # Ray gives a new raylet a hard-coded 30 s to register (agents included); on a busy machine the node's
         # session would not get enough CPU for that, so it gets a higher share while starting, then the normal one.
         set_session_priority(node.pid, STARTUP_NICE)
         try:
-            wait_until(node, lambda: READY_MARKER in log_tail(log, 200), timeout, "`ray start` reported the node up")
+            wait_until(node, lambda: READY_MARKER in log_since(log, offset), timeout, "`ray start` reported the node up")
         except BaseException:
             node.stop()
             raise

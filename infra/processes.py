@@ -52,6 +52,16 @@ def log_tail(path: Path, lines: int = 30) -> str:
     return "\n".join(text[-lines:]) or "(log is empty)"
 
 
+def log_since(path: Path, offset: int) -> str:
+    """What was appended to ``path`` after byte ``offset`` (a service's log across restarts is one file)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            return handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def write_json_atomic(path: Path, data: object) -> None:
     """Write JSON to a temp file and rename it, so a crash never leaves a half-written state file."""
     path.parent.mkdir(parents=True, exist_ok=True)

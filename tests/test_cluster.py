@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -32,6 +33,25 @@ print(json.dumps({
 }))
 """
 
+# A rollout-node task that is running when its node dies: Ray retries it once a node with the resource joins.
+FAILOVER_DRIVER = r"""
+import json, os, sys, time, ray
+from opentinker.infra.ray_runtime import ensure_ray
+
+ensure_ray()
+marker = sys.argv[1]
+
+@ray.remote(num_cpus=1, resources={"rollout_node": 1}, max_retries=3)
+def long_rollout(marker):
+    node = ray.get_runtime_context().get_node_id()
+    with open(marker, "a") as f:
+        f.write(node + "\n")
+    time.sleep(8)
+    return node
+
+print(json.dumps({"task_node": ray.get(long_rollout.remote(marker), timeout=400)}))
+"""
+
 
 def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPENTINKER_DATA_DIR": str(data_dir), "COLUMNS": "200"}
@@ -47,7 +67,7 @@ def _run_driver(address: str) -> dict:
 
 
 @pytest.mark.slow
-def test_two_node_cluster_places_rollout_tasks_on_the_worker_node(tmp_path):
+def test_rollout_tasks_run_on_the_worker_node_and_survive_its_replacement(tmp_path):
     data_dir = tmp_path / "data"
     up = _cli(data_dir, "up", "--nodes", "2", "--cpus-per-node", "1", "--object-store-mb", "128")
     cluster = LocalCluster(root=data_dir / "cluster", settings=Settings(data_dir=data_dir))
@@ -67,9 +87,29 @@ def test_two_node_cluster_places_rollout_tasks_on_the_worker_node(tmp_path):
         assert result["task_node"] == worker["id"] != head["id"]
         family = [proc for node in nodes.values() for proc in node.family()]
         assert len(family) > 4  # raylet, gcs, agents... per node
+
+        # Lose the worker node mid-task; a replacement joins; the retried task finishes on the new node.
+        marker = tmp_path / "attempts.txt"
+        driver = subprocess.Popen([sys.executable, "-c", FAILOVER_DRIVER, str(marker)], text=True,
+                                  env={**os.environ, "OPENTINKER_RAY_ADDRESS": cluster.address},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 240
+        while not marker.exists() and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.5)
+        assert marker.read_text().split() == [worker["id"]]
+        cluster.stop_node("worker-1")
+        replacement = cluster.add_worker(cpus_per_node=1, object_store_mb=128)
+        family += replacement.family()
+        out, err = driver.communicate(timeout=420)
+        assert driver.returncode == 0, err[-3000:]
+        attempts = marker.read_text().split()
+        final_node = json.loads(out.strip().splitlines()[-1])["task_node"]
+        assert attempts[0] == worker["id"] and final_node == attempts[-1] != worker["id"]
+        assert set(cluster.nodes()) == {"head", "worker-2"}
+        nodes = cluster.nodes()
     finally:
         down = _cli(data_dir, "down")
-    assert down.returncode == 0 and "worker-1" in down.stdout and "head" in down.stdout
+    assert down.returncode == 0 and "worker-2" in down.stdout and "head" in down.stdout
     assert not any(node.alive() for node in nodes.values())
     assert [proc.pid for proc in family if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE] == []
     assert "no cluster recorded" in _cli(data_dir, "status").stdout
