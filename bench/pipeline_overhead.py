@@ -35,10 +35,10 @@ def main() -> None:
     from opentinker.envs import RemoteEnv
     from opentinker.flows.params import TrainParams
     from opentinker.flows.train import train_flow
-    from opentinker.tasks.ray_connect import connect_ray
+    from opentinker.infra.ray_runtime import ensure_ray
 
     started = time.perf_counter()
-    connect_ray()
+    ensure_ray()
     ray_start_s = time.perf_counter() - started
     ppo = {"n_steps": args.n_steps}
 

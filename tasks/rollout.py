@@ -22,9 +22,9 @@ def collect_rollouts(
 ) -> RolloutSummary:
     """``n_steps`` random-policy steps on every env copy; returns their summary, not the arrays."""
     from opentinker.envs import RemoteEnv
-    from opentinker.tasks.ray_connect import connect_ray
+    from opentinker.infra.ray_runtime import ensure_ray
 
-    connect_ray()
+    ensure_ray()
     started = time.perf_counter()
     env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed)
     try:

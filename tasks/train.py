@@ -49,13 +49,13 @@ def train_policy(
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.export import export_policy
     from opentinker.envs import RemoteEnv
-    from opentinker.tasks.ray_connect import connect_ray
+    from opentinker.infra.ray_runtime import ensure_ray
 
     root = Path(directory)
     checkpoint_dir = root / "checkpoints"
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     configure_mlflow()
-    connect_ray()
+    ensure_ray()
     env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed)
     try:
         _write_json(root / "workers.json", {"pids": env.worker_pids()})
