@@ -185,8 +185,7 @@ def main() -> None:
                 cpu_before = server_cpu_seconds(service.process.pid)
                 with console.status(f"{phase}: driving the service from a separate process…"):
                     done = subprocess.run([sys.executable, __file__, "--drive", json.dumps(config)],
-                                          capture_output=True, text=True, timeout=args.seconds * 3 + 120,
-                                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                                          capture_output=True, text=True, timeout=args.seconds * 3 + 120)
                 if done.returncode != 0:
                     raise SystemExit(f"driver failed: {done.stderr[-2000:]}")
                 phases[phase] = json.loads(done.stdout.strip().splitlines()[-1])

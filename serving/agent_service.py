@@ -196,9 +196,6 @@ def serve_agent(api_key: str, config: AgentServiceConfig | dict | None = None, h
     log_file = Path(log_path) if log_path else get_settings().resolved_data_dir / "serving" / f"agent-{port}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").is_file():
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
     env.update({CONFIG_ENV: config.model_dump_json(), HASH_ENV: hash_api_key(api_key), "BENTOML_DO_NOT_TRACK": "True",
                 "HF_HUB_OFFLINE": "1"})
     cmd = [sys.executable, "-m", "bentoml", "serve", SERVICE_IMPORT, "--host", host, "--port", str(port)]

@@ -44,10 +44,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 def server_env(model_ref: str | Path, key_hash: str, settings: dict[str, Any] | None = None) -> dict[str, str]:
     """The child's environment: ours minus any plaintext key, plus the model, the key hash and settings."""
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "pyproject.toml").is_file() and (checkout / "opentinker" / "__init__.py").is_file():
-        # A source checkout: make the server import this very code, whatever its working directory.
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), env.get("PYTHONPATH")]))
     env.update({"OPENTINKER_SERVE_MODEL": str(model_ref), HASH_ENV: key_hash, "BENTOML_DO_NOT_TRACK": "True"})
     env.update({f"OPENTINKER_SERVE_{k.upper()}": str(v) for k, v in (settings or {}).items()})
     return env
