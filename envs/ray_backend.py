@@ -16,6 +16,7 @@ from opentinker.envs.rollout import Rollout, RolloutWorker
 from opentinker.infra.ray_runtime import ensure_ray
 
 MAX_RESTARTS = 4  # a worker process may die this many times before the job fails
+START_TIMEOUT_S = 300.0  # placing and starting the actors (Ray start-up on a loaded machine included)
 
 
 def default_workers(parallel: int) -> int:
@@ -23,14 +24,27 @@ def default_workers(parallel: int) -> int:
     return max(1, min(parallel, int(ray.cluster_resources().get("CPU", 1))))
 
 
+def worker_cpus(workers: int) -> float:
+    """CPUs each actor reserves: one, or an equal share of what is free, or none when the cluster is full, so
+    actors can always be placed (a second RemoteEnv on a busy cluster oversubscribes instead of waiting forever)."""
+    share = ray.available_resources().get("CPU", 0.0) / workers
+    return min(1.0, share) if share >= 0.01 else 0.0
+
+
 class RayPool:
     def __init__(self, env: EnvLike, sizes: list[int], seed: int, env_kwargs: dict):
         ensure_ray()
-        cpus = ray.cluster_resources().get("CPU", 1.0)
+        cpus = worker_cpus(len(sizes))
         actor_cls = ray.remote(RolloutWorker).options(
-            num_cpus=min(1.0, cpus / len(sizes)), max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS)
+            num_cpus=cpus, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS, scheduling_strategy="SPREAD")
         self.actors = [actor_cls.remote(env, n, seed, i, env_kwargs, keep_snapshots=True) for i, n in enumerate(sizes)]
         self.snapshots: list[bytes | None] = [None] * len(sizes)
+        ready, _ = ray.wait([a.pid.remote() for a in self.actors], num_returns=len(self.actors), timeout=START_TIMEOUT_S)
+        if len(ready) < len(self.actors):
+            self.close()
+            raise TimeoutError(f"RemoteEnv: only {len(ready)} of {len(sizes)} Ray workers started within "
+                               f"{START_TIMEOUT_S:.0f} s ({cpus:.2f} CPU each; cluster: {ray.cluster_resources()})")
+        ray.get(ready)  # a worker whose env fails to build raises here, with the env's own error
 
     def call(self, method: str, per_worker_args: list[tuple] | None = None, **kwargs: Any) -> list:
         args = per_worker_args or [()] * len(self.actors)
