@@ -1,0 +1,77 @@
+"""A train_flow deployment on a process work pool is picked up by a real `prefect worker` process and finishes,
+registering a model version in the MLflow store the worker's flow run used."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from opentinker.flows.params import TrainParams
+from opentinker.infra.settings import get_settings
+
+pytestmark = pytest.mark.slow
+
+POOL = "opentinker-test-pool"
+MODEL = "worker-cartpole"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop the worker and the flow-run processes it started (its whole process group)."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from opentinker.flows.work_pool import deploy_train_flow
+
+    params = TrainParams(
+        env_id="CartPole-v1", steps=2048, seed=5, num_envs=4, workers=1, eval_episodes=2,
+        champion_threshold=0.0, model_name=MODEL, run_name="worker-run", ppo={"n_steps": 128},
+    )
+    with temporary_settings({PREFECT_API_URL: prefect_server}):
+        deploy_train_flow(POOL, "worker-test", {"params": params.model_dump(mode="json")})
+
+    log = tmp_path / "worker.log"
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "OPENTINKER_PREFECT_API_URL": prefect_server,
+           "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    prefect_exe = Path(sys.executable).with_name("prefect")
+    with log.open("w") as out:
+        worker = subprocess.Popen(
+            [str(prefect_exe), "worker", "start", "--pool", POOL, "--type", "process", "--name", "test-worker"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+    try:
+        with temporary_settings({PREFECT_API_URL: prefect_server}):
+            flow_run = run_deployment("train/worker-test", timeout=480, poll_interval=2, as_subflow=False)
+        assert worker.poll() is None, f"worker exited early:\n{log.read_text()[-3000:]}"
+        assert flow_run.state is not None and flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
+    finally:
+        _stop(worker)
+    # The worker, not this process, ran the flow: the run carries the worker's name and the pool.
+    assert flow_run.work_pool_name == POOL
+    with temporary_settings({PREFECT_API_URL: prefect_server}):
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            finished = client.read_flow_run(flow_run.id)
+    assert finished.state.is_completed()
+    assert "test-worker" in log.read_text()
+
+    client = mlflow.MlflowClient(get_settings().tracking_uri)
+    version = client.get_model_version_by_alias(MODEL, "candidate")
+    run = client.get_run(version.run_id)
+    assert run.data.tags["prefect.flow_run_id"] == str(flow_run.id)
+    assert run.data.params["steps"] == "2048"
