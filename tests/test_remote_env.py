@@ -100,7 +100,7 @@ def test_broken_env_fails_on_the_worker_before_any_job(ray_session):
         RemoteEnv(broken_env_factory, parallel=2, workers=1, backend="ray")
 
 
-@remote(priority="high", num_cpus=1)
+@remote(priority="high", num_cpus=0)  # the module's rollout actors may hold every CPU; the queue still orders
 def started_at(delay: float) -> float:
     start = time.time()
     time.sleep(delay)
@@ -110,7 +110,7 @@ def started_at(delay: float) -> float:
 def test_remote_function_value_future_and_priority(ray_session):
     assert started_at(0.0) > 0  # plain call blocks for the value
     capacity = int(ray_session.cluster_resources()["CPU"])
-    low = remote(priority="low")(started_at.fn)
+    low = remote(priority="low", num_cpus=0)(started_at.fn)
     blockers = [low.remote_call(1.5) for _ in range(capacity)]  # fill every slot
     time.sleep(0.3)
     queued_low = [low.remote_call(0.0) for _ in range(3)]
