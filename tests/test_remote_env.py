@@ -96,6 +96,9 @@ def broken_env_factory():
 
 
 def test_broken_env_fails_on_the_worker_before_any_job(ray_session):
+    import sys
+
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import test modules
     with pytest.raises((EnvValidationError, ray_session.exceptions.ActorDiedError), match="shape"):
         RemoteEnv(broken_env_factory, parallel=2, workers=1, backend="ray")
 
