@@ -110,6 +110,7 @@ def main() -> int:
               f"{'ok' if not result['failed'] else 'FAILED ' + ','.join(result['failed'])}", file=sys.stderr)
     summary = {
         "cuda": args.device == "cuda",
+        "device": args.device,
         "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
         "steps": args.steps,
         "seed": args.seed,
