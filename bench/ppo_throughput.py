@@ -17,13 +17,10 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: import this checkout
-
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-from rich.progress import Progress  # noqa: E402
+import gymnasium as gym
+import numpy as np
+from rich.progress import Progress
 
 SOLVED, EVAL_EPISODES, EVAL_SEED = 475.0, 10, 10_000
 # Ours: many vectorised envs (gymnasium's CartPoleVectorEnv), large batches, numpy rollouts.
