@@ -17,6 +17,10 @@ from opentinker.flows.cli import register as _register_pipeline  # noqa: E402
 
 _register_pipeline(app)
 
+from opentinker.flows.pool_cli import register as _register_pool  # noqa: E402
+
+_register_pool(app)
+
 from opentinker.serving.cli import register as _register_serving  # noqa: E402
 
 _register_serving(app)

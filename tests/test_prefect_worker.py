@@ -11,7 +11,6 @@ from pathlib import Path
 import mlflow
 import pytest
 
-from opentinker.flows.params import TrainParams
 from opentinker.infra.settings import get_settings
 
 pytestmark = pytest.mark.slow
@@ -35,19 +34,24 @@ def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from opentinker.flows.work_pool import deploy_train_flow
-
-    params = TrainParams(
-        env_id="CartPole-v1", steps=2048, seed=5, num_envs=4, workers=1, eval_episodes=2,
-        champion_threshold=0.0, model_name=MODEL, run_name="worker-run", ppo={"n_steps": 128},
+    config = tmp_path / "worker.toml"
+    config.write_text(
+        f'model_name = "{MODEL}"\nrun_name = "worker-run"\nseed = 5\nnum_envs = 4\nworkers = 1\n'
+        "eval_episodes = 2\nchampion_threshold = 0.0\n[ppo]\nn_steps = 128\n"
     )
-    with temporary_settings({PREFECT_API_URL: prefect_server}):
-        deploy_train_flow(POOL, "worker-test", {"params": params.model_dump(mode="json")})
-
-    log = tmp_path / "worker.log"
     env = {**os.environ, "PREFECT_API_URL": prefect_server, "OPENTINKER_PREFECT_API_URL": prefect_server,
            "PREFECT_WORKER_QUERY_SECONDS": "2"}
-    prefect_exe = Path(sys.executable).with_name("prefect")
+    bin_dir = Path(sys.executable).parent
+    deployed = subprocess.run(
+        [str(bin_dir / "opentinker"), "deploy", "CartPole-v1", "--pool", POOL, "--name", "worker-test",
+         "--steps", "2048", "--config", str(config)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    assert "train/worker-test" in deployed.stdout
+
+    log = tmp_path / "worker.log"
+    prefect_exe = bin_dir / "prefect"
     with log.open("w") as out:
         worker = subprocess.Popen(
             [str(prefect_exe), "worker", "start", "--pool", POOL, "--type", "process", "--name", "test-worker"],

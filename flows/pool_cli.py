@@ -1,0 +1,43 @@
+"""`opentinker deploy`: register train_flow on a Prefect process work pool (run by `prefect worker start`)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from opentinker.flows.cli import Verbose, _friendly_errors, _load_params
+from opentinker.flows.console import console
+
+
+@_friendly_errors
+def deploy(
+    env_id: Annotated[str, typer.Argument(help="Gymnasium id, e.g. CartPole-v1.")],
+    pool: Annotated[str, typer.Option(help="Process work pool (created if missing).")],
+    cron: Annotated[str | None, typer.Option(help='Optional cron schedule, e.g. "0 3 * * *".')] = None,
+    steps: Annotated[int | None, typer.Option(help="Total env steps per run.")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")] = None,
+    name: Annotated[str | None, typer.Option(help="Deployment name (default: <run name>).")] = None,
+    verbose: Verbose = False,
+) -> None:
+    """Deploy train_flow to a work pool; a `prefect worker start --pool POOL --type process` runs it."""
+    from opentinker.flows.console import prepare_prefect
+    from opentinker.flows.validate import check_cron, check_prefect_server
+
+    params = _load_params(env_id, config, steps=steps)
+    prepare_prefect(verbose)
+    if cron:
+        check_cron(cron)
+    check_prefect_server()
+    from opentinker.flows.work_pool import deploy_train_flow
+
+    deployment = name or params.resolved_run_name
+    deploy_train_flow(pool, deployment, {"params": params.model_dump(mode="json")}, cron=cron)
+    console.print(f"Deployed [bold]train/{deployment}[/] to pool [bold]{pool}[/]. Start a worker with "
+                  f"`prefect worker start --pool {pool} --type process`; run now with "
+                  f"`prefect deployment run train/{deployment}`.")
+
+
+def register(app: typer.Typer) -> None:
+    """Called once from opentinker/cli.py."""
+    app.command()(deploy)
