@@ -19,11 +19,8 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere: import this checkout
-
-import torch  # noqa: E402
+import torch
 
 MODES = ("off", "bf16", "fp16", "safe")
 PPO = dict(num_envs=128, n_steps=32, learning_rate=1.5e-3, gamma=0.98, gae_lambda=0.8, ent_coef=0.0,
