@@ -76,7 +76,9 @@ def start_s3(directory: Path, log: Path, bucket: str, region: str = "us-east-1",
            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
            "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=64"]
     endpoint = S3Endpoint(f"http://127.0.0.1:{ports['s3']}", access, secret, bucket, region)
-    service = spawn("s3", cmd, log, url=endpoint.endpoint_url, ports=ports, cwd=directory)
+    # weed treats AWS_* variables in its environment as an extra identity that overrides -s3.config: drop them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    service = spawn("s3", cmd, log, url=endpoint.endpoint_url, ports=ports, env=env, cwd=directory)
     service.stop_timeout = 10.0  # weed lingers ~25 s after SIGTERM; its stores are crash-safe
     try:
         wait_until(service, lambda: _s3_round_trip(endpoint), timeout, "an S3 put/get round-trip")

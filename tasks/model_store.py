@@ -171,6 +171,9 @@ def log_policy_model(
         return mlflow.pyfunc.log_model(**kwargs).model_uri
     if active is not None:
         raise PolicyStoreError(f"run_id: another run ({active.info.run_id}) is active; end it or omit run_id")
+    if run_id:
+        # start_run(run_id) refuses a run outside the process-wide active experiment (set_experiment elsewhere).
+        mlflow.set_experiment(experiment_id=_client().get_run(run_id).info.experiment_id)
     with mlflow.start_run(run_id=run_id, experiment_id=None if run_id else experiment_id):
         return mlflow.pyfunc.log_model(**kwargs).model_uri
 
