@@ -24,8 +24,8 @@ from rich.progress import Progress
 
 SOLVED, EVAL_EPISODES, EVAL_SEED = 475.0, 10, 10_000
 # Ours: many vectorised envs (gymnasium's CartPoleVectorEnv), large batches, numpy rollouts.
-OURS = dict(num_envs=128, n_steps=32, learning_rate=1.5e-3, gamma=0.98, gae_lambda=0.8, ent_coef=0.0,
-            num_minibatches=4, update_epochs=4, total_steps=400_000)
+OURS = dict(num_envs=64, n_steps=16, learning_rate=1e-3, gamma=0.99, gae_lambda=0.95, ent_coef=0.0,
+            num_minibatches=4, update_epochs=4, total_steps=300_000)
 # RL-Zoo's CartPole-v1 PPO hyper-parameters (rl-baselines3-zoo hyperparams/ppo.yml).
 ZOO = dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0)
 ZOO_ENVS, ZOO_TIMESTEPS = 8, 100_000
