@@ -94,6 +94,14 @@ class NumpyPolicy:
         return actions
 
     def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
-        """Env-ready actions for a batch of observations."""
-        rng = None if deterministic else np.random.default_rng()
-        return self.env_actions(self.sample(obs, rng, deterministic)[0])
+        """Env-ready actions for a batch of observations.
+
+        The greedy path runs only the actor (or Q) head: serving needs neither values nor log-probabilities.
+        """
+        if not deterministic:
+            return self.env_actions(self.sample(obs, np.random.default_rng(), False)[0])
+        kind = self.spec["kind"]
+        out = self._mlp("q" if kind == "q" else "actor", preprocess_obs(obs, self.spec))
+        if kind == "gaussian":
+            return self.env_actions(out)
+        return out.argmax(axis=1).astype(np.int64)
