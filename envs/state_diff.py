@@ -3,7 +3,9 @@
 Consecutive observations differ little, so we send differences along the first (time) axis instead of the
 values. Differences are taken on the raw bits (the array viewed as unsigned integers, wrapping subtraction),
 so decoding is bit-exact for every dtype and value, NaN and -0.0 included. The difference bytes are then
-shuffled (all first bytes, then all second bytes, ...) so zstd sees long runs, and compressed.
+shuffled (all first bytes, then all second bytes, ...) so zstd sees long runs, and compressed. The plain array
+is compressed too and the smaller frame is sent: on rendered frames zstd's own long matches against the
+previous frame beat the deltas (measured in ``bench/state_diff_bytes.py``), on float state vectors the deltas win.
 
 Layout: ``b"OTSD" | u8 version | u32 header length | JSON header | zstd frame``.
 """
@@ -26,17 +28,17 @@ def encode_observations(arr: np.ndarray, level: int = 3) -> bytes:
     arr = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     if arr.dtype.hasobject:
         raise TypeError(f"encode_observations: dtype {arr.dtype} holds Python objects; expected a numeric or bool array")
+    compress = zstandard.ZstdCompressor(level=level).compress
+    body, delta = compress(arr.tobytes()), False
     itemsize = arr.dtype.itemsize
-    delta = itemsize in _UINT and arr.ndim > 0
-    if delta:
+    if itemsize in _UINT and arr.ndim > 0:
         bits = arr.view(_UINT[itemsize])
         diffs = bits.copy()
         np.subtract(bits[1:], bits[:-1], out=diffs[1:])
-        payload = diffs.view(np.uint8).reshape(-1, itemsize).T.tobytes()
-    else:
-        payload = arr.tobytes()
+        delta_body = compress(diffs.view(np.uint8).reshape(-1, itemsize).T.tobytes())
+        if len(delta_body) < len(body):
+            body, delta = delta_body, True
     header = json.dumps({"dtype": arr.dtype.str, "shape": list(arr.shape), "delta": delta}).encode()
-    body = zstandard.ZstdCompressor(level=level).compress(payload)
     return _MAGIC + struct.pack("<BI", _VERSION, len(header)) + header + body
 
 

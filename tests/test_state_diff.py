@@ -1,8 +1,10 @@
 """state_diff codec: bit-exact round trips on random arrays of every dtype, and real savings on smooth data."""
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -41,6 +43,32 @@ def test_smooth_trajectories_compress_well():
     frames = np.repeat(frames, 48, axis=2)  # (512, 64, 48): slowly changing pixel rows
     encoded = encode_observations(frames)
     assert len(encoded) < 0.1 * frames.nbytes
+
+
+def test_rendered_cartpole_frames_round_trip_and_shrink(monkeypatch):
+    monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
+    env = gym.wrappers.AddRenderObservation(gym.make("CartPole-v1", render_mode="rgb_array"))
+    obs, _ = env.reset(seed=0)
+    frames = [obs]
+    for action in [0, 1, 1, 0, 1, 0, 0]:
+        frames.append(env.step(action)[0])
+    env.close()
+    frames = np.stack(frames)  # (8, 400, 600, 3) uint8
+    encoded = encode_observations(frames)
+    assert decode_observations(encoded).tobytes() == frames.tobytes()
+    assert len(encoded) < 0.01 * frames.nbytes
+
+
+@pytest.mark.parametrize("make", [
+    lambda rng: np.cumsum(rng.normal(size=(256, 8, 4)), axis=0).astype(np.float32),  # smooth state vectors
+    lambda rng: np.repeat(rng.integers(0, 255, size=(1, 32, 32, 3), dtype=np.uint8), 64, axis=0),  # static frames
+])
+def test_never_larger_than_plain_zstd(make):
+    arr = make(np.random.default_rng(0))
+    plain = len(zstandard.ZstdCompressor(level=3).compress(arr.tobytes()))
+    encoded = encode_observations(arr)
+    assert len(encoded) <= plain + 128  # + magic and JSON header
+    assert decode_observations(encoded).tobytes() == arr.tobytes()
 
 
 def test_rejects_object_arrays_and_garbage():
