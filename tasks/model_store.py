@@ -101,6 +101,13 @@ def _policy_signature(policy: "InferencePolicy"):
     )
 
 
+def _input_example(policy: "InferencePolicy") -> np.ndarray:
+    """One observation drawn (seeded) from the policy's space: shown in the MLflow UI next to the signature."""
+    space = policy.observation_space
+    space.seed(0)
+    return np.asarray([space.sample()], dtype=space.dtype)
+
+
 def _pip_requirements() -> list[str]:
     from importlib.metadata import version
 
@@ -162,6 +169,7 @@ def log_policy_model(
         loader_module="opentinker.tasks.model_store",
         data_path=str(export_dir),
         signature=_policy_signature(policy),
+        input_example=_input_example(policy),
         registered_model_name=registered_model_name,
         pip_requirements=_pip_requirements(),
         metadata=_jsonable({"opentinker_policy": getattr(policy, "spec", {}), **(metadata or {})}),

@@ -58,6 +58,8 @@ def test_pyfunc_flavour_predicts_like_the_policy_and_carries_a_signature(registe
     inputs = model.metadata.get_input_schema().inputs[0]
     assert inputs.shape == (-1, 4) and inputs.type == np.dtype(np.float32)
     assert model.metadata.metadata["opentinker_policy"]["env_id"] == "CartPole-v1"
+    example = np.asarray(model.input_example)
+    assert example.shape == (1, 4) and example.dtype == np.float32  # shown in the MLflow UI next to the schema
     obs = _random_obs(registered_policies.policy("2"), 32, seed=3)
     np.testing.assert_array_equal(np.asarray(model.predict(obs)), registered_policies.policy("2").act(obs))
 
