@@ -24,19 +24,33 @@ def default_workers(parallel: int) -> int:
     return max(1, min(parallel, int(ray.cluster_resources().get("CPU", 1))))
 
 
-def worker_cpus(workers: int) -> float:
+ACTOR_OPTIONS = ("num_cpus", "num_gpus", "resources")
+"""The Ray options a caller may set for the rollout actors (restarts and spreading stay the pool's own)."""
+
+
+def worker_cpus(workers: int, resources: dict | None = None) -> float:
     """CPUs each actor reserves: one, or an equal share of what is free, or none when the cluster is full, so
-    actors can always be placed (a second RemoteEnv on a busy cluster oversubscribes instead of waiting forever)."""
-    share = ray.available_resources().get("CPU", 0.0) / workers
+    actors can always be placed (a second RemoteEnv on a busy cluster oversubscribes instead of waiting forever).
+    With ``resources`` only the CPUs of nodes advertising them count, since the actors can only go there."""
+    free = ray.available_resources().get("CPU", 0.0)
+    if resources:
+        free = min(free, sum(n["Resources"].get("CPU", 0.0) for n in ray.nodes()
+                             if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in resources.items())))
+    share = free / workers
     return min(1.0, share) if share >= 0.01 else 0.0
 
 
 class RayPool:
-    def __init__(self, env: EnvLike, sizes: list[int], seed: int, env_kwargs: dict):
+    def __init__(self, env: EnvLike, sizes: list[int], seed: int, env_kwargs: dict, actor_options: dict | None = None):
         ensure_ray()
-        cpus = worker_cpus(len(sizes))
+        options = {key: value for key, value in (actor_options or {}).items() if value is not None}
+        unknown = sorted(set(options) - set(ACTOR_OPTIONS))
+        if unknown:
+            raise ValueError(f"RemoteEnv ray_options: unknown option {unknown[0]!r} (expected any of {ACTOR_OPTIONS})")
+        options.setdefault("num_cpus", worker_cpus(len(sizes), options.get("resources")))
+        cpus = options["num_cpus"]
         actor_cls = ray.remote(RolloutWorker).options(
-            num_cpus=cpus, max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS, scheduling_strategy="SPREAD")
+            max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS, scheduling_strategy="SPREAD", **options)
         self.actors = [actor_cls.remote(env, n, seed, i, env_kwargs, keep_snapshots=True) for i, n in enumerate(sizes)]
         self.snapshots: list[bytes | None] = [None] * len(sizes)
         ready, _ = ray.wait([a.pid.remote() for a in self.actors], num_returns=len(self.actors), timeout=START_TIMEOUT_S)
@@ -65,7 +79,14 @@ class RayPool:
         self.snapshots = [snap for _, snap in results]
         return results
 
+    def node_ids(self) -> list[str]:
+        return ray.get([a.__ray_call__.remote(_node_id) for a in self.actors])
+
     def close(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors = []
+
+
+def _node_id(_worker: RolloutWorker) -> str:
+    return ray.get_runtime_context().get_node_id()

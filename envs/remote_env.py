@@ -82,10 +82,13 @@ class RemoteEnv:
     ``backend="local"`` keeps the copies in this process, ``"ray"`` runs one Ray actor per worker, ``"auto"``
     uses Ray only for 16+ copies of an env without a vectorised implementation whose step takes >= 1 ms.
     Env seeds derive from (seed, worker); action noise in ``collect`` from (seed, iteration, worker).
+    ``ray_options`` (ray backend) sets the actors' ``num_cpus``, ``num_gpus`` (fractions allowed) and custom
+    ``resources`` (placement); without ``num_cpus`` each actor takes one CPU or an equal share of the free ones.
     """
 
     def __init__(self, env: EnvLike, parallel: int = 8, workers: int | None = None, backend: str = "auto",
-                 state_diff: bool = False, seed: int = 0, validate: bool = True, **env_kwargs: Any):
+                 state_diff: bool = False, seed: int = 0, validate: bool = True, ray_options: dict | None = None,
+                 **env_kwargs: Any):
         if not isinstance(parallel, int) or parallel < 1:
             raise EnvSpecError(f"RemoteEnv parallel must be an int >= 1, got {parallel!r}")
         if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= parallel):
@@ -100,7 +103,7 @@ class RemoteEnv:
             from opentinker.envs.ray_backend import RayPool, default_workers
 
             self.sizes = split_envs(parallel, workers or default_workers(parallel))
-            self._pool = RayPool(env, self.sizes, seed, self.env_kwargs)
+            self._pool = RayPool(env, self.sizes, seed, self.env_kwargs, ray_options)
         self.single_observation_space, self.single_action_space = self._pool.call("spaces")[0]
         if validate:
             self._pool.call_one(0, "validate")
@@ -144,6 +147,10 @@ class RemoteEnv:
 
     def worker_pids(self) -> list[int]:
         return self._pool.call("pid")
+
+    def worker_node_ids(self) -> list[str | None]:
+        """The Ray node id of each worker's actor (where the rollouts run); None for in-process workers."""
+        return self._pool.node_ids() if self.backend == "ray" else [None] * self.num_workers
 
     def close(self) -> None:
         self._pool.close()
