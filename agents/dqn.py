@@ -1,4 +1,5 @@
-"""DQN trainer: epsilon-greedy rollouts with the numpy Q network, replay, TD updates, target network."""
+"""DQN trainer: epsilon-greedy rollouts with the numpy Q network (``collect``), then ``update(rollout)``: replay,
+TD updates, target network."""
 from __future__ import annotations
 
 import copy
@@ -12,6 +13,7 @@ from opentinker.agents.buffers import ReplayBuffer
 from opentinker.agents.config import DQNConfig
 from opentinker.agents.policies import QNetwork, policy_spec
 from opentinker.agents.trainer import Trainer
+from opentinker.envs.rollout import Rollout
 
 
 def linear_schedule(start: float, end: float, duration: float, step: int) -> float:
@@ -35,12 +37,19 @@ class DQNTrainer(Trainer):
         self.next_target_update = c.target_network_frequency
         self.pending_updates = 0.0
 
-    def _iterate(self) -> dict[str, float]:
+    def epsilon(self) -> float:
+        """Exploration rate of the next rollout: the linear schedule at ``global_step``."""
         c = self.config
-        # 1. Epsilon-greedy rollout with the current Q network (epsilon from the linear schedule).
-        epsilon = linear_schedule(c.start_e, c.end_e, c.exploration_fraction * self.horizon, self.global_step)
-        rollout = self.env.collect(self.policy.numpy_weights(), dict(self.spec, epsilon=epsilon), c.n_steps, self.iteration)
+        return linear_schedule(c.start_e, c.end_e, c.exploration_fraction * self.horizon, self.global_step)
+
+    def rollout_spec(self) -> dict:
+        return dict(self.spec, epsilon=self.epsilon())
+
+    def update(self, rollout: Rollout) -> dict[str, float]:
+        c = self.config
         rollout_end = time.perf_counter()
+        # 1. The rollout was collected epsilon-greedily with the current Q network; count its env steps.
+        epsilon = self.epsilon()
         self.global_step += rollout.num_steps
         # 2. Store real transitions; the observation after step t is obs[t + 1] (final obs at episode ends).
         next_obs = np.concatenate([rollout.obs[1:], rollout.last_obs[None]], axis=0)

@@ -1,4 +1,5 @@
-"""PPO trainer: collect a rollout with the numpy policy, compute GAE, run the clipped update (CleanRL order)."""
+"""PPO trainer: ``collect()`` a rollout with the numpy policy (the base trainer), then ``update(rollout)``:
+GAE and the clipped update (CleanRL order)."""
 from __future__ import annotations
 
 import time
@@ -10,6 +11,7 @@ from opentinker.agents.advantages import compute_gae
 from opentinker.agents.config import PPOConfig
 from opentinker.agents.policies import ActorCritic, policy_spec
 from opentinker.agents.trainer import Trainer
+from opentinker.envs.rollout import Rollout
 
 
 def clipped_policy_loss(advantages: torch.Tensor, ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
@@ -50,15 +52,14 @@ class PPOTrainer(Trainer):
         # fused Adam: one kernel per step instead of a dozen per tensor (small MLPs are overhead-bound).
         self.optimizer = torch.optim.Adam(self.params, lr=c.learning_rate, eps=1e-5, fused=True)
 
-    def _iterate(self) -> dict[str, float]:
+    def update(self, rollout: Rollout) -> dict[str, float]:
         c = self.config
-        # 1. Learning-rate annealing over the run's horizon.
+        rollout_end = time.perf_counter()
+        # 1. Learning-rate annealing over the run's horizon (progress before this rollout).
         if c.anneal_lr:
             frac = max(1.0 - self.global_step / self.horizon, 0.0)
             self.optimizer.param_groups[0]["lr"] = frac * c.learning_rate
-        # 2. Rollout with a numpy copy of the current weights (in-process or on Ray workers).
-        rollout = self.env.collect(self.policy.numpy_weights(), self.spec, c.n_steps, self.iteration)
-        rollout_end = time.perf_counter()
+        # 2. The rollout was collected with a numpy copy of the current weights; count its env steps.
         self.global_step += rollout.num_steps
         # 3. Advantages (GAE) and returns; reset steps after an episode end are dropped.
         advantages, returns = compute_gae(rollout.rewards * c.reward_scale, rollout.values, rollout.terminated, rollout.truncated,

@@ -1,13 +1,19 @@
 """What PPO and DQN trainers share: env and device setup, the train loop with callbacks and checkpoints,
-evaluation with the numpy policy, and bit-exact save/load."""
+evaluation with the numpy policy, and bit-exact save/load.
+
+An iteration is two steps: ``collect()`` (a numpy ``Rollout`` from the env copies) and ``update(rollout)`` (the
+algorithm's learning step, returning its metrics). ``GroupTrainer`` (agents/multiagent) collects joint rollouts
+itself and calls each kind's ``update`` on its slice; it runs the same ``train_loop``.
+"""
 from __future__ import annotations
 
 import dataclasses
 import os
 import pickle
+import contextlib
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -18,9 +24,65 @@ from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_chec
 from opentinker.agents.config import EnvConfig
 from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import RemoteEnv
-from opentinker.envs.rollout import build_vector_env
+from opentinker.envs.rollout import Rollout, build_vector_env
 
 Callback = Callable[[dict[str, float], int], "bool | None"]
+
+
+class EnvSpaces(NamedTuple):
+    """Pass as ``env`` for a trainer without env copies: its owner collects and calls ``update(rollout)``."""
+
+    env_id: str
+    observation_space: gym.Space
+    action_space: gym.Space
+
+
+class Loopable(Protocol):
+    global_step: int
+    iteration: int
+
+    def save(self, path: str | os.PathLike) -> Path: ...
+
+
+def check_train_args(steps: int, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None) -> None:
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"train steps must be an int >= 1, got {steps!r}")
+    if checkpoint_every is not None and (checkpoint_dir is None or checkpoint_every < 1):
+        raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+
+
+def train_loop(owner: Loopable, iterate: Callable[[], dict[str, float]], steps: int, callback: Callback | None,
+               checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None) -> dict[str, float]:
+    """Iterate until ``owner.global_step >= steps``; metrics of the last iteration.
+
+    ``callback(metrics, global_step)`` runs once per iteration; returning False stops. With ``checkpoint_dir``,
+    ``checkpoint.pt`` there is rewritten every ``checkpoint_every`` env steps and at the end.
+    """
+    metrics: dict[str, float] = {}
+    next_checkpoint = None if checkpoint_every is None else (owner.global_step // checkpoint_every + 1) * checkpoint_every
+    while owner.global_step < steps:
+        metrics = iterate()
+        owner.iteration += 1
+        if next_checkpoint is not None and owner.global_step >= next_checkpoint:
+            owner.save(Path(checkpoint_dir) / CHECKPOINT_NAME)
+            next_checkpoint = (owner.global_step // checkpoint_every + 1) * checkpoint_every
+        if callback is not None and callback(dict(metrics), owner.global_step) is False:
+            break
+    if checkpoint_dir is not None:
+        owner.save(Path(checkpoint_dir) / CHECKPOINT_NAME)
+    return metrics
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Torch intra-op threads set to ``threads`` (None: unchanged) for the block, then restored."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class EvalResult(NamedTuple):
@@ -39,7 +101,11 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 class Trainer:
-    """Subclasses set ``algorithm``/``config_cls``/``value_based`` and implement ``_build`` and ``_iterate``."""
+    """Subclasses set ``algorithm``/``config_cls``/``value_based`` and implement ``_build`` and ``update``.
+
+    ``env``: an id, a gym env, a ``RemoteEnv``, or ``EnvSpaces`` (no env copies; ``config.num_envs`` is then the
+    number of columns of the rollouts its owner passes to ``update``).
+    """
 
     algorithm: str
     config_cls: type[EnvConfig]
@@ -55,13 +121,19 @@ class Trainer:
             raise ValueError(f"unknown {self.config_cls.__name__} field(s) {unknown}; valid fields: {sorted(fields)}")
         self.config = self.config_cls(**config)
         self.seed, self.device = seed, resolve_device(device)
-        if isinstance(env, RemoteEnv):
-            self.env = env
-            self.config.num_envs = env.num_envs
+        self.env: RemoteEnv | None
+        if isinstance(env, EnvSpaces):
+            self.env = None
+            self.env_id, self._spaces = env.env_id, (env.observation_space, env.action_space)
         else:
-            self.env = RemoteEnv(env, parallel=self.config.num_envs, workers=self.config.workers,
-                                 backend=self.config.backend, state_diff=self.config.state_diff, seed=seed)
-        self.env_id = self.env.env_id
+            if isinstance(env, RemoteEnv):
+                self.env = env
+                self.config.num_envs = env.num_envs
+            else:
+                self.env = RemoteEnv(env, parallel=self.config.num_envs, workers=self.config.workers,
+                                     backend=self.config.backend, state_diff=self.config.state_diff, seed=seed)
+            self.env_id = self.env.env_id
+            self._spaces = (self.env.single_observation_space, self.env.single_action_space)
         torch.manual_seed(seed)
         self.rng = np.random.default_rng(seed)
         self.amp = AmpController(amp_mode, self.device)
@@ -72,9 +144,27 @@ class Trainer:
     def _build(self) -> None:
         raise NotImplementedError
 
-    def _iterate(self) -> dict[str, float]:
-        """Collect one rollout, update, return the iteration's metrics."""
+    def update(self, rollout: Rollout) -> dict[str, float]:
+        """The algorithm's learning step on one rollout (counts its env steps); the iteration's metrics."""
         raise NotImplementedError
+
+    def rollout_spec(self) -> dict:
+        """The policy spec rollouts for the next update are collected with (DQN adds its epsilon)."""
+        return self.spec
+
+    def collect(self) -> Rollout:
+        """One rollout of ``n_steps`` per env copy with a numpy copy of the current weights."""
+        return self._own_env("collect").collect(self.policy.numpy_weights(), self.rollout_spec(), self.config.n_steps,
+                                                self.iteration)
+
+    def _iterate(self) -> dict[str, float]:
+        return self.update(self.collect())
+
+    def _own_env(self, action: str) -> RemoteEnv:
+        if self.env is None:
+            raise RuntimeError(f"{type(self).__name__} was built from EnvSpaces (no env copies) and cannot {action}: "
+                               "its owner collects rollouts and calls update(rollout)")
+        return self.env
 
     def _extra_state(self) -> dict[str, Any]:
         return {}
@@ -90,37 +180,19 @@ class Trainer:
         ``callback(metrics, global_step)`` runs once per iteration; returning False stops. With
         ``checkpoint_dir``, ``checkpoint.pt`` there is rewritten every ``checkpoint_every`` env steps and at the end.
         """
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"train steps must be an int >= 1, got {steps!r}")
-        if checkpoint_every is not None and (checkpoint_dir is None or checkpoint_every < 1):
-            raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+        check_train_args(steps, checkpoint_dir, checkpoint_every)
+        self._own_env("train")
         self.horizon = self.horizon or steps
-        threads = torch.get_num_threads()
-        if self.config.torch_threads:
-            torch.set_num_threads(self.config.torch_threads)
-        try:
-            return self._train_loop(steps, callback, checkpoint_dir, checkpoint_every)
-        finally:
-            torch.set_num_threads(threads)
-
-    def _train_loop(self, steps: int, callback: Callback | None, checkpoint_dir: str | os.PathLike | None,
-                    checkpoint_every: int | None) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        next_checkpoint = None if checkpoint_every is None else (self.global_step // checkpoint_every + 1) * checkpoint_every
         start, start_step = time.perf_counter(), self.global_step
-        while self.global_step < steps:
+
+        def iterate() -> dict[str, float]:
             metrics = self._iterate()
-            self.iteration += 1
             metrics["charts/sps"] = (self.global_step - start_step) / max(time.perf_counter() - start, 1e-9)
             metrics.update(self.amp.metrics())
-            if next_checkpoint is not None and self.global_step >= next_checkpoint:
-                self.save(Path(checkpoint_dir) / CHECKPOINT_NAME)
-                next_checkpoint = (self.global_step // checkpoint_every + 1) * checkpoint_every
-            if callback is not None and callback(dict(metrics), self.global_step) is False:
-                break
-        if checkpoint_dir is not None:
-            self.save(Path(checkpoint_dir) / CHECKPOINT_NAME)
-        return metrics
+            return metrics
+
+        with torch_threads(self.config.torch_threads):
+            return train_loop(self, iterate, steps, callback, checkpoint_dir, checkpoint_every)
 
     @staticmethod
     def episode_metrics(returns: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
@@ -142,8 +214,9 @@ class Trainer:
 
     def evaluate(self, episodes: int = 10, seed: int = 10_000) -> EvalResult:
         """Mean/std return of ``episodes`` deterministic episodes, one per env copy, seeded by ``seed``."""
+        env = self._own_env("evaluate")
         policy = self.numpy_policy()
-        vec = build_vector_env(self.env.env, episodes, **self.env.env_kwargs)
+        vec = build_vector_env(env.env, episodes, **env.env_kwargs)
         try:
             obs, _ = vec.reset(seed=seed)
             returns, finished = np.zeros(episodes), np.zeros(episodes, dtype=bool)
@@ -157,9 +230,12 @@ class Trainer:
 
     # -- persistence ------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
-        """Everything needed to continue bit-exactly: weights, optimiser, counters, RNGs, env state, extras."""
-        env_ref = self.env.env
-        if not isinstance(env_ref, str):
+        """Everything needed to continue bit-exactly: weights, optimiser, counters, RNGs, env state, extras.
+
+        A trainer built from ``EnvSpaces`` saves no env (its owner keeps the env copies); load it with ``env=``.
+        """
+        env_ref = None if self.env is None else self.env.env
+        if env_ref is not None and not isinstance(env_ref, str):
             try:
                 env_ref = pickle.dumps(env_ref)
             except Exception:  # a lambda or local class: ``load`` then needs ``env=``
@@ -167,24 +243,25 @@ class Trainer:
         state = {
             "format": 1, "algorithm": self.algorithm, "config": dataclasses.asdict(self.config), "seed": self.seed,
             "amp_mode": self.amp.mode, "env": env_ref,
-            "env_args": {"parallel": self.env.num_envs, "workers": self.env.num_workers, "backend": self.env.backend,
-                         "state_diff": self.env.state_diff, "seed": self.env.seed, **self.env.env_kwargs},
+            "env_args": None if self.env is None else {
+                "parallel": self.env.num_envs, "workers": self.env.num_workers, "backend": self.env.backend,
+                "state_diff": self.env.state_diff, "seed": self.env.seed, **self.env.env_kwargs},
             "policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
             "global_step": self.global_step, "iteration": self.iteration, "horizon": self.horizon,
-            "rng": rng_state(self.rng), "env_state": self.env.get_state(), "amp": self.amp.state_dict(),
+            "rng": rng_state(self.rng), "env_state": [] if self.env is None else self.env.get_state(), "amp": self.amp.state_dict(),
             "extra": self._extra_state(),
         }
         return atomic_save(state, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike, env: Any = None, device: str = "auto") -> "Trainer":
-        """Rebuild a trainer from ``save``; ``env`` (id, class or RemoteEnv) overrides the saved env."""
+        """Rebuild a trainer from ``save``; ``env`` (id, class, RemoteEnv or EnvSpaces) overrides the saved env."""
         state = load_checkpoint(path)
         if state["algorithm"] != cls.algorithm:
             raise ValueError(f"{path} holds a {state['algorithm']} checkpoint, not {cls.algorithm}")
         if env is None:
             if state["env"] is None:
-                raise ValueError(f"{path}: the env could not be pickled at save time; pass env= to load()")
+                raise ValueError(f"{path}: no env was saved (not picklable, or the trainer had none); pass env= to load()")
             ref = state["env"] if isinstance(state["env"], str) else pickle.loads(state["env"])
             env = RemoteEnv(ref, validate=False, **state["env_args"])
         config = dict(state["config"])
@@ -194,15 +271,15 @@ class Trainer:
         trainer.global_step, trainer.iteration, trainer.horizon = state["global_step"], state["iteration"], state["horizon"]
         trainer.amp.load_state_dict(state["amp"])
         trainer._load_extra_state(state["extra"])
-        if trainer.env.num_workers == len(state["env_state"]):
+        if trainer.env is not None and trainer.env.num_workers == len(state["env_state"]):
             trainer.env.set_state(state["env_state"])
         restore_rng_state(state["rng"], trainer.rng)
         return trainer
 
     @property
     def observation_space(self) -> gym.Space:
-        return self.env.single_observation_space
+        return self._spaces[0]
 
     @property
     def action_space(self) -> gym.Space:
-        return self.env.single_action_space
+        return self._spaces[1]

@@ -59,7 +59,7 @@ def test_mapping_function_and_prefixes_share_one_network_per_kind():
                              agent_to_kind=lambda a: "hunters" if a.startswith("predator") else "runners")
     trainer = by_function.build("pursuit", num_envs=2, device="cpu", **SMALL)
     assert trainer.joint.agents == {"hunters": ["predator_0", "predator_1"], "runners": ["prey_0", "prey_1", "prey_2"]}
-    assert trainer.trainers["runners"].env.num_envs == 2 * 3  # columns: env copies x agents, one shared network
+    assert trainer.trainers["runners"].config.num_envs == 2 * 3  # columns: env copies x agents, one shared network
     with pytest.raises(ValueError, match=r"unknown kind\(s\) \['wolf'\]"):
         trainer.freeze("wolf")
 

@@ -1,9 +1,10 @@
 """``GroupTrainer``: every kind of an ``AgentGroup`` trains at the same time on the same joint rollouts.
 
 The group collects one joint rollout per iteration (all kinds acting together), cuts it into one engine
-``Rollout`` per kind, and hands each slice to that kind's engine trainer (``PPOTrainer`` / ``DQNTrainer``)
-through a ``KindEnv``: the trainer believes it collected the slice itself, so the engine's own update, replay
-buffer, schedules, metrics and checkpoints run unchanged. The public shape mirrors the engine's trainers:
+``Rollout`` per kind, and calls ``update(rollout)`` of that kind's engine trainer (``PPOTrainer`` /
+``DQNTrainer``, built from ``EnvSpaces``: no env copies of its own) on its slice, so the engine's own update,
+replay buffer, schedules, metrics and checkpoints run unchanged. The loop (checkpoint cadence, callback, stop)
+is the engine's ``train_loop``. The public shape mirrors the engine's trainers:
 ``train(steps, callback, checkpoint_dir, checkpoint_every)``, ``evaluate``, ``save``/``load``, ``export``.
 """
 from __future__ import annotations
@@ -15,19 +16,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-import gymnasium as gym
 import numpy as np
 
-from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint
-from opentinker.agents.dqn import DQNTrainer, linear_schedule
+from opentinker.agents.checkpoint import atomic_save, load_checkpoint
+from opentinker.agents.dqn import DQNTrainer
 from opentinker.agents.export import export_policy
 from opentinker.agents.multiagent.group import AgentGroup
 from opentinker.agents.multiagent.rollout import JointEnvs, collect, env_factory, run_episodes
 from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.agents.ppo import PPOTrainer
-from opentinker.agents.trainer import Trainer
-from opentinker.envs.remote_env import RemoteEnv
-from opentinker.envs.rollout import Rollout, derive_seed
+from opentinker.agents.trainer import EnvSpaces, Trainer, check_train_args, torch_threads, train_loop
+from opentinker.envs.rollout import derive_seed
 
 ENGINE: dict[str, type[Trainer]] = {"PPO": PPOTrainer, "DQN": DQNTrainer}
 # Small MLPs gain nothing from intra-op threads, and two learners sharing a few cores thrash with them.
@@ -43,50 +42,6 @@ class KindEvalResult(NamedTuple):
     returns: list[float]
     mean_length: float
     terminated_fraction: float
-
-
-class KindEnv(RemoteEnv):
-    """One kind's view for its engine trainer: ``collect`` returns the slice the group already collected.
-
-    It owns no env copies (``RemoteEnv.__init__`` is not called); the group holds them and checkpoints them.
-    """
-
-    def __init__(self, env_id: str, kind: str, columns: int, obs_space: gym.Space, action_space: gym.Space):
-        self.kind, self.env = kind, f"{env_id}:{kind}"
-        self.env_id, self.env_kwargs = self.env, {}
-        self.backend, self.num_envs, self.seed, self.state_diff, self.sizes = "local", columns, 0, False, []
-        self.single_observation_space, self.single_action_space = obs_space, action_space
-        self._pending: tuple[Rollout, dict] | None = None
-
-    def hand_over(self, rollout: Rollout, spec: dict) -> None:
-        self._pending = (rollout, spec)
-
-    def collect(self, weights: dict[str, np.ndarray], policy_spec: dict, n_steps: int, iteration: int) -> Rollout:
-        if self._pending is None:
-            raise RuntimeError(f"kind {self.kind!r}: rollouts come from its GroupTrainer; train the group, not the kind")
-        rollout, spec = self._pending
-        self._pending = None
-        if policy_spec != spec:
-            raise RuntimeError(f"kind {self.kind!r}: the engine asked for a rollout with policy spec {policy_spec} but the "
-                               f"group collected it with {spec}; GroupTrainer._rollout_spec is out of date")
-        return rollout
-
-    def reset(self, seed: int | None = None):
-        raise RuntimeError(f"kind {self.kind!r}: step the group's env, not a kind's view of it")
-
-    step = reset
-
-    def get_state(self) -> list[bytes]:
-        return []
-
-    def set_state(self, snapshots: list[bytes]) -> None:
-        pass
-
-    def worker_pids(self) -> list[int]:
-        return []
-
-    def close(self) -> None:
-        pass
 
 
 class GroupTrainer:
@@ -108,13 +63,17 @@ class GroupTrainer:
         self.joint = self._joint(num_envs, seed)
         self.trainers: dict[str, Trainer] = {}
         for i, kind in enumerate(group.kinds):
-            view = KindEnv(self.env_id, kind, num_envs * len(self.joint.agents[kind]),
-                           self.joint.observation_spaces[kind], self.joint.action_spaces[kind])
+            columns = num_envs * len(self.joint.agents[kind])
             self.trainers[kind] = ENGINE[group.policy_mapping[kind]](
-                view, seed=derive_seed(seed, i), device=device, **{**KIND_DEFAULTS, **group.configs[kind], "n_steps": n_steps})
+                self.kind_spaces(kind), seed=derive_seed(seed, i), device=device,
+                **{**KIND_DEFAULTS, **group.configs[kind], "n_steps": n_steps, "num_envs": columns})
         self.global_step, self.iteration, self.horizon = 0, 0, None
         self.agent_steps = 0  # actions actually taken by living agents, all kinds
         self.frozen: set[str] = set()
+
+    def kind_spaces(self, kind: str) -> EnvSpaces:
+        """What the kind's engine trainer knows of the env: a name and the kind's spaces (channel included)."""
+        return EnvSpaces(f"{self.env_id}:{kind}", self.joint.observation_spaces[kind], self.joint.action_spaces[kind])
 
     def _joint(self, num_envs: int, seed: int) -> JointEnvs:
         return JointEnvs(env_factory(self.env, **self.env_kwargs), num_envs, self.group.kind_of, self.group.kinds,
@@ -139,14 +98,6 @@ class GroupTrainer:
         return len(self.joint.agents[kind])
 
     # -- training -------------------------------------------------------------------------------------------------
-    def _rollout_spec(self, kind: str) -> dict:
-        """The policy spec the kind's engine trainer will ask for this iteration (DQN adds its epsilon)."""
-        t = self.trainers[kind]
-        if isinstance(t, DQNTrainer):
-            c = t.config
-            return dict(t.spec, epsilon=linear_schedule(c.start_e, c.end_e, c.exploration_fraction * t.horizon, t.global_step))
-        return t.spec
-
     def _set_horizons(self, steps: int) -> None:
         self.horizon = self.horizon or steps
         for kind, t in self.trainers.items():
@@ -164,43 +115,28 @@ class GroupTrainer:
         Metric names are the engine's prefixed by the kind (``predator/losses/policy``) plus the group's
         ``charts/sps`` and ``charts/agent_steps_per_s``. ``callback(metrics, global_step)`` returning False stops.
         """
-        if not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"train steps must be an int >= 1, got {steps!r}")
-        if checkpoint_every is not None and (checkpoint_dir is None or checkpoint_every < 1):
-            raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+        check_train_args(steps, checkpoint_dir, checkpoint_every)
         self._set_horizons(steps)
-        metrics: dict[str, float] = {}
-        next_checkpoint = None if checkpoint_every is None else (self.global_step // checkpoint_every + 1) * checkpoint_every
-        while self.global_step < steps:
-            metrics = self._iterate()
-            self.iteration += 1
-            if next_checkpoint is not None and self.global_step >= next_checkpoint:
-                self.save(Path(checkpoint_dir) / CHECKPOINT_NAME)
-                next_checkpoint = (self.global_step // checkpoint_every + 1) * checkpoint_every
-            if callback is not None and callback(dict(metrics), self.global_step) is False:
-                break
-        if checkpoint_dir is not None:
-            self.save(Path(checkpoint_dir) / CHECKPOINT_NAME)
-        return metrics
+        return train_loop(self, self._iterate, steps, callback, checkpoint_dir, checkpoint_every)
 
     def _iterate(self) -> dict[str, float]:
         start = time.perf_counter()
         # 1. One joint rollout with every kind's current policy (noise seeded by (seed, iteration)).
-        specs = {kind: self._rollout_spec(kind) for kind in self.trainers}
-        policies = {kind: NumpyPolicy(specs[kind], t.policy.numpy_weights()) for kind, t in self.trainers.items()}
+        policies = {kind: NumpyPolicy(t.rollout_spec(), t.policy.numpy_weights()) for kind, t in self.trainers.items()}
         rng = np.random.default_rng([self.seed, self.iteration])
         rollouts, terminated_fraction = collect(self.joint, policies, self.n_steps, rng)
         self.global_step += self.num_envs * self.n_steps
-        # 2. Each unfrozen kind runs exactly one engine iteration on its slice.
+        # 2. Each unfrozen kind runs exactly its engine update on its slice (and counts the iteration).
         metrics: dict[str, float] = {}
         for kind, t in self.trainers.items():
             rollout = rollouts[kind]
             if kind in self.frozen:
                 kind_metrics = Trainer.episode_metrics(rollout.episode_returns, rollout.episode_lengths)
             else:
-                t.env.hand_over(rollout, specs[kind])
-                kind_metrics = t.train(t.global_step + 1)
-                kind_metrics.pop("charts/sps", None)  # the engine's figure would time the update only
+                with torch_threads(t.config.torch_threads):
+                    kind_metrics = t.update(rollout)
+                t.iteration += 1
+                kind_metrics.update(t.amp.metrics())
             if not np.isnan(terminated_fraction[kind]):
                 kind_metrics["charts/terminated_fraction"] = terminated_fraction[kind]
             metrics.update({f"{kind}/{name}": value for name, value in kind_metrics.items()})
@@ -266,8 +202,8 @@ class GroupTrainer:
         with tempfile.TemporaryDirectory(prefix="opentinker-group-") as tmp:
             for kind, kind_state in state["kinds"].items():
                 file = atomic_save(kind_state, Path(tmp) / f"{kind}.pt")
-                view = trainer.trainers[kind].env
-                trainer.trainers[kind] = ENGINE[group.policy_mapping[kind]].load(file, env=view, device=device)
+                trainer.trainers[kind] = ENGINE[group.policy_mapping[kind]].load(file, env=trainer.kind_spaces(kind),
+                                                                                 device=device)
         trainer.global_step, trainer.iteration, trainer.horizon = state["global_step"], state["iteration"], state["horizon"]
         trainer.agent_steps, trainer.frozen = state["agent_steps"], set(state["frozen"])
         return trainer
