@@ -25,7 +25,11 @@ class TrainParams(BaseModel):
     algorithm: Literal["ppo"] = Field("ppo", description="Training algorithm.")
     num_envs: int = Field(8, gt=0, description="Env copies stepped in parallel across the rollout workers.")
     workers: int | None = Field(None, gt=0, description="Ray rollout actors; None lets the engine choose.")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs for the learner (device 'cuda' when > 0).")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs the learner takes from Ray (fractions share one); it trains on "
+                            "the GPU Ray assigns. 0: device 'auto'.")
+    rollout_num_cpus: float | None = Field(None, ge=0, description="CPUs per rollout actor (fractions allowed); None: "
+                                           "one, or an equal share of the free CPUs.")
+    rollout_num_gpus: float = Field(0.0, ge=0, description="GPUs per rollout actor (fractions allowed).")
     ppo: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine's PPOConfig fields.")
     checkpoint_every: int | None = Field(None, gt=0, description="Env steps between checkpoints; None checkpoints at the end only.")
     resume: bool = Field(False, description="Continue from the run's last checkpoint instead of starting over.")

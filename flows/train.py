@@ -24,7 +24,8 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
     config = params.model_dump()
     tracking = start_tracking_run(config, params.resolved_run_name, params.experiment)
     try:
-        collect_rollouts(params.env_id, params.seed, params.num_envs, params.workers, run_id=tracking.run_id)
+        collect_rollouts(params.env_id, params.seed, params.num_envs, params.workers, run_id=tracking.run_id,
+                         rollout_num_cpus=params.rollout_num_cpus, rollout_num_gpus=params.rollout_num_gpus)
         trained = train_policy(
             tracking.run_id,
             params.env_id,
@@ -34,7 +35,9 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
             num_envs=params.num_envs,
             workers=params.workers,
             ppo=params.ppo,
-            device="cuda" if params.num_gpus > 0 else "auto",
+            num_gpus=params.num_gpus,
+            rollout_num_cpus=params.rollout_num_cpus,
+            rollout_num_gpus=params.rollout_num_gpus,
             resume=params.resume,
             checkpoint_every=params.checkpoint_every,
         )

@@ -21,6 +21,8 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path(".opentinker"), description="Local state: SQLite stores, artifacts, checkpoints, stack pids/logs.")
     ray_address: str = Field("", description="Ray cluster address ('auto', 'ray://host:10001'); empty starts local Ray.")
     ray_num_cpus: int | None = Field(None, description="CPUs for a local Ray; None uses all cores.")
+    rollout_resource: str = Field("", description="Custom Ray resource a node must advertise to host rollout actors "
+                                  "('rollout_node' on `opentinker cluster up` workers); empty places them anywhere.")
     mlflow_tracking_uri: str = Field("", description="MLflow server URL; empty uses sqlite:///<data_dir>/mlflow.db.")
     mlflow_experiment: str = Field("opentinker", description="Default MLflow experiment name.")
     prefect_api_url: str = Field("", description="Prefect server API URL; empty uses Prefect's local (ephemeral) mode.")
