@@ -1,20 +1,62 @@
 """The seed API: `FLClient` for a site, `FLServer` for the side that runs the rounds.
 
     site = FLClient(strategy="fedavg", aggregation_interval=300, site_id=0).train(local_data={"pole_length": 0.6})
+    site = FLClient(site_id=1).train(local_data={"dataset": "site1.npz", "pole_length": 0.6})  # behaviour cloning
     result = FLServer(strategy="fedavg", rounds=10, num_sites=3).run()      # against `opentinker federated up`
     result = FLServer(rounds=3, num_sites=3).simulate()                     # or Flower's simulation engine
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+
+import numpy as np
 
 from opentinker.federated import deploy
 from opentinker.federated.config import FedConfig, FederatedConfigError, SiteConfig
 from opentinker.federated.server_app import FederatedResult
 
-LOCAL_DATA_KEYS = ("pole_length", "gravity")
+VARIANT_KEYS = ("pole_length", "gravity")
+LOCAL_DATA_KEYS = (*VARIANT_KEYS, "dataset")
+LocalData = Mapping[str, Any] | str | os.PathLike | None
+
+
+def apply_local_data(site: SiteConfig, local_data: LocalData, site_dir: Path) -> SiteConfig:
+    """Put a site's `local_data` into its node config; a dataset is checked here and stays on this machine.
+
+    Accepted: an env variant ``{"pole_length": .., "gravity": ..}``; an offline dataset (an ``.npz`` path or a
+    mapping of arrays with ``obs``/``actions``); or ``{"dataset": <path or arrays>, "pole_length": .., "gravity": ..}``
+    (the variant is the env the site scores the global model on). Arrays are written to ``site_dir/dataset.npz``.
+    """
+    from opentinker.agents.bc import DatasetError, read_arrays
+
+    if local_data is None:
+        return site
+    if isinstance(local_data, (str, os.PathLike)) or "obs" in local_data:
+        local_data = {"dataset": local_data}
+    for key in local_data:
+        if key not in LOCAL_DATA_KEYS:
+            raise FederatedConfigError(
+                f"local_data: unknown key {key!r}; expected an env variant {VARIANT_KEYS} and/or 'dataset' "
+                "(an .npz path or a mapping of arrays with 'obs' and 'actions')"
+            )
+    for key in VARIANT_KEYS:
+        if key in local_data:
+            setattr(site, key, float(local_data[key]))
+    if "dataset" in local_data:
+        dataset = local_data["dataset"]
+        try:
+            arrays = read_arrays(dataset)
+        except DatasetError as err:
+            raise FederatedConfigError(f"local_data: {err}") from err
+        if isinstance(dataset, Mapping):
+            site_dir.mkdir(parents=True, exist_ok=True)
+            np.savez(site_dir / "dataset.npz", **arrays)
+            dataset = site_dir / "dataset.npz"
+        site.dataset = str(Path(dataset).resolve())
+    return site
 
 
 @dataclass
@@ -47,20 +89,15 @@ class FLClient:
                                dp_clip=dp_clip, dp_epsilon=dp_epsilon, dp_delta=dp_delta)
         self.federation_root, self.private_key, self.root_certificates = federation, private_key, root_certificates
 
-    def train(self, local_data: Mapping[str, Any] | None = None, connect_timeout: float = 180.0) -> SiteHandle:
-        """Join the federation with `local_data` (this site's env variant: ``{"pole_length": .., "gravity": ..}``).
+    def train(self, local_data: LocalData = None, connect_timeout: float = 180.0) -> SiteHandle:
+        """Join the federation with `local_data`: this site's env variant (``{"pole_length": .., "gravity": ..}``,
+        local PPO) or an offline transition dataset (behaviour cloning), see ``apply_local_data``.
 
         Starts the site's SuperNode (TLS, authenticated with the site's private key) and returns once the SuperLink
         has accepted it; the site then takes part in every round until ``stop()``.
         """
-        for key, value in dict(local_data or {}).items():
-            if key not in LOCAL_DATA_KEYS:
-                raise FederatedConfigError(
-                    f"local_data: unknown key {key!r}; expected an env variant with keys {LOCAL_DATA_KEYS} "
-                    "(offline transition datasets are not supported yet)"
-                )
-            setattr(self.site, key, float(value))
         fed = deploy.Federation.load(self.federation_root)
+        apply_local_data(self.site, local_data, Path(fed.root) / f"site-{self.site.site_id}")
         pid = deploy.start_site(
             fed, self.site,
             private_key=Path(self.private_key) if self.private_key else None,

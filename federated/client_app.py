@@ -1,7 +1,9 @@
-"""The Flower ClientApp a site runs: train the global policy on the site's own env, or score it there.
+"""The Flower ClientApp a site runs: train the global policy on the site's own env (PPO) or on its own offline
+dataset (behaviour cloning), or score it on the site's env.
 
-Only weights and a few scalar metrics (env steps, returns, seconds) leave the site; the env, its physics, the
-trajectories and the local optimiser state stay in the site's process and its ``state-dir``.
+Only weights and a few scalar metrics (env steps or dataset size, returns or loss, seconds) leave the site; the env,
+its physics, the trajectories, the dataset and the local optimiser state stay in the site's process, its files and
+its ``state-dir``.
 """
 from __future__ import annotations
 
@@ -77,13 +79,13 @@ def build_client_app(sites: Sequence[SiteConfig] | None = None) -> ClientApp:
         seconds = float(config["aggregation-interval"])
         if site.aggregation_interval > 0:
             seconds = min(seconds, site.aggregation_interval)
-        stats = task.train_local(
-            trainer,
-            seconds=seconds,
-            max_steps=int(config["local-steps"]),
-            proximal_mu=float(config.get("proximal-mu", 0.0)),
-            anchor=global_weights,
-        )
+        proximal_mu = float(config.get("proximal-mu", 0.0))
+        if site.dataset:  # behaviour cloning on the site's offline transitions
+            data = task.load_site_dataset(site.dataset, trainer)
+            stats = task.train_bc_local(trainer, data, seconds, task.bc_config(config), proximal_mu, global_weights)
+        else:
+            stats = task.train_local(trainer, seconds=seconds, max_steps=int(config["local-steps"]),
+                                     proximal_mu=proximal_mu, anchor=global_weights)
         trainer.save(_state_path(site, context))
         metrics = MetricRecord({"site-id": site.site_id, **stats})
         return Message(RecordDict({"arrays": to_record(task.get_weights(trainer)), "metrics": metrics}), reply_to=msg)

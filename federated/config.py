@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 STRATEGIES = ("fedavg", "fedprox", "fedadam")
+BC_BOX_LOSSES = ("mse", "nll")
 
 
 class FederatedConfigError(ValueError):
@@ -62,8 +63,17 @@ class FedConfig:
     """FedProx proximal coefficient mu (only used with strategy='fedprox')."""
     server_learning_rate: float = 0.05
     """FedAdam server step size eta (only used with strategy='fedadam')."""
+    bc_epochs: int = 5
+    """Dataset sites (behaviour cloning): passes over the site's transitions per round (also capped by
+    `aggregation-interval` seconds)."""
+    bc_batch_size: int = 64
+    """Dataset sites: transitions per gradient step."""
+    bc_learning_rate: float = 1e-3
+    """Dataset sites: Adam learning rate of the behaviour-cloning update."""
+    bc_box_loss: str = "mse"
+    """Dataset sites with Box actions: 'mse' on the policy mean or 'nll' (Gaussian negative log-likelihood)."""
     env: str = "CartPole-v1"
-    """Gymnasium id of the task family; sites run their own variant of it."""
+    """Gymnasium id of the task family; sites run (or evaluate on) their own variant of it."""
     seed: int = 0
     """Seed of the initial global model."""
     run_name: str = "federated"
@@ -82,12 +92,16 @@ class FedConfig:
             raise FederatedConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if not 0.0 < self.min_completion_rate <= 1.0:
             raise FederatedConfigError(f"min-completion-rate must be in (0, 1], got {self.min_completion_rate}")
-        for name in ("num_server_rounds", "num_sites", "local_steps", "eval_episodes"):
+        if self.bc_box_loss not in BC_BOX_LOSSES:
+            raise FederatedConfigError(f"bc-box-loss must be one of {BC_BOX_LOSSES}, got {self.bc_box_loss!r}")
+        for name in ("num_server_rounds", "num_sites", "local_steps", "eval_episodes", "bc_epochs", "bc_batch_size"):
             if getattr(self, name) < 1:
                 raise FederatedConfigError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("aggregation_interval", "round_timeout", "node_wait"):
             if getattr(self, name) <= 0:
                 raise FederatedConfigError(f"{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.bc_learning_rate <= 0:
+            raise FederatedConfigError(f"bc-learning-rate must be > 0, got {self.bc_learning_rate}")
 
     @property
     def min_replies(self) -> int:
@@ -112,6 +126,10 @@ class SiteConfig:
     """Half pole length of this site's CartPole variant; negative picks the site's default variant."""
     gravity: float = -1.0
     """Gravity of this site's CartPole variant; negative picks the site's default variant."""
+    dataset: str = ""
+    """Path (on the site) to an .npz of offline transitions (`obs`, `actions`, ...): the site then trains by
+    behaviour cloning on it instead of running PPO; its env variant is still where the global model is scored.
+    Empty: the site trains PPO on its env variant. The file never leaves the site."""
     state_dir: str = ""
     """Folder for the site's local trainer state (optimiser, RNG) between rounds; empty keeps it in memory only."""
     aggregation_interval: float = 0.0
@@ -119,7 +137,7 @@ class SiteConfig:
     strategy: str = ""
     """The strategy this site agreed to take part in; a run with another strategy is refused. Empty accepts any."""
     dp_clip: float = 0.0
-    """Local differential privacy: clip the update to this L2 norm and add Laplace noise (0 disables)."""
+    """Local differential privacy: clip the update to this L2 norm and add Gaussian noise (0 disables)."""
     dp_epsilon: float = 1.0
     """Local DP privacy budget epsilon (smaller is more private, noisier)."""
     dp_delta: float = 1e-5

@@ -74,7 +74,9 @@ def run_federation(grid: Grid, config: FedConfig) -> FederatedResult:
     result = FederatedResult("RUNNING", max(state.round, 0), state.history, state.mlflow_run_id, checkpoint_dir=str(directory))
     arrays = to_record(state.weights)
     base = {"strategy": config.strategy, "env": config.env, "seed": config.seed, "eval-episodes": config.eval_episodes}
-    train_config = ConfigRecord({**base, "aggregation-interval": config.aggregation_interval, "local-steps": config.local_steps})
+    train_config = ConfigRecord({**base, "aggregation-interval": config.aggregation_interval, "local-steps": config.local_steps,
+                                 "bc-epochs": config.bc_epochs, "bc-batch-size": config.bc_batch_size,
+                                 "bc-learning-rate": config.bc_learning_rate, "bc-box-loss": config.bc_box_loss})
     try:
         if state.round < 0:  # score the initial model on every site: the baseline each round is compared with
             stats = RoundStats(round=0)

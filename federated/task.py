@@ -1,5 +1,6 @@
 """The ML a site runs, with no Flower in it: build the site's env variant, train the policy locally for a time/step
-budget starting from the global weights, score a policy on the site's env. Calls the RL engine (``opentinker.agents``).
+budget starting from the global weights (PPO on the env, or behaviour cloning on the site's offline dataset), score
+a policy on the site's env. Calls the RL engine (``opentinker.agents``).
 """
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
+
+if TYPE_CHECKING:
+    from opentinker.agents.bc import BCConfig, Transitions
 
 Weights = dict[str, np.ndarray]
 
@@ -124,6 +129,35 @@ def train_local(trainer, seconds: float, max_steps: int, proximal_mu: float = 0.
         "seconds": time.monotonic() - started,
         "train-return": float(last_return),
     }
+
+
+def bc_config(run_config) -> "BCConfig":
+    """The behaviour-cloning settings the server sent (``bc-*`` keys of the train message's config)."""
+    from opentinker.agents.bc import BCConfig
+
+    return BCConfig(epochs=int(run_config["bc-epochs"]), batch_size=int(run_config["bc-batch-size"]),
+                    learning_rate=float(run_config["bc-learning-rate"]), box_loss=str(run_config["bc-box-loss"]))
+
+
+def load_site_dataset(path: str | Path, trainer) -> "Transitions":
+    """The site's offline transitions, validated against the policy's spaces (``DatasetError`` names the field)."""
+    from opentinker.agents.bc import load_transitions
+
+    return load_transitions(path, trainer.observation_space, trainer.action_space)
+
+
+def train_bc_local(trainer, data: "Transitions", seconds: float, config: "BCConfig", proximal_mu: float = 0.0,
+                   anchor: Weights | None = None) -> dict:
+    """Behaviour cloning on the site's dataset for ``config.epochs`` or ``seconds``, whichever ends first.
+
+    ``num-steps`` (the FedAvg weight) is the number of transitions in the dataset. Shuffling draws from the
+    trainer's RNG, which the site's state file carries between rounds.
+    """
+    from opentinker.agents.bc import behaviour_cloning
+
+    stats = behaviour_cloning(trainer.policy, data, config, trainer.rng, deadline=time.monotonic() + seconds,
+                              anchor=anchor, proximal_mu=proximal_mu)
+    return {"num-steps": stats.num_samples, "seconds": stats.seconds, "train-loss": stats.loss, "epochs": stats.epochs}
 
 
 def evaluate(trainer, episodes: int, seed: int = 10_000) -> float:
