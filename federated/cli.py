@@ -22,11 +22,21 @@ def certs(directory: Path = typer.Option(..., "--dir", help="Folder for ca.crt, 
 
 @app.command()
 def up(sites: int = typer.Option(3, help="SuperNodes to start, one per site."),
-       root: Optional[Path] = typer.Option(None, help="Federation folder (default <data_dir>/federated/deployment).")) -> None:
+       root: Optional[Path] = typer.Option(None, help="Federation folder (default <data_dir>/federated/deployment)."),
+       dataset: list[str] = typer.Option([], help="SITE=PATH: site SITE trains by behaviour cloning on the .npz "
+                                                  "transitions at PATH instead of PPO (repeatable).")) -> None:
     """Start a SuperLink (TLS, SuperNode auth) and one authenticated SuperNode per site on loopback."""
     from opentinker.federated import deploy
+    from opentinker.federated.api import apply_local_data
+    from opentinker.federated.config import SiteConfig
 
-    fed = deploy.up(sites, root)
+    configs = [SiteConfig(site_id=i) for i in range(sites)]
+    for item in dataset:
+        site, sep, path = item.partition("=")
+        if not sep or not site.isdigit() or int(site) >= sites:
+            raise typer.BadParameter(f"{item!r}: expected SITE=PATH with SITE in 0..{sites - 1}", param_hint="--dataset")
+        apply_local_data(configs[int(site)], path, Path())
+    fed = deploy.up(sites, root, site_configs=configs)
     typer.echo(f"SuperLink on {fed.address} (pid {fed.superlink_pid}); sites {fed.site_pids}; state in {fed.root}")
 
 

@@ -31,7 +31,8 @@ def test_run_config_errors_name_the_field():
 def test_site_node_config_round_trips_through_flower_syntax():
     from flwr.common.config import parse_config_args  # how flower-supernode parses --node-config
 
-    site = SiteConfig(site_id=2, pole_length=0.7, state_dir="/tmp/x y", strategy="fedavg", dp_clip=1.5)
+    site = SiteConfig(site_id=2, pole_length=0.7, state_dir="/tmp/x y", strategy="fedavg", dp_clip=1.5,
+                      dataset="/data/site 2/transitions.npz")
     parsed = parse_config_args([site.to_node_config()])
     assert SiteConfig.from_node_config(parsed) == site
 
