@@ -139,3 +139,46 @@ def test_any_parallel_env_instance_is_accepted():
                                                                     n_steps=8, device="cpu")
     trainer.train(16)
     assert trainer.global_step == 16
+
+
+# -- rollouts on Ray workers ------------------------------------------------------------------------------------
+ROLLOUT_FIELDS = ("obs", "actions", "logprobs", "values", "rewards", "terminated", "truncated", "valid", "last_obs",
+                  "last_values", "episode_returns", "episode_lengths")
+
+
+def assert_same_rollouts(a, b):
+    (rollouts_a, fraction_a), (rollouts_b, fraction_b) = a, b
+    assert rollouts_a.keys() == rollouts_b.keys()
+    for kind in rollouts_a:
+        for field in ROLLOUT_FIELDS:
+            x, y = getattr(rollouts_a[kind], field), getattr(rollouts_b[kind], field)
+            assert x.dtype == y.dtype and np.array_equal(x, y), (kind, field)
+    np.testing.assert_array_equal([fraction_a[k] for k in fraction_a], [fraction_b[k] for k in fraction_a])
+
+
+def test_ray_workers_give_the_local_rollouts_and_checkpoints_move_between_backends(ray_session, tmp_path):
+    import os
+
+    build = dict(num_envs=5, n_steps=16, seed=4, device="cpu", **SMALL)
+    local = seed_group(shared_memory=True).build("pursuit", backend="local", **build)
+    remote = seed_group(shared_memory=True).build("pursuit", backend="ray", workers=2, **build)
+    try:
+        assert remote.sizes == [3, 2] and os.getpid() not in remote.pool.call("pid")  # copies 0-2 and 3-4
+        local.train(80)
+        remote.train(80, checkpoint_dir=tmp_path)  # the env copies' state comes back from the actors
+        resumed = GroupTrainer.load(tmp_path / "checkpoint.pt", device="cpu", backend="local")
+        assert resumed.backend == "local" and resumed.workers == 1 and resumed.global_step == 80
+        expected = local.collect()
+        assert_same_rollouts(expected, remote.collect())
+        assert_same_rollouts(expected, resumed.collect())
+        for trainer in (local, remote, resumed):
+            trainer.train(160)
+        for kind, params in weights(local).items():
+            for other in (remote, resumed):
+                assert all(torch.equal(a, b) for a, b in zip(params, weights(other)[kind])), kind
+    finally:
+        remote.close()
+    with pytest.raises(ValueError, match=r"GroupTrainer workers must be an int in \[1, num_envs=5\], got 6"):
+        seed_group().build("pursuit", backend="ray", workers=6, **build)
+    with pytest.raises(ValueError, match="GroupTrainer backend must be one of"):
+        seed_group().build("pursuit", backend="dask", **build)

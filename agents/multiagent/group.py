@@ -80,7 +80,7 @@ class AgentGroup:
                 field = ALIASES.get(key, key)
                 if field in GROUP_FIELDS:
                     raise ValueError(f"configure({kind}=...): {key!r} is shared by the whole group (every kind trains "
-                                     "on the same rollouts); set num_envs=/n_steps= in AgentGroup.build")
+                                     "on the same rollouts); set num_envs=, n_steps=, backend=, workers= in AgentGroup.build")
                 if field not in fields:
                     valid = sorted(fields - set(GROUP_FIELDS) | set(ALIASES) | ({"epsilon_decay"} if config_cls is DQNConfig else set()))
                     raise ValueError(f"configure({kind}=...): unknown {self.policy_mapping[kind]} hyper-parameter "
@@ -115,11 +115,15 @@ class AgentGroup:
         return max(matches, key=len)
 
     def build(self, env: Any, num_envs: int = 1, n_steps: int = 64, seed: int = 0, device: str = "auto",
-              **env_kwargs: Any):
-        """A ``GroupTrainer`` on ``env``: "pursuit", a PettingZoo ParallelEnv class/factory, or an instance."""
+              backend: str = "auto", workers: int | None = None, **env_kwargs: Any):
+        """A ``GroupTrainer`` on ``env``: "pursuit", a PettingZoo ParallelEnv class/factory, or an instance.
+
+        ``backend``: "local", "ray" (env copies split over ``workers`` Ray actors) or "auto" (as ``RemoteEnv``).
+        """
         from opentinker.agents.multiagent.trainer import GroupTrainer
 
-        return GroupTrainer(self, env, num_envs=num_envs, n_steps=n_steps, seed=seed, device=device, **env_kwargs)
+        return GroupTrainer(self, env, num_envs=num_envs, n_steps=n_steps, seed=seed, device=device, backend=backend,
+                            workers=workers, **env_kwargs)
 
     def __repr__(self) -> str:
         return f"AgentGroup(policy_mapping={self.policy_mapping}, shared_memory={self.shared_memory or False})"

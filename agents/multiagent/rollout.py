@@ -9,10 +9,18 @@ step only resets it (``valid`` False everywhere in that copy).
 Shared memory (off by default): every agent also reads the previous step's *mean observation* of each kind
 (mode "all") or of its own kind (mode "kind") among the living agents of its env copy — a blackboard each
 agent writes its observation to and reads one step later. Zeros after a reset.
+
+Everything random is per env copy: copy ``e`` resets with seed (seed, e) and draws its actions from a Generator
+seeded by (seed, iteration, e), with the policy evaluated on that copy's rows only. So a rollout does not
+depend on how the copies are split over workers: ``JointWorker`` shards (in-process or on Ray actors, see
+``envs/actor_pool.py``) joined by ``join`` in env-copy order give the same data, bit for bit, as one shard.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
+import os
+import pickle
 import time
 from typing import Any, Callable
 
@@ -21,6 +29,7 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from opentinker.agents.numpy_policy import NumpyPolicy
+from opentinker.envs.remote_env import AUTO_RAY_MIN_PARALLEL, AUTO_RAY_MIN_STEP_S, BACKENDS
 from opentinker.envs.rollout import Rollout, derive_seed
 
 
@@ -39,11 +48,50 @@ def env_factory(env: Any, **env_kwargs: Any) -> Callable[[], ParallelEnv]:
     raise ValueError(f"env must be 'pursuit', a PettingZoo ParallelEnv (class, factory or instance), got {env!r}")
 
 
+def resolve_backend(make: Callable[[], ParallelEnv], backend: str, num_envs: int, workers: int | None) -> str:
+    """``RemoteEnv``'s rule: "auto" uses Ray only for 16+ copies of an env whose joint step takes >= 1 ms."""
+    if backend not in BACKENDS:
+        raise ValueError(f"GroupTrainer backend must be one of {BACKENDS}, got {backend!r}")
+    if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= num_envs):
+        raise ValueError(f"GroupTrainer workers must be an int in [1, num_envs={num_envs}], got {workers!r}")
+    if backend != "auto":
+        return backend
+    if num_envs < AUTO_RAY_MIN_PARALLEL or workers == 1:
+        return "local"
+    return "ray" if mean_joint_step_seconds(make) >= AUTO_RAY_MIN_STEP_S else "local"
+
+
+def mean_joint_step_seconds(make: Callable[[], ParallelEnv], steps: int = 16) -> float:
+    """Average wall time of one joint step of one copy, every agent acting at random (resets excluded)."""
+    env = make()
+    try:
+        env.reset(seed=0)
+        total = 0.0
+        for i in range(steps):
+            if not env.agents:
+                env.reset(seed=i)
+            actions = {a: env.action_space(a).sample() for a in env.agents}
+            start = time.perf_counter()
+            env.step(actions)
+            total += time.perf_counter() - start
+        return total / steps
+    finally:
+        env.close()
+
+
+# Per-kind arrays of JointEnvs with the env copy on axis 0 (what split/merge cut and join).
+_PER_COPY = ("obs", "alive", "ep_return", "ep_len", "channel")
+
+
 class JointEnvs:
-    """Env copies with fixed agent columns per kind, NEXT_STEP resets, episode bookkeeping and shared memory."""
+    """Env copies with fixed agent columns per kind, NEXT_STEP resets, episode bookkeeping and shared memory.
+
+    ``first`` is the global index of the first copy (a shard of a larger set): it seeds resets and noise.
+    """
 
     def __init__(self, make: Callable[[], ParallelEnv], num_envs: int, kind_of: Callable[[str], str],
-                 kinds: list[str], shared_memory: str | None, seed: int):
+                 kinds: list[str], shared_memory: str | None, seed: int, first: int = 0):
+        self.first = first
         self.envs = [make() for _ in range(num_envs)]
         for env in self.envs:
             if not isinstance(env, ParallelEnv):
@@ -73,7 +121,39 @@ class JointEnvs:
         self.resetting = np.ones(num_envs, bool)
         self.episodes_done = np.zeros(num_envs, np.int64)
         for e in range(num_envs):
-            self._reset(e, seed=derive_seed(seed, e))
+            self._reset(e, seed=derive_seed(seed, self.first + e))
+
+    # -- shards --------------------------------------------------------------------------------------------------
+    def split(self, sizes: list[int]) -> list["JointEnvs"]:
+        """Consecutive shards of ``sizes`` copies each (state included), in env-copy order."""
+        if sum(sizes) != self.num_envs:
+            raise ValueError(f"JointEnvs.split: sizes {sizes} do not add up to num_envs={self.num_envs}")
+        bounds = np.cumsum([0, *sizes])
+        parts = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            part = copy.copy(self)
+            part.envs, part.num_envs, part.first = self.envs[a:b], int(b - a), self.first + int(a)
+            for name in _PER_COPY:
+                setattr(part, name, {k: v[a:b].copy() for k, v in getattr(self, name).items()})
+            part.resetting, part.episodes_done = self.resetting[a:b].copy(), self.episodes_done[a:b].copy()
+            part.finished = {k: [(e - a, *rest) for e, *rest in v if a <= e < b] for k, v in self.finished.items()}
+            parts.append(part)
+        return parts
+
+    @staticmethod
+    def merge(parts: list["JointEnvs"]) -> "JointEnvs":
+        """The inverse of ``split``: one JointEnvs holding every shard's copies, in order."""
+        whole = copy.copy(parts[0])
+        whole.envs = [env for p in parts for env in p.envs]
+        whole.num_envs = sum(p.num_envs for p in parts)
+        for name in _PER_COPY:
+            setattr(whole, name, {k: np.concatenate([getattr(p, name)[k] for p in parts]) for k in whole.kinds})
+        whole.resetting = np.concatenate([p.resetting for p in parts])
+        whole.episodes_done = np.concatenate([p.episodes_done for p in parts])
+        offsets = np.cumsum([0, *[p.num_envs for p in parts]])
+        whole.finished = {k: [(e + o, *rest) for p, o in zip(parts, offsets) for e, *rest in p.finished[k]]
+                          for k in whole.kinds}
+        return whole
 
     # -- spaces and observations -----------------------------------------------------------------------------
     def _flat_dim(self, kind: str) -> int:
@@ -165,17 +245,31 @@ class JointEnvs:
         return done
 
 
-def collect(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: int, rng: np.random.Generator
-            ) -> tuple[dict[str, Rollout], dict[str, float]]:
-    """``n_steps`` joint steps: one engine ``Rollout`` per kind (columns = env copies x agents of the kind),
-    and the share of each kind's ended agent-episodes that ended by termination (pursuit prey: capture rate)."""
+@dataclasses.dataclass
+class Shard:
+    """One worker's part of a joint rollout: per kind its columns' ``Rollout`` (episode fields left empty) and
+    the agent-episodes that ended, as (step, global env copy, return, length, terminated)."""
+
+    rollouts: dict[str, Rollout]
+    ended: dict[str, list[tuple[int, int, float, int, bool]]]
+
+
+def collect_shard(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: int, seed: int, iteration: int) -> Shard:
+    """``n_steps`` joint steps of these copies; copy ``e`` draws its noise from (seed, iteration, e)."""
     start = time.perf_counter()
+    rngs = [np.random.default_rng([seed, iteration, joint.first + e]) for e in range(joint.num_envs)]
     buf: dict[str, dict[str, np.ndarray]] = {k: {} for k in policies}
+    ended: dict[str, list[tuple[int, int, float, int, bool]]] = {k: [] for k in policies}
 
     def store(kind: str, name: str, t: int, value: np.ndarray) -> None:
         if name not in buf[kind]:
             buf[kind][name] = np.zeros((n_steps, *value.shape), value.dtype)
         buf[kind][name][t] = value
+
+    def rows(kind: str, x: np.ndarray, e: int) -> np.ndarray:
+        """Env copy ``e``'s rows of a kind's batch (its agents' columns)."""
+        n = len(joint.agents[kind])
+        return x[e * n:(e + 1) * n]
 
     env_s = policy_s = 0.0
     for t in range(n_steps):
@@ -183,7 +277,8 @@ def collect(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: int, rn
         env_actions = {}
         for kind, policy in policies.items():
             x = joint.observations(kind)
-            action, logp, value = policy.sample(x, rng)
+            samples = [policy.sample(rows(kind, x, e), rngs[e]) for e in range(joint.num_envs)]
+            action, logp, value = (np.concatenate(a) for a in zip(*samples))
             for name, array in (("obs", x), ("actions", action), ("logprobs", logp), ("values", value)):
                 store(kind, name, t, array)
             env_actions[kind] = policy.env_actions(action)
@@ -194,18 +289,75 @@ def collect(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: int, rn
         for kind, arrays in results.items():
             for name, array in zip(("rewards", "terminated", "truncated", "valid"), arrays):
                 store(kind, name, t, array.reshape(-1))
-    rollouts, terminated_fraction = {}, {}
+            ended[kind] += [(t, joint.first + e, r, n, d) for e, r, n, d in joint.take_finished(kind)]
     wall = time.perf_counter() - start
+    rollouts = {}
     for kind, policy in policies.items():
         last_obs = joint.observations(kind)
-        ended = joint.take_finished(kind)
         rollouts[kind] = Rollout(
-            **buf[kind], last_obs=last_obs.copy(), last_values=policy.values(last_obs),
-            episode_returns=np.array([r for _, r, _, _ in ended], np.float64),
-            episode_lengths=np.array([n for _, _, n, _ in ended], np.int64),
+            **buf[kind], last_obs=last_obs.copy(), last_values=np.concatenate([policy.values(rows(kind, last_obs, e)) for e in range(joint.num_envs)]),
+            episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64),
             env_step_s=env_s, policy_s=policy_s, worker_wall_s=wall, wall_s=wall)
-        terminated_fraction[kind] = float(np.mean([t for *_, t in ended])) if ended else float("nan")
+    return Shard(rollouts, ended)
+
+
+def join(shards: list[Shard]) -> tuple[dict[str, Rollout], dict[str, float]]:
+    """Shards in env-copy order -> one engine ``Rollout`` per kind (columns = env copies x agents of the kind)
+    and the share of each kind's ended agent-episodes that ended by termination (pursuit prey: capture rate).
+    Ended episodes are listed by (step, env copy), as one shard would list them."""
+    rollouts, terminated_fraction = {}, {}
+    for kind in shards[0].rollouts:
+        ended = sorted((e for s in shards for e in s.ended[kind]), key=lambda row: row[:2])
+        rollouts[kind] = dataclasses.replace(
+            Rollout.concat([s.rollouts[kind] for s in shards]),
+            episode_returns=np.array([r for _, _, r, _, _ in ended], np.float64),
+            episode_lengths=np.array([n for _, _, _, n, _ in ended], np.int64))
+        terminated_fraction[kind] = float(np.mean([d for *_, d in ended])) if ended else float("nan")
     return rollouts, terminated_fraction
+
+
+def collect(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: int, seed: int, iteration: int
+            ) -> tuple[dict[str, Rollout], dict[str, float]]:
+    """``n_steps`` joint steps of every copy of ``joint``, as ``join`` returns them."""
+    return join([collect_shard(joint, policies, n_steps, seed, iteration)])
+
+
+class JointWorker:
+    """A shard of env copies that collects with numpy policies rebuilt from (weights, specs): in this process
+    (local backend) or as a Ray actor (``envs/actor_pool.py``). Like the engine's ``RolloutWorker``, a collect
+    given the snapshot its shard returned after the previous iteration restores it first when the worker is
+    not where that snapshot left it (a restarted actor), so a retried collect reproduces the same data."""
+
+    def __init__(self, make: Callable[[], ParallelEnv], count: int, kind_of: Callable[[str], str], kinds: list[str],
+                 shared_memory: str | None, seed: int, first: int, keep_snapshots: bool = False):
+        self.joint = JointEnvs(make, count, kind_of, kinds, shared_memory, seed, first)
+        self.seed, self.keep_snapshots, self.next_iteration = seed, keep_snapshots, 0
+
+    def layout(self) -> tuple[dict[str, list[str]], dict[str, gym.Space], dict[str, gym.Space]]:
+        """(agents per kind, observation space per kind with the channel, action space per kind)."""
+        return self.joint.agents, self.joint.observation_spaces, self.joint.action_spaces
+
+    def collect(self, weights: dict[str, dict[str, np.ndarray]], specs: dict[str, dict], n_steps: int, iteration: int,
+                snapshot: bytes | None = None) -> tuple[Shard, bytes | None]:
+        if snapshot is not None and iteration != self.next_iteration:
+            self.restore(snapshot)
+        policies = {kind: NumpyPolicy(specs[kind], weights[kind]) for kind in specs}
+        shard = collect_shard(self.joint, policies, n_steps, self.seed, iteration)
+        self.next_iteration = iteration + 1
+        return shard, (self.snapshot() if self.keep_snapshots else None)
+
+    def snapshot(self) -> bytes:
+        return pickle.dumps((self.joint, self.next_iteration), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def restore(self, snapshot: bytes) -> None:
+        self.joint, self.next_iteration = pickle.loads(snapshot)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        for env in self.joint.envs:
+            env.close()
 
 
 def run_episodes(joint: JointEnvs, policies: dict[str, NumpyPolicy], max_steps: int = 100_000

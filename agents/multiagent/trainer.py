@@ -4,7 +4,9 @@ The group collects one joint rollout per iteration (all kinds acting together), 
 ``Rollout`` per kind, and calls ``update(rollout)`` of that kind's engine trainer (``PPOTrainer`` /
 ``DQNTrainer``, built from ``EnvSpaces``: no env copies of its own) on its slice, so the engine's own update,
 replay buffer, schedules, metrics and checkpoints run unchanged. The loop (checkpoint cadence, callback, stop)
-is the engine's ``train_loop``. The public shape mirrors the engine's trainers:
+is the engine's ``train_loop``. With ``backend="ray"`` the env copies are split over Ray actors
+(``JointWorker`` shards); noise is drawn per env copy, so the rollouts are the same as in-process, bit for bit.
+The public shape mirrors the engine's trainers:
 ``train(steps, callback, checkpoint_dir, checkpoint_every)``, ``evaluate``, ``save``/``load``, ``export``.
 """
 from __future__ import annotations
@@ -22,11 +24,12 @@ from opentinker.agents.checkpoint import atomic_save, load_checkpoint
 from opentinker.agents.dqn import DQNTrainer
 from opentinker.agents.export import export_policy
 from opentinker.agents.multiagent.group import AgentGroup
-from opentinker.agents.multiagent.rollout import JointEnvs, collect, env_factory, run_episodes
+from opentinker.agents.multiagent.rollout import JointEnvs, JointWorker, env_factory, join, resolve_backend, run_episodes
 from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.agents.ppo import PPOTrainer
 from opentinker.agents.trainer import EnvSpaces, Trainer, check_train_args, torch_threads, train_loop
-from opentinker.envs.rollout import derive_seed
+from opentinker.envs.remote_env import split_envs
+from opentinker.envs.rollout import Rollout, derive_seed
 
 ENGINE: dict[str, type[Trainer]] = {"PPO": PPOTrainer, "DQN": DQNTrainer}
 # Small MLPs gain nothing from intra-op threads, and two learners sharing a few cores thrash with them.
@@ -44,15 +47,33 @@ class KindEvalResult(NamedTuple):
     terminated_fraction: float
 
 
+class LocalWorkers:
+    """The local backend: ``JointWorker`` shards in this process, called like ``envs.actor_pool.RayActorPool``."""
+
+    def __init__(self, per_worker_args: list[tuple]):
+        self.workers = [JointWorker(*args) for args in per_worker_args]
+
+    def call(self, method: str, per_worker_args: list[tuple] | None = None, broadcast: tuple = ()) -> list:
+        args = per_worker_args or [()] * len(self.workers)
+        return [getattr(w, method)(*broadcast, *x) for w, x in zip(self.workers, args)]
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
 class GroupTrainer:
-    """Built by ``AgentGroup.build(env, num_envs, n_steps, seed, device, **env_kwargs)``.
+    """Built by ``AgentGroup.build(env, num_envs, n_steps, seed, device, backend, workers, **env_kwargs)``.
 
     ``global_step`` counts env steps over all env copies (``num_envs * n_steps`` per iteration); each kind's
     engine trainer counts its own agent-steps. Frozen kinds (``freeze``) keep acting but are not updated.
+    ``backend``: "local" (env copies in this process), "ray" (split over ``workers`` Ray actors; default one
+    per CPU of the cluster) or "auto" (``RemoteEnv``'s rule: Ray only for 16+ copies of an env whose joint
+    step takes >= 1 ms). Same seed, same rollouts on either backend and any number of workers.
     """
 
     def __init__(self, group: AgentGroup, env: Any, num_envs: int = 1, n_steps: int = 64, seed: int = 0,
-                 device: str = "auto", **env_kwargs: Any):
+                 device: str = "auto", backend: str = "auto", workers: int | None = None, **env_kwargs: Any):
         for name, value in (("num_envs", num_envs), ("n_steps", n_steps)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GroupTrainer {name} must be an int >= 1, got {value!r}")
@@ -60,10 +81,22 @@ class GroupTrainer:
         self.num_envs, self.n_steps, self.seed, self.device = num_envs, n_steps, seed, device
         self.env_id = env if isinstance(env, str) else getattr(env, "metadata", {}).get("name") or getattr(
             env, "__name__", type(env).__name__)
-        self.joint = self._joint(num_envs, seed)
+        make = env_factory(env, **self.env_kwargs)
+        self.backend = resolve_backend(make, backend, num_envs, workers)
+        if self.backend == "ray":
+            from opentinker.envs.actor_pool import RayActorPool, default_workers
+
+            self.sizes = split_envs(num_envs, workers or default_workers(num_envs))
+            self.pool: Any = RayActorPool(JointWorker, self._worker_args(make, keep_snapshots=True))
+        else:
+            self.sizes = split_envs(num_envs, workers or 1)
+            self.pool = LocalWorkers(self._worker_args(make, keep_snapshots=False))
+        # The env snapshot each worker returned after its last collect (Ray: a restarted actor restores it).
+        self._snapshots: list[bytes | None] = [None] * len(self.sizes)
+        self.agents, self.observation_spaces, self.action_spaces = self.pool.call("layout")[0]
         self.trainers: dict[str, Trainer] = {}
         for i, kind in enumerate(group.kinds):
-            columns = num_envs * len(self.joint.agents[kind])
+            columns = num_envs * len(self.agents[kind])
             self.trainers[kind] = ENGINE[group.policy_mapping[kind]](
                 self.kind_spaces(kind), seed=derive_seed(seed, i), device=device,
                 **{**KIND_DEFAULTS, **group.configs[kind], "n_steps": n_steps, "num_envs": columns})
@@ -71,9 +104,40 @@ class GroupTrainer:
         self.agent_steps = 0  # actions actually taken by living agents, all kinds
         self.frozen: set[str] = set()
 
+    def _worker_args(self, make: Any, keep_snapshots: bool) -> list[tuple]:
+        firsts = np.cumsum([0, *self.sizes[:-1]])
+        return [(make, count, self.group.kind_of, self.group.kinds, self.group.shared_memory, self.seed, int(first),
+                 keep_snapshots) for count, first in zip(self.sizes, firsts)]
+
+    @property
+    def workers(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def joint(self) -> JointEnvs:
+        """The env copies themselves, when they live in this process in one shard (local backend, one worker)."""
+        if self.backend != "local" or self.workers != 1:
+            raise RuntimeError(f"the env copies are split over {self.workers} {self.backend} workers; "
+                               "GroupTrainer.joint needs backend='local' with workers=1")
+        return self.pool.workers[0].joint
+
     def kind_spaces(self, kind: str) -> EnvSpaces:
         """What the kind's engine trainer knows of the env: a name and the kind's spaces (channel included)."""
-        return EnvSpaces(f"{self.env_id}:{kind}", self.joint.observation_spaces[kind], self.joint.action_spaces[kind])
+        return EnvSpaces(f"{self.env_id}:{kind}", self.observation_spaces[kind], self.action_spaces[kind])
+
+    def env_state(self) -> JointEnvs:
+        """All env copies with their state, gathered from the workers into one ``JointEnvs`` (for checkpoints)."""
+        snapshots = self._snapshots if None not in self._snapshots else self.pool.call("snapshot")
+        return JointEnvs.merge([pickle.loads(snapshot)[0] for snapshot in snapshots])
+
+    def set_env_state(self, joint: JointEnvs) -> None:
+        """Hand ``env_state()``'s copies back to the workers, split by this trainer's shard sizes."""
+        if joint.num_envs != self.num_envs:
+            raise ValueError(f"env state holds {joint.num_envs} env copies; this GroupTrainer has num_envs={self.num_envs}")
+        snapshots = [pickle.dumps((part, self.iteration)) for part in joint.split(self.sizes)]
+        self.pool.call("restore", [(snapshot,) for snapshot in snapshots])
+        if self.backend == "ray":
+            self._snapshots = snapshots
 
     def _joint(self, num_envs: int, seed: int) -> JointEnvs:
         return JointEnvs(env_factory(self.env, **self.env_kwargs), num_envs, self.group.kind_of, self.group.kinds,
@@ -95,7 +159,7 @@ class GroupTrainer:
         self.frozen -= set(kinds)
 
     def agents_per_env(self, kind: str) -> int:
-        return len(self.joint.agents[kind])
+        return len(self.agents[kind])
 
     # -- training -------------------------------------------------------------------------------------------------
     def _set_horizons(self, steps: int) -> None:
@@ -119,12 +183,25 @@ class GroupTrainer:
         self._set_horizons(steps)
         return train_loop(self, self._iterate, steps, callback, checkpoint_dir, checkpoint_every)
 
+    def collect(self) -> tuple[dict[str, Rollout], dict[str, float]]:
+        """One joint rollout of ``n_steps`` with every kind's current policy, on the workers (noise from (seed,
+        iteration, env copy)): a ``Rollout`` per kind and each kind's share of ended agent-episodes that ended
+        by termination (NaN when none ended). Counters do not move: ``train`` does that."""
+        start = time.perf_counter()
+        weights = {kind: t.policy.numpy_weights() for kind, t in self.trainers.items()}
+        specs = {kind: t.rollout_spec() for kind, t in self.trainers.items()}
+        results = self.pool.call("collect", [(snapshot,) for snapshot in self._snapshots],
+                                 broadcast=(weights, specs, self.n_steps, self.iteration))
+        self._snapshots = [snapshot for _, snapshot in results]
+        rollouts, terminated_fraction = join([shard for shard, _ in results])
+        for rollout in rollouts.values():
+            rollout.wall_s = time.perf_counter() - start
+        return rollouts, terminated_fraction
+
     def _iterate(self) -> dict[str, float]:
         start = time.perf_counter()
-        # 1. One joint rollout with every kind's current policy (noise seeded by (seed, iteration)).
-        policies = {kind: NumpyPolicy(t.rollout_spec(), t.policy.numpy_weights()) for kind, t in self.trainers.items()}
-        rng = np.random.default_rng([self.seed, self.iteration])
-        rollouts, terminated_fraction = collect(self.joint, policies, self.n_steps, rng)
+        # 1. One joint rollout with every kind's current policy.
+        rollouts, terminated_fraction = self.collect()
         self.global_step += self.num_envs * self.n_steps
         # 2. Each unfrozen kind runs exactly its engine update on its slice (and counts the iteration).
         metrics: dict[str, float] = {}
@@ -177,28 +254,33 @@ class GroupTrainer:
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".group-") as tmp:
             kinds = {kind: load_checkpoint(t.save(Path(tmp) / f"{kind}.pt")) for kind, t in self.trainers.items()}
         try:
-            joint = pickle.dumps(self.joint)
+            joint = pickle.dumps(self.env_state())
         except Exception as exc:
             raise ValueError(f"cannot checkpoint the group: its env copies are not picklable ({exc})") from exc
         state = {"format": 1, "group": _try_pickle(self.group), "env": _try_pickle(self.env),
                  "env_kwargs": self.env_kwargs, "num_envs": self.num_envs, "n_steps": self.n_steps, "seed": self.seed,
+                 "backend": self.backend, "workers": self.workers,
                  "global_step": self.global_step, "iteration": self.iteration, "horizon": self.horizon,
                  "agent_steps": self.agent_steps, "frozen": sorted(self.frozen), "joint": joint, "kinds": kinds}
         return atomic_save(state, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, env: Any = None, group: AgentGroup | None = None,
-             device: str = "auto") -> "GroupTrainer":
-        """Rebuild from ``save``; pass ``env``/``group`` when they could not be pickled (lambdas, local classes)."""
+    def load(cls, path: str | os.PathLike, env: Any = None, group: AgentGroup | None = None, device: str = "auto",
+             backend: str | None = None, workers: int | None = None) -> "GroupTrainer":
+        """Rebuild from ``save``; pass ``env``/``group`` when they could not be pickled (lambdas, local classes).
+
+        ``backend``/``workers`` default to the saved ones; any other split continues with the same rollouts.
+        """
         state = load_checkpoint(path)
         for name, given in (("group", group), ("env", env)):
             if given is None and state[name] is None:
                 raise ValueError(f"{path}: the {name} could not be pickled at save time; pass {name}= to load()")
         group = group or pickle.loads(state["group"])
         env = env if env is not None else pickle.loads(state["env"])
+        if backend is None:
+            backend, workers = state.get("backend", "local"), workers or state.get("workers")
         trainer = cls(group, env, num_envs=state["num_envs"], n_steps=state["n_steps"], seed=state["seed"],
-                      device=device, **state["env_kwargs"])
-        trainer.joint = pickle.loads(state["joint"])
+                      device=device, backend=backend, workers=workers, **state["env_kwargs"])
         with tempfile.TemporaryDirectory(prefix="opentinker-group-") as tmp:
             for kind, kind_state in state["kinds"].items():
                 file = atomic_save(kind_state, Path(tmp) / f"{kind}.pt")
@@ -206,20 +288,21 @@ class GroupTrainer:
                                                                                  device=device)
         trainer.global_step, trainer.iteration, trainer.horizon = state["global_step"], state["iteration"], state["horizon"]
         trainer.agent_steps, trainer.frozen = state["agent_steps"], set(state["frozen"])
+        trainer.set_env_state(pickle.loads(state["joint"]))
         return trainer
 
     def export(self, directory: str | os.PathLike, metadata: dict | None = None) -> dict[str, Path]:
         """One engine export per kind under ``directory/<kind>`` (serve any kind's policy on its own)."""
         out = {}
         for kind, t in self.trainers.items():
-            meta = {**(metadata or {}), "kind": kind, "agents": self.joint.agents[kind],
+            meta = {**(metadata or {}), "kind": kind, "agents": self.agents[kind],
                     "shared_memory": self.group.shared_memory or "off", "policy_mapping": self.group.policy_mapping}
             out[kind] = export_policy(t, Path(directory) / kind, metadata=meta)
         return out
 
     def close(self) -> None:
-        for env in self.joint.envs:
-            env.close()
+        """Close the env copies (and stop the Ray actors holding them)."""
+        self.pool.close()
 
 
 def _try_pickle(obj: Any) -> bytes | None:
