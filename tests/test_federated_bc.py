@@ -132,3 +132,13 @@ def test_federated_bc_on_non_iid_datasets_learns_cartpole_on_every_site(ray_sess
         assert last[f"return/site-{site}"] > 150, (site, last)
     sizes = [len(np.load(site.dataset)["obs"]) for site in sites]
     assert all(entry["round/train_steps"] == sum(sizes) for entry in result.history[1:])  # FedAvg weights = samples
+
+    # The data-poor site (one episode) does better with the federation than alone with the same local epochs.
+    alone = task.new_trainer("CartPole-v1", task.default_variant(0), seed=config.seed)
+    data = task.load_site_dataset(sites[0].dataset, alone)
+    for _ in range(config.num_server_rounds):
+        task.train_bc_local(alone, data, seconds=60.0, config=BCConfig(epochs=config.bc_epochs))
+    alone_return = task.evaluate(alone, episodes=config.eval_episodes)
+    print(f"federated BC returns by round: {[entry['return/mean'] for entry in result.history]}; "
+          f"site 0 alone {alone_return:.1f}, federated {last['return/site-0']:.1f}")
+    assert last["return/site-0"] > alone_return
