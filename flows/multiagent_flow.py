@@ -27,6 +27,8 @@ class MultiAgentParams(BaseModel):
     seed: int = 0
     num_envs: int = Field(4, ge=1)
     n_steps: int = Field(32, ge=1)
+    backend: str = Field("auto", description='Where env copies run: "local", "ray" (Ray actors) or "auto" (as RemoteEnv).')
+    workers: int | None = Field(None, ge=1, description="Ray actors for the env copies (None: one per cluster CPU).")
     eval_episodes: int = Field(5, ge=1)
     eval_seed: int = 10_000
     run_name: str = "multiagent"
@@ -54,7 +56,8 @@ def multiagent_train_flow(params: MultiAgentParams) -> MultiAgentFlowResult:
             tracking.run_id, str(run_dir(get_settings().resolved_data_dir, params.run_name)), params.policy_mapping,
             params.configs, params.steps, seed=params.seed, env_id=params.env_id, env_kwargs=params.env_kwargs,
             shared_memory=params.shared_memory, num_envs=params.num_envs, n_steps=params.n_steps,
-            resume=params.resume, checkpoint_every=params.checkpoint_every)
+            resume=params.resume, checkpoint_every=params.checkpoint_every, backend=params.backend,
+            workers=params.workers)
         evaluation = evaluate_group(trained.checkpoint_path, params.eval_episodes, params.eval_seed)
         models = {
             kind: package_model(tracking.run_id, trained.export_dirs[kind], f"{params.model_name}-{kind}",

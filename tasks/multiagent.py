@@ -41,8 +41,12 @@ class KindEvaluation(BaseModel):
 def train_group(run_id: str, directory: str, policy_mapping: dict[str, str], configs: dict[str, dict[str, Any]],
                 steps: int, seed: int = 0, env_id: str = "pursuit", env_kwargs: dict[str, Any] | None = None,
                 shared_memory: bool | str = False, num_envs: int = 4, n_steps: int = 32, device: str = "auto",
-                resume: bool = False, checkpoint_every: int | None = None) -> GroupTrainOutcome:
-    """Train every kind until ``steps`` env steps; resume from ``checkpoints/checkpoint.pt`` when asked."""
+                resume: bool = False, checkpoint_every: int | None = None, backend: str = "auto",
+                workers: int | None = None) -> GroupTrainOutcome:
+    """Train every kind until ``steps`` env steps; resume from ``checkpoints/checkpoint.pt`` when asked.
+
+    ``backend``/``workers``: where the env copies run (``AgentGroup.build``); a resumed run may change them.
+    """
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.multiagent import AgentGroup, GroupTrainer
 
@@ -50,10 +54,11 @@ def train_group(run_id: str, directory: str, policy_mapping: dict[str, str], con
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     configure_mlflow()
     if resume and checkpoint.exists():
-        trainer = GroupTrainer.load(checkpoint, device=device)
+        trainer = GroupTrainer.load(checkpoint, device=device, backend=backend, workers=workers)
     else:
         group = AgentGroup(policy_mapping, shared_memory=shared_memory).configure(**configs)
-        trainer = group.build(env_id, num_envs=num_envs, n_steps=n_steps, seed=seed, device=device, **(env_kwargs or {}))
+        trainer = group.build(env_id, num_envs=num_envs, n_steps=n_steps, seed=seed, device=device, backend=backend,
+                              workers=workers, **(env_kwargs or {}))
         (root / "history.jsonl").unlink(missing_ok=True)
     try:
         start_step = trainer.global_step
@@ -76,7 +81,7 @@ def evaluate_group(checkpoint_path: str, episodes: int = 10, seed: int = 10_000)
     """Every kind acting deterministically, one episode per fresh env copy, from the saved group."""
     from opentinker.agents.multiagent import GroupTrainer
 
-    trainer = GroupTrainer.load(checkpoint_path, device="cpu")
+    trainer = GroupTrainer.load(checkpoint_path, device="cpu", backend="local")  # evaluation runs in-process
     try:
         return {kind: KindEvaluation(**result._asdict()) for kind, result in trainer.evaluate(episodes, seed).items()}
     finally:
