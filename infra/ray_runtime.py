@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from opentinker.infra.settings import get_settings
 
@@ -18,6 +19,7 @@ START_ATTEMPTS = 3
 ROLLOUT_RESOURCE_SHARE = 0.001
 """What each rollout actor takes of ``settings.rollout_resource``: it constrains placement, CPUs bound capacity."""
 GPU_LEASE_TIMEOUT_S = 300.0
+WATCH_PERIOD_S = 2.0
 
 
 class ClusterResourceError(RuntimeError):
@@ -69,6 +71,48 @@ def rollout_actor_options(num_cpus: float | None = None, num_gpus: float = 0.0) 
     if resource:
         options["resources"] = {resource: ROLLOUT_RESOURCE_SHARE}
     return options
+
+
+@contextlib.contextmanager
+def failing_without_rollout_nodes(options: dict, stop: Callable[[], None]) -> Iterator[None]:
+    """Turn "no node can host the rollout actors" into a clear error instead of a run that waits forever.
+
+    Ray restarts actors that lost their node as soon as some node can host them, and otherwise keeps them
+    pending indefinitely. A thread here checks every few seconds that an alive node has the resources in
+    ``options``; after ``settings.rollout_node_timeout_s`` without one it calls ``stop`` (closing the env, so the
+    blocked collect raises) and the block raises ``ClusterResourceError`` saying why.
+    """
+    import ray
+
+    timeout_s, reason = get_settings().rollout_node_timeout_s, []
+    need = {"CPU": options.get("num_cpus") or 0, "GPU": options.get("num_gpus") or 0, **options.get("resources", {})}
+    done = threading.Event()
+
+    def watch() -> None:
+        since = None
+        while not done.wait(WATCH_PERIOD_S):
+            if any(n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in need.items()) for n in ray.nodes()):
+                since = None
+            elif since is None:
+                since = time.monotonic()
+            elif time.monotonic() - since >= timeout_s:
+                reason.append(f"no alive Ray node can host the rollout actors (they need {need}) and none joined within "
+                              f"{timeout_s:g} s (OPENTINKER_ROLLOUT_NODE_TIMEOUT_S); the run stopped. Add such a node "
+                              "(e.g. `LocalCluster.add_worker()` or scale the worker group) and resume the run.")
+                stop()
+                return
+
+    thread = threading.Thread(target=watch, name="opentinker-rollout-node-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    except Exception as exc:
+        if reason:
+            raise ClusterResourceError(reason[0]) from exc
+        raise
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextlib.contextmanager

@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     ray_num_cpus: int | None = Field(None, description="CPUs for a local Ray; None uses all cores.")
     rollout_resource: str = Field("", description="Custom Ray resource a node must advertise to host rollout actors "
                                   "('rollout_node' on `opentinker cluster up` workers); empty places them anywhere.")
+    rollout_node_timeout_s: float = Field(300.0, gt=0, description="How long training waits, after its rollout actors "
+                                          "lost their node, for a node that can host them before it fails.")
     mlflow_tracking_uri: str = Field("", description="MLflow server URL; empty uses sqlite:///<data_dir>/mlflow.db.")
     mlflow_experiment: str = Field("opentinker", description="Default MLflow experiment name.")
     prefect_api_url: str = Field("", description="Prefect server API URL; empty uses Prefect's local (ephemeral) mode.")

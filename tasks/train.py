@@ -52,20 +52,21 @@ def train_policy(
     import mlflow
 
     from opentinker.envs import RemoteEnv
-    from opentinker.infra.ray_runtime import learner_device, rollout_actor_options
+    from opentinker.infra.ray_runtime import failing_without_rollout_nodes, learner_device, rollout_actor_options
 
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     configure_mlflow()
     client = mlflow.MlflowClient()
     with learner_device(num_gpus) as device:  # first: a missing GPU fails before any actor starts
-        env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed,
-                        ray_options=rollout_actor_options(rollout_num_cpus, rollout_num_gpus))
+        options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus)
+        env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed, ray_options=options)
         try:
             nodes = env.worker_node_ids()
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
             client.set_tag(run_id, "opentinker.rollout_nodes", ",".join(nodes))
-            outcome = _train(env, run_id, env_id, steps, seed, root, ppo, device, resume, checkpoint_every)
+            with failing_without_rollout_nodes(options, env.close):
+                outcome = _train(env, run_id, env_id, steps, seed, root, ppo, device, resume, checkpoint_every)
             client.set_tag(run_id, "opentinker.rollout_nodes_final", ",".join(env.worker_node_ids()))
             return outcome
         finally:
