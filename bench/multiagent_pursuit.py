@@ -9,7 +9,7 @@ Measured in one command:
 Capture rate = share of prey episodes that end in a capture (``prey/charts/terminated_fraction``).
 Final line: ``{"agents": 50, "agent_steps_per_s": …, "time_to_threshold_s": …, …}``.
 
-    .venv/bin/python bench/multiagent_pursuit.py [--budget-s 300] [--threshold 0.95]
+    .venv/bin/python bench/multiagent_pursuit.py [--budget-s 300] [--threshold 0.95] [--backend ray --workers 2]
 """
 from __future__ import annotations
 
@@ -59,6 +59,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--reference-s", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", choices=("local", "ray", "auto"), default="local",
+                        help="where the env copies run (ray: split over --workers actors; same rollouts)")
+    parser.add_argument("--workers", type=int, default=None)
     args = parser.parse_args()
     env_kwargs = dict(n_predators=args.predators, n_prey=args.prey, grid_size=args.grid, max_cycles=args.max_cycles,
                       capture_radius=0)
@@ -74,7 +77,7 @@ def main() -> None:
         prey={"lr": 1e-3, "gamma": 0.95, "learning_starts": 2_000, "train_frequency": 32, "batch_size": 128,
               "buffer_size": 50_000, "target_network_frequency": 2_000, "epsilon_decay": 0.97})
     trainer = group.build("pursuit", num_envs=args.num_envs, n_steps=args.n_steps, seed=args.seed, device="cpu",
-                          **env_kwargs)
+                          backend=args.backend, workers=args.workers, **env_kwargs)
     # (prey episodes, caught) per iteration; early iterations are skipped because before the first time limit
     # only episodes that ended in a capture can have ended, which would overstate the rate.
     counts: list[tuple[float, float]] = []
@@ -106,10 +109,12 @@ def main() -> None:
 
         trainer.train(10**9, callback=on_iteration)
     wall = time.perf_counter() - start
+    trainer.close()
     train_sps = trainer.agent_steps / wall
     time_to_threshold = reached.get("time_s")
     print(json.dumps({
-        "agents": agents, "agent_steps_per_s": round(train_sps, 1),
+        "agents": agents, "backend": trainer.backend, "workers": trainer.workers,
+        "agent_steps_per_s": round(train_sps, 1),
         "time_to_threshold_s": None if time_to_threshold is None else round(time_to_threshold, 1),
         "threshold_capture_rate": round(threshold, 3), "random_capture_rate": round(random_capture, 3),
         "final_capture_rate": round(capture_rate(), 3) if counts else None,
