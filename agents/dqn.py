@@ -40,6 +40,8 @@ class DQNTrainer(Trainer):
     def epsilon(self) -> float:
         """Exploration rate of the next rollout: the linear schedule at ``global_step``."""
         c = self.config
+        if self.horizon is None:
+            raise RuntimeError("DQN epsilon schedule has no horizon yet: set total_steps or call train(steps) first")
         return linear_schedule(c.start_e, c.end_e, c.exploration_fraction * self.horizon, self.global_step)
 
     def rollout_spec(self) -> dict:
