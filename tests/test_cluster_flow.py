@@ -141,9 +141,11 @@ def test_gpu_requests_are_granted_by_ray_or_fail_naming_the_field(ray_session):
     the learner gets the CUDA device Ray assigned."""
     import torch
 
-    if ray_session.cluster_resources().get("GPU", 0) >= 0.5 and torch.cuda.is_available():
+    gpus = ray_session.cluster_resources().get("GPU", 0)
+    if gpus >= 0.5 and torch.cuda.is_available():
         with learner_device(0.5) as device:
             assert device.startswith("cuda:") and torch.zeros(1, device=device).device.type == "cuda"
+            assert ray_session.available_resources().get("GPU", 0) <= gpus - 0.5  # held for the learner
     else:
         with pytest.raises(ClusterResourceError, match=r"num_gpus=0\.5: .* has 0 GPU"):
             with learner_device(0.5):
