@@ -15,7 +15,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
 
-from opentinker.federated import task
+from opentinker.federated import secure, task
 from opentinker.federated.config import SiteConfig
 from opentinker.infra.settings import get_settings
 
@@ -65,7 +65,7 @@ def build_client_app(sites: Sequence[SiteConfig] | None = None) -> ClientApp:
             return call_next(msg, context)
         return LocalDpMod(site.dp_clip, site.dp_clip, site.dp_epsilon, site.dp_delta)(msg, context, call_next)
 
-    @app.train(mods=[privacy_mod])
+    @app.train(mods=[secure.secaggplus_site_mod, privacy_mod])  # DP noise is added before SecAgg+ masks the update
     def train(msg: Message, context: Context) -> Message:
         site = _site(context, sites)
         config = msg.content["config"]

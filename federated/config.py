@@ -72,6 +72,13 @@ class FedConfig:
     """Dataset sites: Adam learning rate of the behaviour-cloning update."""
     bc_box_loss: str = "mse"
     """Dataset sites with Box actions: 'mse' on the policy mean or 'nll' (Gaussian negative log-likelihood)."""
+    secure_aggregation: bool = False
+    """Aggregate with SecAgg+ (Flower's secure aggregation): the server only learns the weighted average of the
+    sites' weights. FedAvg/FedProx only, at least 2 sites; the SecAgg+ reconstruction threshold is
+    `min-completion-rate`."""
+    secagg_max_weight: int = 0
+    """SecAgg+: the largest `num-steps` (env steps or dataset transitions) a site may report; 0 means `local-steps`.
+    Weights are quantised relative to it, so keep it close to the real sizes."""
     env: str = "CartPole-v1"
     """Gymnasium id of the task family; sites run (or evaluate on) their own variant of it."""
     seed: int = 0
@@ -100,6 +107,13 @@ class FedConfig:
         for name in ("aggregation_interval", "round_timeout", "node_wait"):
             if getattr(self, name) <= 0:
                 raise FederatedConfigError(f"{name.replace('_', '-')} must be > 0 seconds, got {getattr(self, name)}")
+        if self.secure_aggregation and (self.strategy == "fedadam" or self.num_sites < 2):
+            raise FederatedConfigError(
+                f"secure-aggregation needs strategy fedavg or fedprox and num-sites >= 2, got {self.strategy!r} "
+                f"with {self.num_sites} site(s)"
+            )
+        if self.secagg_max_weight < 0:
+            raise FederatedConfigError(f"secagg-max-weight must be >= 0, got {self.secagg_max_weight}")
         if self.bc_learning_rate <= 0:
             raise FederatedConfigError(f"bc-learning-rate must be > 0, got {self.bc_learning_rate}")
 

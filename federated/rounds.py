@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from opentinker.federated import task
+from opentinker.federated import secure, task
 from opentinker.federated.client_app import from_record
 from opentinker.federated.config import FedConfig
 
@@ -94,6 +94,8 @@ def train_round(grid: Grid, strategy: Strategy, config: FedConfig, round_number:
     stats = RoundStats(round=round_number)
     started = time.monotonic()
     nodes = wait_for_sites(grid, config, round_number)
+    if config.secure_aggregation:
+        return _secure_train_round(grid, config, round_number, arrays, train_config, nodes, stats, started), stats
     messages = list(strategy.configure_train(round_number, arrays, train_config, _NodeSnapshot(nodes)))
     stats.bytes_sent += sum(payload_bytes(m.content) for m in messages)
     replies = list(grid.send_and_receive(messages, timeout=config.round_timeout))
@@ -126,6 +128,33 @@ def train_round(grid: Grid, strategy: Strategy, config: FedConfig, round_number:
         stats.train_steps += int(metrics["num-steps"])
     stats.train_seconds = time.monotonic() - started
     return new_arrays, stats
+
+
+def _secure_train_round(grid: Grid, config: FedConfig, round_number: int, arrays: ArrayRecord,
+                        train_config: ConfigRecord, nodes: list[int], stats: RoundStats, started: float) -> ArrayRecord:
+    """SecAgg+ instead of plain replies: no per-site shape check is possible (the server never sees one site's
+    weights; a mismatched site breaks the masked sum and fails the round), the floor still applies."""
+    fit_config = dict(train_config)
+    if config.strategy == "fedprox":
+        fit_config["proximal-mu"] = config.proximal_mu
+    stats.bytes_sent += payload_bytes(RecordDict({"arrays": arrays})) * len(nodes)
+    new_arrays, replies = secure.secure_aggregate(
+        grid, grid.run.run_id, round_number, nodes, arrays, fit_config, min_replies=config.min_replies,
+        reconstruction_threshold=config.min_completion_rate,
+        max_weight=float(config.secagg_max_weight or config.local_steps), timeout=config.round_timeout,
+    )
+    if len(replies) < len(nodes):
+        stats.failures.append(f"{len(nodes) - len(replies)} of {len(nodes)} sites did not complete SecAgg+")
+    if new_arrays is None or len(replies) < config.min_replies:
+        raise CompletionFloorError(
+            f"round {round_number}: SecAgg+ aggregated {len(replies)} of {len(nodes)} sites; "
+            f"min-completion-rate={config.min_completion_rate} of {config.num_sites} sites needs {config.min_replies}"
+        )
+    for metrics in replies:
+        stats.sites.append(int(metrics["site-id"]))
+        stats.train_steps += int(metrics["num-steps"])
+    stats.train_seconds = time.monotonic() - started
+    return new_arrays
 
 
 def evaluate_round(grid: Grid, config: FedConfig, stats: RoundStats, arrays: ArrayRecord, eval_config: ConfigRecord) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures.federated import small_fed_config
+from fixtures.federated import expert_transitions, small_fed_config
 
 from opentinker.federated import deploy
 from opentinker.federated.api import FLClient
@@ -45,7 +45,8 @@ def test_site_trusting_another_ca_cannot_connect(federation, tmp_path):
 
 
 def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
-    """Site 2's SuperNode dies while training round 1: the floor (2 of 3) is met, and site 2 is back in round 2.
+    """Site 2's SuperNode dies while training round 1: the floor (2 of 3) is met, and site 2 is back in round 2 —
+    rejoining with an offline dataset (behaviour cloning) next to two PPO sites.
 
     The run goes through the Prefect `federated_flow` (federation check → flwr run → registry check)."""
     config = small_fed_config(run_name="deploy-kill", num_server_rounds=2, min_completion_rate=0.6,
@@ -58,9 +59,10 @@ def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
         site_log = Path(federation.root) / "site-2" / "supernode.log"
         _wait_for_line(site_log, "Receiving: train message", timeout=600)
         deploy.stop_pid(federation.site_pids["2"])  # the whole process group: supernode, superexec, clientapp
-        # Same key, same node id: the site rejoins, through the seed API this time.
+        # Same key, same node id: the site rejoins through the seed API, now training on in-memory transitions.
+        dataset = expert_transitions(site_id=2, episodes=1, seed=3)
         FLClient(strategy="fedavg", aggregation_interval=60, site_id=2, federation=federation.root).train(
-            local_data={"pole_length": 0.65, "gravity": 10.78})
+            local_data={"dataset": dataset, "pole_length": 0.65, "gravity": 10.78})
         federation.site_pids.update(deploy.Federation.load(federation.root).site_pids)
     finally:
         runner.join(timeout=1500)
@@ -68,7 +70,8 @@ def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
     assert result["status"] == "FINISHED", result
     round1, round2 = result["history"][1], result["history"][2]
     assert sorted(round1["sites"]) == [0, 1] and any("no reply" in f or "node" in f for f in round1["failures"])
-    assert sorted(round2["sites"]) == [0, 1, 2]
+    assert sorted(round2["sites"]) == [0, 1, 2], round2["failures"]
+    assert (Path(federation.root) / "site-2" / "dataset.npz").exists()
     assert round2["round/bytes_received"] > 0 and round2["round/seconds"] > 0
     assert result["model_uri"] == "models:/fed-deploy@federated"
     policy = load_registered_policy(result["model_uri"])  # the serving side's way in
