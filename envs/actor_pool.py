@@ -2,8 +2,6 @@
 (the multi-agent ``JointWorker``). Placement, restarts and start-up timeout follow ``RemoteEnv``'s Ray backend."""
 from __future__ import annotations
 
-from typing import Any
-
 import ray
 
 from opentinker.envs.ray_backend import MAX_RESTARTS, START_TIMEOUT_S, default_workers, worker_cpus

@@ -316,12 +316,6 @@ def join(shards: list[Shard]) -> tuple[dict[str, Rollout], dict[str, float]]:
     return rollouts, terminated_fraction
 
 
-def collect(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: int, seed: int, iteration: int
-            ) -> tuple[dict[str, Rollout], dict[str, float]]:
-    """``n_steps`` joint steps of every copy of ``joint``, as ``join`` returns them."""
-    return join([collect_shard(joint, policies, n_steps, seed, iteration)])
-
-
 class JointWorker:
     """A shard of env copies that collects with numpy policies rebuilt from (weights, specs): in this process
     (local backend) or as a Ray actor (``envs/actor_pool.py``). Like the engine's ``RolloutWorker``, a collect
