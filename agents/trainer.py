@@ -38,6 +38,8 @@ class EnvSpaces(NamedTuple):
 
 
 class Loopable(Protocol):
+    """What ``train_loop`` needs of its owner (an engine ``Trainer`` or a ``GroupTrainer``)."""
+
     global_step: int
     iteration: int
 
