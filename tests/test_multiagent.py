@@ -160,6 +160,7 @@ def assert_same_rollouts(a, b):
 
 def test_ray_workers_give_the_local_rollouts_and_checkpoints_move_between_backends(ray_session, tmp_path):
     import os
+    import signal
 
     build = dict(num_envs=5, n_steps=16, seed=4, device="cpu", **SMALL)
     local = seed_group(shared_memory=True).build("pursuit", backend="local", **build)
@@ -178,6 +179,10 @@ def test_ray_workers_give_the_local_rollouts_and_checkpoints_move_between_backen
         for kind, params in weights(local).items():
             for other in (remote, resumed):
                 assert all(torch.equal(a, b) for a, b in zip(params, weights(other)[kind])), kind
+        victim = remote.pool.call("pid")[1]
+        os.kill(victim, signal.SIGKILL)  # Ray restarts the actor; it restores its shard from the last snapshot
+        assert_same_rollouts(local.collect(), remote.collect())
+        assert victim not in remote.pool.call("pid")
     finally:
         remote.close()
     with pytest.raises(ValueError, match=r"GroupTrainer workers must be an int in \[1, num_envs=5\], got 6"):
