@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 
 Weights = dict[str, np.ndarray]
 
+TRAIN_METRICS = ("num-steps", "seconds", "train-return", "train-loss")
+"""Keys of every site's train reply, PPO or behaviour cloning alike: Flower's strategies refuse to aggregate replies
+whose metric keys differ. A value that does not apply to the site's kind of training is NaN."""
+
 
 class WeightShapeError(ValueError):
     """A weight dict does not match the model's parameter names/shapes; the message lists every difference."""
@@ -109,7 +113,7 @@ def train_local(trainer, seconds: float, max_steps: int, proximal_mu: float = 0.
     """Train until `seconds` have passed or `max_steps` env steps are done (at least one PPO iteration).
 
     With ``proximal_mu > 0`` every iteration ends with a proximal pull toward ``anchor`` (FedProx).
-    Returns ``{"num-steps", "seconds", "train-return"}``.
+    Returns the ``TRAIN_METRICS`` (``train-loss`` is NaN: PPO has no supervised loss).
     """
     start_step = trainer.global_step
     deadline = time.monotonic() + seconds
@@ -128,6 +132,7 @@ def train_local(trainer, seconds: float, max_steps: int, proximal_mu: float = 0.
         "num-steps": int(trainer.global_step - start_step),
         "seconds": time.monotonic() - started,
         "train-return": float(last_return),
+        "train-loss": float("nan"),
     }
 
 
@@ -150,14 +155,15 @@ def train_bc_local(trainer, data: "Transitions", seconds: float, config: "BCConf
                    anchor: Weights | None = None) -> dict:
     """Behaviour cloning on the site's dataset for ``config.epochs`` or ``seconds``, whichever ends first.
 
-    ``num-steps`` (the FedAvg weight) is the number of transitions in the dataset. Shuffling draws from the
-    trainer's RNG, which the site's state file carries between rounds.
+    Returns the ``TRAIN_METRICS``: ``num-steps`` (the FedAvg weight) is the number of transitions in the dataset,
+    ``train-return`` is NaN (no episodes are played). Shuffling draws from the trainer's RNG, which the site's state
+    file carries between rounds.
     """
     from opentinker.agents.bc import behaviour_cloning
 
     stats = behaviour_cloning(trainer.policy, data, config, trainer.rng, deadline=time.monotonic() + seconds,
                               anchor=anchor, proximal_mu=proximal_mu)
-    return {"num-steps": stats.num_samples, "seconds": stats.seconds, "train-loss": stats.loss, "epochs": stats.epochs}
+    return {"num-steps": stats.num_samples, "seconds": stats.seconds, "train-return": float("nan"), "train-loss": stats.loss}
 
 
 def evaluate(trainer, episodes: int, seed: int = 10_000) -> float:
