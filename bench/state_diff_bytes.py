@@ -82,7 +82,7 @@ def main() -> None:
     with Progress() as progress:
         task = progress.add_task("vector rollout", total=3)
         plain, diffed = (vector_rollout(args.envs, args.steps, flag) for flag in (False, True))
-        if not np.array_equal(diffed.decode_obs().obs, plain.obs):
+        if not np.array_equal(diffed.decode().obs, plain.obs):
             raise AssertionError("state_diff rollout observations differ from the plain rollout's")
         vector = codec_figures(plain.obs)
         progress.update(task, advance=1, description="pixel frames")

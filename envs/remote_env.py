@@ -131,7 +131,7 @@ class RemoteEnv:
         if not isinstance(n_steps, int) or n_steps < 1:
             raise ValueError(f"RemoteEnv.collect n_steps must be an int >= 1, got {n_steps!r}")
         start = time.perf_counter()
-        parts = [r.decode_obs() for r, _ in self._pool.collect(weights, policy_spec, n_steps, iteration, self.state_diff)]
+        parts = [r.decode() for r, _ in self._pool.collect(weights, policy_spec, n_steps, iteration, self.state_diff)]
         rollout = Rollout.concat(parts)
         rollout.wall_s = time.perf_counter() - start
         return rollout

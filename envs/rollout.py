@@ -45,7 +45,7 @@ class Rollout:
     wall_s: float = 0.0
     bytes_raw: int = 0
     bytes_sent: int = 0
-    obs_payload: bytes | None = None
+    payloads: dict[str, bytes] | None = None
 
     @property
     def num_steps(self) -> int:
@@ -70,16 +70,21 @@ class Rollout:
             bytes_sent=sum(p.bytes_sent for p in parts),
         )
 
-    def encode_obs(self) -> "Rollout":
-        """Replace ``obs`` by its state_diff payload (for the wire)."""
-        payload = encode_observations(self.obs)
-        self.bytes_sent += len(payload) - self.obs.nbytes
-        return dataclasses.replace(self, obs=np.empty((0,), self.obs.dtype), obs_payload=payload)
+    def encode(self) -> "Rollout":
+        """Replace the per-step arrays by state_diff payloads (for the wire); ``decode`` restores them bit-exactly.
 
-    def decode_obs(self) -> "Rollout":
-        if self.obs_payload is None:
+        Observations are most of the bytes; actions, rewards and done flags are nearly free once compressed.
+        """
+        payloads = {f: encode_observations(getattr(self, f)) for f in _STEP_FIELDS}
+        sent = self.bytes_sent + sum(len(p) - getattr(self, f).nbytes for f, p in payloads.items())
+        empty = {f: np.empty((0,), getattr(self, f).dtype) for f in _STEP_FIELDS}
+        return dataclasses.replace(self, **empty, payloads=payloads, bytes_sent=sent)
+
+    def decode(self) -> "Rollout":
+        if self.payloads is None:
             return self
-        return dataclasses.replace(self, obs=decode_observations(self.obs_payload), obs_payload=None)
+        arrays = {f: decode_observations(p) for f, p in self.payloads.items()}
+        return dataclasses.replace(self, **arrays, payloads=None)
 
 
 _STEP_FIELDS = ("obs", "actions", "logprobs", "values", "rewards", "terminated", "truncated", "valid")
@@ -201,6 +206,6 @@ class RolloutWorker:
         rollout.bytes_raw = rollout.bytes_sent = sum(
             getattr(rollout, f.name).nbytes for f in dataclasses.fields(Rollout) if isinstance(getattr(rollout, f.name), np.ndarray))
         if state_diff:
-            rollout = rollout.encode_obs()
+            rollout = rollout.encode()
         rollout.worker_wall_s = time.perf_counter() - start
         return rollout, (self.snapshot() if self.keep_snapshots else None)
