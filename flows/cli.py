@@ -49,13 +49,20 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _load_params(env_id: str | None, config: Path | None, **overrides):
-    """Params from config + flags, checked against the env registry and the engine's PPOConfig before any work."""
-    from opentinker.flows.params import load_train_params
+def _load_params(env_id: str | None, config: Path | None, groups: bool = False, **overrides):
+    """Params from config + flags, checked against the env registry and the engine's PPOConfig before any work.
+
+    ``groups``: whether the command can run a multi-agent config (one with ``policy_mapping``).
+    """
+    from opentinker.flows.params import ConfigError, load_train_params
     from opentinker.flows.validate import check_env_id
 
     params = load_train_params(config, env_id=env_id, **overrides)
-    check_env_id(params.env_id)
+    if not hasattr(params, "policy_mapping"):
+        check_env_id(params.env_id)
+    elif not groups:  # group envs are PettingZoo envs, checked when the group is built
+        raise ConfigError("policy_mapping: this command deploys the single-agent train_flow; "
+                          "train an agent group with `opentinker train ENV --config FILE`")
     return params
 
 
@@ -90,9 +97,37 @@ def train(
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
     verbose: Verbose = False,
 ) -> None:
-    """Train a policy through the Prefect train_flow: Ray rollouts, MLflow tracking, registry gate."""
-    params = _load_params(env_id, config, steps=steps, seed=seed, resume=resume or None)
-    _print_result(_run_training(params, verbose))
+    """Train a policy through the Prefect train_flow: Ray rollouts, MLflow tracking, registry gate.
+
+    A config file with ``policy_mapping`` trains an agent group instead (one registered model per kind).
+    """
+    params = _load_params(env_id, config, groups=True, steps=steps, seed=seed, resume=resume or None)
+    if hasattr(params, "policy_mapping"):
+        _print_group_result(_run_group_training(params, verbose))
+    else:
+        _print_result(_run_training(params, verbose))
+
+
+def _run_group_training(params, verbose: bool):
+    from opentinker.flows.console import prepare_prefect
+
+    prepare_prefect(verbose)
+    from opentinker.flows.multiagent_flow import multiagent_train_flow
+
+    with console.status(f"Training {', '.join(params.policy_mapping)} on {params.env_id} ({params.steps} env steps)"):
+        return multiagent_train_flow(params)
+
+
+def _print_group_result(result) -> None:
+    from opentinker.flows.console import ui_hints
+
+    for kind, evaluation in result.evaluation.items():
+        model = result.models[kind]
+        console.print(f"{kind}: mean return {evaluation.mean:.2f} ± {evaluation.std:.2f}, terminated "
+                      f"{evaluation.terminated_fraction:.0%} · model {model.name} version {model.version}")
+    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
+    for hint in ui_hints():
+        console.print(hint)
 
 
 @_friendly_errors

@@ -1,41 +1,17 @@
 """Multi-agent training flow: tracking run → train the group → evaluate each kind → one registered model per kind."""
 from __future__ import annotations
 
-from typing import Any
-
 import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from prefect import flow
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
+from opentinker.flows.params import MultiAgentParams
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.multiagent import KindEvaluation, evaluate_group, train_group
 from opentinker.tasks.package import package_model
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
 from opentinker.tasks.train import run_dir
 from opentinker.tasks.types import EvalOutcome, ModelRef
-
-
-class MultiAgentParams(BaseModel):
-    """A multi-agent training run (see docs/multiagent.md for the group's semantics)."""
-
-    env_id: str = Field("pursuit", description="Env id: 'pursuit' (the built-in predator–prey env).")
-    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the env factory.")
-    policy_mapping: dict[str, str] = Field(default_factory=lambda: {"predator": "PPO", "prey": "DQN"})
-    configs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-kind hyper-parameters (configure).")
-    shared_memory: bool | str = False
-    steps: int = Field(4096, ge=1, description="Env steps over all env copies.")
-    seed: int = 0
-    num_envs: int = Field(4, ge=1)
-    n_steps: int = Field(32, ge=1)
-    backend: str = Field("auto", description='Where env copies run: "local", "ray" (Ray actors) or "auto" (as RemoteEnv).')
-    workers: int | None = Field(None, ge=1, description="Ray actors for the env copies (None: one per cluster CPU).")
-    eval_episodes: int = Field(5, ge=1)
-    eval_seed: int = 10_000
-    run_name: str = "multiagent"
-    model_name: str = Field("pursuit", description="Each kind registers as '<model_name>-<kind>'.")
-    experiment: str | None = None
-    resume: bool = False
-    checkpoint_every: int | None = None
 
 
 class MultiAgentFlowResult(BaseModel):

@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -75,21 +75,60 @@ class EvalParams(BaseModel):
     seed: int = Field(10_000, ge=0)
 
 
+class MultiAgentParams(BaseModel):
+    """A multi-agent training run (see docs/multiagent.md for the group's semantics); a config file holding
+    ``policy_mapping`` makes ``opentinker train`` run this instead of ``TrainParams``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    env_id: str = Field("pursuit", description="Env id: 'pursuit' (the built-in predator–prey env).")
+    env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the env factory.")
+    policy_mapping: dict[str, str] = Field(default_factory=lambda: {"predator": "PPO", "prey": "DQN"})
+    configs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-kind hyper-parameters (configure).")
+    shared_memory: bool | str = False
+    steps: int = Field(4096, ge=1, description="Env steps over all env copies.")
+    seed: int = 0
+    num_envs: int = Field(4, ge=1)
+    n_steps: int = Field(32, ge=1)
+    backend: str = Field("auto", description='Where env copies run: "local", "ray" (Ray actors) or "auto" (as RemoteEnv).')
+    workers: int | None = Field(None, ge=1, description="Ray actors for the env copies (None: one per cluster CPU).")
+    eval_episodes: int = Field(5, ge=1)
+    eval_seed: int = 10_000
+    run_name: str = "multiagent"
+    model_name: str = Field("pursuit", description="Each kind registers as '<model_name>-<kind>'.")
+    experiment: str | None = None
+    resume: bool = False
+    checkpoint_every: int | None = None
+
+    @model_validator(mode="after")
+    def _valid_group(self) -> "MultiAgentParams":
+        """The group's own checks (kinds, algorithms, per-kind fields) run here, before any service starts."""
+        from opentinker.agents.multiagent import AgentGroup
+
+        AgentGroup(self.policy_mapping, shared_memory=self.shared_memory).configure(**self.configs)
+        return self
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def load_train_params(config_file: Path | None = None, **overrides: Any) -> TrainParams:
-    """Read a TOML/JSON config (optional) and apply CLI overrides; errors name the offending field."""
+def load_train_params(config_file: Path | None = None, **overrides: Any) -> TrainParams | MultiAgentParams:
+    """Read a TOML/JSON config (optional) and apply CLI overrides; errors name the offending field.
+
+    A config with ``policy_mapping`` describes an agent group and gives ``MultiAgentParams``.
+    """
     data: dict[str, Any] = {}
     if config_file is not None:
         data = _read_config(config_file)
     data.update({key: value for key, value in overrides.items() if value is not None})
+    model = MultiAgentParams if "policy_mapping" in data else TrainParams
     try:
-        return TrainParams(**data)
+        return model(**data)
     except ValidationError as exc:
         source = f" in {config_file}" if config_file else ""
-        raise ConfigError(f"invalid training config{source}:\n" + describe_errors(exc)) from None
+        kind = "multi-agent training" if model is MultiAgentParams else "training"
+        raise ConfigError(f"invalid {kind} config{source}:\n" + describe_errors(exc)) from None
 
 
 def _read_config(path: Path) -> dict[str, Any]:

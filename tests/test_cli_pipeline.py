@@ -45,6 +45,32 @@ def test_bad_config_file_names_the_field(tmp_path, body, expected):
     _fails_cleanly(["train", "CartPole-v1", "--config", str(config)], *expected)
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('policy_mapping = {predator = "PPO", prey = "A3C"}', ["multi-agent", "policy_mapping['prey']", "'A3C'", "['DQN', 'PPO']"]),
+        ('policy_mapping = {predator = "PPO"}\n[configs.prey]\nlr = 0.1', ["unknown kind 'prey'", "['predator']"]),
+        ('policy_mapping = {predator = "PPO", prey = "DQN"}\nstepz = 3', ["multi-agent", "stepz", "unknown field"]),
+    ],
+)
+def test_bad_multiagent_config_names_the_field(tmp_path, body, expected):
+    config = tmp_path / "hunt.toml"
+    config.write_text(body + "\n")
+    _fails_cleanly(["train", "pursuit", "--config", str(config)], *expected)
+
+
+def test_a_policy_mapping_makes_train_run_the_group_flow(tmp_path):
+    from opentinker.flows.params import MultiAgentParams, TrainParams, load_train_params
+
+    config = tmp_path / "hunt.toml"
+    config.write_text('policy_mapping = {predator = "PPO", prey = "DQN"}\n[configs.prey]\nepsilon_decay = 0.99\n')
+    params = load_train_params(config, env_id="pursuit", steps=512)
+    assert isinstance(params, MultiAgentParams) and params.steps == 512 and params.configs["prey"]["epsilon_decay"] == 0.99
+    assert isinstance(load_train_params(None, env_id="CartPole-v1"), TrainParams)
+    # Deployments run the single-agent train_flow: a group config is refused, not silently misread.
+    _fails_cleanly(["schedule", "pursuit", "--config", str(config), "--cron", "0 3 * * *"], "policy_mapping", "opentinker train")
+
+
 def test_missing_config_file_and_bad_cron(tmp_path):
     _fails_cleanly(["train", "CartPole-v1", "--config", str(tmp_path / "nope.toml")], "does not exist")
     _fails_cleanly(["schedule", "CartPole-v1", "--cron", "every night"], "cron", "every night")

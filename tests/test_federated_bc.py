@@ -7,7 +7,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-from fixtures.federated import expert_transitions, small_fed_config
+from fixtures.federated import expert_sites, expert_transitions, small_fed_config
 from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
 
 from opentinker.agents.bc import BCConfig, DatasetError, behaviour_cloning, load_transitions
@@ -122,11 +122,7 @@ def test_dataset_site_trains_the_actor_and_reports_its_sample_count(expert, tmp_
 
 def test_federated_bc_on_non_iid_datasets_learns_cartpole_on_every_site(ray_session, tmp_path):
     """Three sites, each with expert data from its own physics and a different amount of it; no site runs PPO."""
-    sites = []
-    for site_id, episodes in enumerate((1, 2, 4)):
-        path = tmp_path / f"site-{site_id}.npz"
-        np.savez(path, **expert_transitions(site_id, episodes=episodes, seed=10 + site_id))
-        sites.append(SiteConfig(site_id=site_id, dataset=str(path), state_dir=str(tmp_path / "state")))
+    sites = expert_sites(tmp_path, episodes=(1, 2, 4), seed=10)
     config = small_fed_config(run_name="sim-bc", num_server_rounds=2, bc_epochs=5, register_as="")
     result = simulate(config, sites)
     assert result.status == "FINISHED" and result.rounds == 2

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fixtures.federated import expert_transitions, small_fed_config
+from fixtures.federated import expert_sites, small_fed_config
 
 from opentinker.federated import checkpoint, task
-from opentinker.federated.config import FederatedConfigError, SiteConfig
+from opentinker.federated.config import FederatedConfigError
 from opentinker.federated.server_app import checkpoint_dir
 from opentinker.federated.simulation import simulate
 
@@ -20,11 +20,7 @@ def test_secure_aggregation_config_errors():
 
 
 def test_secagg_plus_round_equals_plain_fedavg(ray_session, tmp_path):
-    sites = []
-    for site_id, episodes in enumerate((1, 2, 3)):
-        path = tmp_path / f"site-{site_id}.npz"
-        np.savez(path, **expert_transitions(site_id, episodes=episodes, seed=20 + site_id))
-        sites.append(SiteConfig(site_id=site_id, dataset=str(path), state_dir=str(tmp_path / "state")))
+    sites = expert_sites(tmp_path, episodes=(1, 2, 3), seed=20)
     sizes = [len(np.load(site.dataset)["obs"]) for site in sites]
     runs = {}
     for secure in (False, True):
