@@ -148,9 +148,12 @@ def describe_errors(exc: ValidationError) -> str:
     """Pydantic's errors as '  - field: what was expected (got value)' lines."""
     lines = []
     for error in exc.errors():
-        field = ".".join(str(part) for part in error["loc"]) or "(root)"
-        got = f" (got {error['input']!r})" if error["type"] != "missing" and "input" in error else ""
         message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
+        if not error["loc"]:  # a whole-model check: its message already names the field
+            lines.append(f"  - {message}")
+            continue
+        field = ".".join(str(part) for part in error["loc"])
+        got = f" (got {error['input']!r})" if error["type"] != "missing" and "input" in error else ""
         lines.append(f"  - {field}: {message}{got}")
     return "\n".join(lines)
 
