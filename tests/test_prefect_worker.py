@@ -3,13 +3,13 @@ registering a model version in the MLflow store the worker's flow run used."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import mlflow
 import pytest
+from fixtures.processes import stop_process_group
 
 from opentinker.infra.settings import get_settings
 
@@ -17,17 +17,6 @@ pytestmark = pytest.mark.slow
 
 POOL = "opentinker-test-pool"
 MODEL = "worker-cartpole"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Stop the worker and the flow-run processes it started (its whole process group)."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
@@ -63,7 +52,7 @@ def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
         assert worker.poll() is None, f"worker exited early:\n{log.read_text()[-3000:]}"
         assert flow_run.state is not None and flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
     finally:
-        _stop(worker)
+        stop_process_group(worker)
     # The worker, not this process, ran the flow: the run carries the worker's name and the pool.
     assert flow_run.work_pool_name == POOL
     with temporary_settings({PREFECT_API_URL: prefect_server}):

@@ -3,7 +3,6 @@ a run triggered through the API executes train_flow and registers a model."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import mlflow
 import pytest
+from fixtures.processes import stop_process_group
 
 from opentinker.infra.settings import get_settings
 
@@ -65,12 +65,7 @@ def test_scheduled_deployment_runs_when_triggered_and_registers_a_model(prefect_
             flow_run = run_deployment(DEPLOYMENT, timeout=420, poll_interval=2, as_subflow=False)
         assert flow_run.state is not None and flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc)
     client = mlflow.MlflowClient(get_settings().tracking_uri)
     version = client.get_model_version_by_alias("scheduled-cartpole", "candidate")
     run = client.get_run(version.run_id)
