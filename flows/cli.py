@@ -149,6 +149,19 @@ def quickstart(
     query_served_policy(f"models:/{result.model_name}@{alias}", params.env_id, console)
 
 
+def _deployment_params(env_id: str, config: Path | None, steps: int | None, cron: str | None, verbose: bool):
+    """What every train_flow deployment checks first: params, the cron (if any) and a Prefect server to hold it."""
+    from opentinker.flows.console import prepare_prefect
+    from opentinker.flows.validate import check_cron, check_prefect_server
+
+    params = _load_params(env_id, config, steps=steps)
+    prepare_prefect(verbose)
+    if cron is not None:
+        check_cron(cron)
+    check_prefect_server()
+    return params
+
+
 @_friendly_errors
 def schedule(
     env_id: Annotated[str, typer.Argument(help="Gymnasium id, e.g. CartPole-v1.")],
@@ -159,13 +172,7 @@ def schedule(
     verbose: Verbose = False,
 ) -> None:
     """Create a scheduled train_flow deployment and serve it from this process (Ctrl-C stops it)."""
-    from opentinker.flows.console import prepare_prefect
-    from opentinker.flows.validate import check_cron, check_prefect_server
-
-    params = _load_params(env_id, config, steps=steps)
-    prepare_prefect(verbose)
-    check_cron(cron)
-    check_prefect_server()
+    params = _deployment_params(env_id, config, steps, cron, verbose)
     from prefect.deployments.runner import EntrypointType
 
     from opentinker.flows.train import train_flow

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from opentinker.flows.cli import Verbose, _friendly_errors, _load_params
+from opentinker.flows.cli import Verbose, _deployment_params, _friendly_errors
 from opentinker.flows.console import console
 
 
@@ -21,14 +21,7 @@ def deploy(
     verbose: Verbose = False,
 ) -> None:
     """Deploy train_flow to a work pool; a `prefect worker start --pool POOL --type process` runs it."""
-    from opentinker.flows.console import prepare_prefect
-    from opentinker.flows.validate import check_cron, check_prefect_server
-
-    params = _load_params(env_id, config, steps=steps)
-    prepare_prefect(verbose)
-    if cron:
-        check_cron(cron)
-    check_prefect_server()
+    params = _deployment_params(env_id, config, steps, cron, verbose)
     from opentinker.flows.work_pool import deploy_train_flow
 
     deployment = name or params.resolved_run_name
