@@ -40,33 +40,57 @@ def worker_cpus(workers: int, resources: dict | None = None) -> float:
     return min(1.0, share) if share >= 0.01 else 0.0
 
 
-class RayPool:
-    def __init__(self, env: EnvLike, sizes: list[int], seed: int, env_kwargs: dict, actor_options: dict | None = None):
+class RayActorPool:
+    """One actor per entry of ``per_worker_args`` (``worker_cls(*args)``), restarted by Ray when its process dies;
+    calls fan out and gather in order. ``worker_cls`` needs a ``pid()`` method (used to wait until all are up).
+    Used as is for rollouts that are not a gymnasium ``RemoteEnv`` (the multi-agent ``JointWorker``)."""
+
+    def __init__(self, worker_cls: type, per_worker_args: list[tuple], actor_options: dict | None = None):
         ensure_ray()
         options = {key: value for key, value in (actor_options or {}).items() if value is not None}
         unknown = sorted(set(options) - set(ACTOR_OPTIONS))
         if unknown:
-            raise ValueError(f"RemoteEnv ray_options: unknown option {unknown[0]!r} (expected any of {ACTOR_OPTIONS})")
-        options.setdefault("num_cpus", worker_cpus(len(sizes), options.get("resources")))
-        cpus = options["num_cpus"]
-        actor_cls = ray.remote(RolloutWorker).options(
+            raise ValueError(f"ray_options: unknown option {unknown[0]!r} (expected any of {ACTOR_OPTIONS})")
+        options.setdefault("num_cpus", worker_cpus(len(per_worker_args), options.get("resources")))
+        actor_cls = ray.remote(worker_cls).options(
             max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS, scheduling_strategy="SPREAD", **options)
-        self.actors = [actor_cls.remote(env, n, seed, i, env_kwargs, keep_snapshots=True) for i, n in enumerate(sizes)]
-        self.snapshots: list[bytes | None] = [None] * len(sizes)
+        self.actors = [actor_cls.remote(*args) for args in per_worker_args]
         ready, _ = ray.wait([a.pid.remote() for a in self.actors], num_returns=len(self.actors), timeout=START_TIMEOUT_S)
         if len(ready) < len(self.actors):
             self.close()
-            raise TimeoutError(f"RemoteEnv: only {len(ready)} of {len(sizes)} Ray workers started within "
-                               f"{START_TIMEOUT_S:.0f} s ({cpus:.2f} CPU each; cluster: {ray.cluster_resources()})")
-        ray.get(ready)  # a worker whose env fails to build raises here, with the env's own error
+            raise TimeoutError(f"only {len(ready)} of {len(per_worker_args)} Ray workers of {worker_cls.__name__} started "
+                               f"within {START_TIMEOUT_S:.0f} s ({options['num_cpus']:.2f} CPU each; "
+                               f"cluster: {ray.cluster_resources()})")
+        ray.get(ready)  # a worker whose constructor (e.g. its env) fails raises here, with its own error
 
-    def call(self, method: str, per_worker_args: list[tuple] | None = None, **kwargs: Any) -> list:
+    def call(self, method: str, per_worker_args: list[tuple] | None = None, broadcast: tuple = ()) -> list:
+        """``method(*broadcast, *args_i)`` on every actor; ``broadcast`` goes into the object store once."""
+        shared = [ray.put(value) for value in broadcast]
         args = per_worker_args or [()] * len(self.actors)
+        return ray.get([getattr(a, method).remote(*shared, *x) for a, x in zip(self.actors, args)])
+
+    def node_ids(self) -> list[str]:
+        return ray.get([a.__ray_call__.remote(_node_id) for a in self.actors])
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+
+
+class RayPool(RayActorPool):
+    """``RemoteEnv``'s workers: ``RolloutWorker`` actors plus the env snapshots that make a restart exact."""
+
+    def __init__(self, env: EnvLike, sizes: list[int], seed: int, env_kwargs: dict, actor_options: dict | None = None):
+        super().__init__(RolloutWorker, [(env, n, seed, i, env_kwargs, True) for i, n in enumerate(sizes)], actor_options)
+        self.snapshots: list[bytes | None] = [None] * len(sizes)
+
+    def call(self, method: str, per_worker_args: list[tuple] | None = None, broadcast: tuple = ()) -> list:
         if method in ("reset", "step"):
             self.snapshots = [None] * len(self.actors)  # driver-side copies are stale after direct stepping
         elif method == "restore":
-            self.snapshots = [x[0] for x in args]
-        return ray.get([getattr(a, method).remote(*x, **kwargs) for a, x in zip(self.actors, args)])
+            self.snapshots = [x[0] for x in per_worker_args]
+        return super().call(method, per_worker_args, broadcast)
 
     def call_one(self, index: int, method: str, *args: Any) -> Any:
         return ray.get(getattr(self.actors[index], method).remote(*args))
@@ -79,14 +103,7 @@ class RayPool:
         self.snapshots = [snap for _, snap in results]
         return results
 
-    def node_ids(self) -> list[str]:
-        return ray.get([a.__ray_call__.remote(_node_id) for a in self.actors])
-
-    def close(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor, no_restart=True)
-        self.actors = []
 
 
-def _node_id(_worker: RolloutWorker) -> str:
+def _node_id(_worker: object) -> str:
     return ray.get_runtime_context().get_node_id()

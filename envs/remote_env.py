@@ -55,25 +55,32 @@ def split_envs(parallel: int, workers: int) -> list[int]:
     return [base + (i < extra) for i in range(workers)]
 
 
-class LocalPool:
-    """Workers as plain objects in this process."""
+class LocalActorPool:
+    """Worker objects in this process (``worker_cls(*args)`` each), called like ``ray_backend.RayActorPool``."""
+
+    def __init__(self, worker_cls: type, per_worker_args: list[tuple]):
+        self.workers = [worker_cls(*args) for args in per_worker_args]
+
+    def call(self, method: str, per_worker_args: list[tuple] | None = None, broadcast: tuple = ()) -> list:
+        args = per_worker_args or [()] * len(self.workers)
+        return [getattr(w, method)(*broadcast, *a) for w, a in zip(self.workers, args)]
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
+class LocalPool(LocalActorPool):
+    """``RemoteEnv``'s local backend: ``RolloutWorker`` objects in this process."""
 
     def __init__(self, env: EnvLike, sizes: list[int], seed: int, env_kwargs: dict):
-        self.workers = [RolloutWorker(env, n, seed, i, env_kwargs) for i, n in enumerate(sizes)]
-
-    def call(self, method: str, per_worker_args: list[tuple] | None = None, **kwargs: Any) -> list:
-        args = per_worker_args or [()] * len(self.workers)
-        return [getattr(w, method)(*a, **kwargs) for w, a in zip(self.workers, args)]
+        super().__init__(RolloutWorker, [(env, n, seed, i, env_kwargs) for i, n in enumerate(sizes)])
 
     def call_one(self, index: int, method: str, *args: Any) -> Any:
         return getattr(self.workers[index], method)(*args)
 
     def collect(self, weights, spec, n_steps, iteration, state_diff) -> list[tuple[Rollout, bytes | None]]:
         return [w.collect(weights, spec, n_steps, iteration, None, state_diff) for w in self.workers]
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.vec.close()
 
 
 class RemoteEnv:

@@ -152,6 +152,9 @@ class RolloutWorker:
 
         return os.getpid()
 
+    def close(self) -> None:
+        self.vec.close()
+
     def snapshot(self) -> bytes:
         state = (self.vec, self.obs, self.prev_done, self.ep_return, self.ep_len, self.next_iteration)
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)

@@ -13,7 +13,7 @@ agent writes its observation to and reads one step later. Zeros after a reset.
 Everything random is per env copy: copy ``e`` resets with seed (seed, e) and draws its actions from a Generator
 seeded by (seed, iteration, e), with the policy evaluated on that copy's rows only. So a rollout does not
 depend on how the copies are split over workers: ``JointWorker`` shards (in-process or on Ray actors, see
-``envs/actor_pool.py``) joined by ``join`` in env-copy order give the same data, bit for bit, as one shard.
+``envs/ray_backend.RayActorPool``) joined by ``join`` in env-copy order give the same data, bit for bit, as one shard.
 """
 from __future__ import annotations
 
@@ -318,7 +318,7 @@ def join(shards: list[Shard]) -> tuple[dict[str, Rollout], dict[str, float]]:
 
 class JointWorker:
     """A shard of env copies that collects with numpy policies rebuilt from (weights, specs): in this process
-    (local backend) or as a Ray actor (``envs/actor_pool.py``). Like the engine's ``RolloutWorker``, a collect
+    (local backend) or as a Ray actor (``envs/ray_backend.RayActorPool``). Like the engine's ``RolloutWorker``, a collect
     given the snapshot its shard returned after the previous iteration restores it first when the worker is
     not where that snapshot left it (a restarted actor), so a retried collect reproduces the same data."""
 

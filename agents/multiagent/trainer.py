@@ -28,7 +28,7 @@ from opentinker.agents.multiagent.rollout import JointEnvs, JointWorker, env_fac
 from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.agents.ppo import PPOTrainer
 from opentinker.agents.trainer import EnvSpaces, Trainer, check_train_args, torch_threads, train_loop
-from opentinker.envs.remote_env import split_envs
+from opentinker.envs.remote_env import LocalActorPool, split_envs
 from opentinker.envs.rollout import Rollout, derive_seed
 
 ENGINE: dict[str, type[Trainer]] = {"PPO": PPOTrainer, "DQN": DQNTrainer}
@@ -45,21 +45,6 @@ class KindEvalResult(NamedTuple):
     returns: list[float]
     mean_length: float
     terminated_fraction: float
-
-
-class LocalWorkers:
-    """The local backend: ``JointWorker`` shards in this process, called like ``envs.actor_pool.RayActorPool``."""
-
-    def __init__(self, per_worker_args: list[tuple]):
-        self.workers = [JointWorker(*args) for args in per_worker_args]
-
-    def call(self, method: str, per_worker_args: list[tuple] | None = None, broadcast: tuple = ()) -> list:
-        args = per_worker_args or [()] * len(self.workers)
-        return [getattr(w, method)(*broadcast, *x) for w, x in zip(self.workers, args)]
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.close()
 
 
 class GroupTrainer:
@@ -84,13 +69,13 @@ class GroupTrainer:
         make = env_factory(env, **self.env_kwargs)
         self.backend = resolve_backend(make, backend, num_envs, workers)
         if self.backend == "ray":
-            from opentinker.envs.actor_pool import RayActorPool, default_workers
+            from opentinker.envs.ray_backend import RayActorPool, default_workers
 
             self.sizes = split_envs(num_envs, workers or default_workers(num_envs))
             self.pool: Any = RayActorPool(JointWorker, self._worker_args(make, keep_snapshots=True))
         else:
             self.sizes = split_envs(num_envs, workers or 1)
-            self.pool = LocalWorkers(self._worker_args(make, keep_snapshots=False))
+            self.pool = LocalActorPool(JointWorker, self._worker_args(make, keep_snapshots=False))
         # The env snapshot each worker returned after its last collect (Ray: a restarted actor restores it).
         self._snapshots: list[bytes | None] = [None] * len(self.sizes)
         self.agents, self.observation_spaces, self.action_spaces = self.pool.call("layout")[0]
