@@ -114,7 +114,10 @@ class DQNConfig(EnvConfig):
     end_e: float = 0.05
     """Exploration epsilon after the decay."""
     exploration_fraction: float = 0.5
-    """Share of ``total_steps`` over which epsilon decays linearly."""
+    """Share of ``total_steps`` over which epsilon decays linearly (when ``epsilon_decay`` is None)."""
+    epsilon_decay: float | None = None
+    """Multiplicative schedule instead of the linear one: after ``t`` steps of each env copy epsilon is
+    ``max(end_e, start_e * epsilon_decay ** t)`` (e.g. 0.995). None: the linear schedule."""
     learning_starts: int = 10_000
     """Env steps collected before learning begins."""
     train_frequency: int = 10
@@ -128,4 +131,6 @@ class DQNConfig(EnvConfig):
         _check("buffer_size", self.buffer_size >= self.batch_size, f">= batch_size ({self.batch_size})", self.buffer_size)
         _check("train_frequency", self.train_frequency >= 1, "an int >= 1", self.train_frequency)
         _check("tau", 0 < self.tau <= 1, "in (0, 1]", self.tau)
+        _check("epsilon_decay", self.epsilon_decay is None or 0 < self.epsilon_decay <= 1, "in (0, 1] or None (linear schedule)",
+               self.epsilon_decay)
         _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)

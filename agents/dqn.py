@@ -38,8 +38,10 @@ class DQNTrainer(Trainer):
         self.pending_updates = 0.0
 
     def epsilon(self) -> float:
-        """Exploration rate of the next rollout: the linear schedule at ``global_step``."""
+        """Exploration rate of the next rollout: the multiplicative (``epsilon_decay``) or linear schedule."""
         c = self.config
+        if c.epsilon_decay is not None:
+            return max(c.end_e, c.start_e * c.epsilon_decay ** (self.global_step // c.num_envs))
         if self.horizon is None:
             raise RuntimeError("DQN epsilon schedule has no horizon yet: set total_steps or call train(steps) first")
         return linear_schedule(c.start_e, c.end_e, c.exploration_fraction * self.horizon, self.global_step)

@@ -8,6 +8,7 @@ itself and calls each kind's ``update`` on its slice; it runs the same ``train_l
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 import pickle
 import contextlib
@@ -46,11 +47,15 @@ class Loopable(Protocol):
     def save(self, path: str | os.PathLike) -> Path: ...
 
 
-def check_train_args(steps: int, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None) -> None:
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"train steps must be an int >= 1, got {steps!r}")
+def check_train_args(steps: int | float, checkpoint_dir: str | os.PathLike | None,
+                     checkpoint_every: int | None) -> int:
+    """``steps`` as an int; integral floats (``1e6``, as written in the quickstart article) are accepted."""
+    integral = isinstance(steps, numbers.Integral) or (isinstance(steps, numbers.Real) and float(steps).is_integer())
+    if isinstance(steps, bool) or not integral or steps < 1:
+        raise ValueError(f"train steps must be a whole number >= 1 (an int, or a float such as 1e6), got {steps!r}")
     if checkpoint_every is not None and (checkpoint_dir is None or checkpoint_every < 1):
         raise ValueError("checkpoint_every needs a checkpoint_dir and must be >= 1")
+    return int(steps)
 
 
 def train_loop(owner: Loopable, iterate: Callable[[], dict[str, float]], steps: int, callback: Callback | None,
@@ -175,14 +180,14 @@ class Trainer:
         pass
 
     # -- training ---------------------------------------------------------------------------------------------
-    def train(self, steps: int, callback: Callback | None = None, checkpoint_dir: str | os.PathLike | None = None,
+    def train(self, steps: int | float, callback: Callback | None = None, checkpoint_dir: str | os.PathLike | None = None,
               checkpoint_every: int | None = None) -> dict[str, float]:
         """Train until ``global_step >= steps`` (so a resumed trainer continues); metrics of the last iteration.
 
         ``callback(metrics, global_step)`` runs once per iteration; returning False stops. With
         ``checkpoint_dir``, ``checkpoint.pt`` there is rewritten every ``checkpoint_every`` env steps and at the end.
         """
-        check_train_args(steps, checkpoint_dir, checkpoint_every)
+        steps = check_train_args(steps, checkpoint_dir, checkpoint_every)
         self._own_env("train")
         self.horizon = self.horizon or steps
         start, start_step = time.perf_counter(), self.global_step

@@ -75,7 +75,8 @@ def main() -> None:
     group = AgentGroup({"predator": "PPO", "prey": "DQN"}).configure(
         predator={"lr": 3e-3, "gamma": 0.95, "update_epochs": 8, "num_minibatches": 4, "ent_coef": 0.003},
         prey={"lr": 1e-3, "gamma": 0.95, "learning_starts": 2_000, "train_frequency": 32, "batch_size": 128,
-              "buffer_size": 50_000, "target_network_frequency": 2_000, "epsilon_decay": 0.97})
+              "buffer_size": 50_000, "target_network_frequency": 2_000,
+              "epsilon_decay": 0.97 ** (1 / args.n_steps)})  # 0.97 per iteration, as a per-step factor
     trainer = group.build("pursuit", num_envs=args.num_envs, n_steps=args.n_steps, seed=args.seed, device="cpu",
                           backend=args.backend, workers=args.workers, **env_kwargs)
     # (prey episodes, caught) per iteration; early iterations are skipped because before the first time limit

@@ -3,8 +3,9 @@
 - a ``BaseChatModel`` instance is used as is;
 - ``"local"`` (the default) is the bundled SmolLM2-135M run in-process (``LocalChatModel``);
 - ``"scripted"`` is the deterministic ``ScriptedChatModel`` (tests, demos);
-- ``"provider:model"`` (``"openai:gpt-4o"``, ``"anthropic:claude-sonnet-4-5"``, ...) goes through LangChain's
-  ``init_chat_model`` (the provider's integration package must be installed);
+- ``"provider:model"`` (``"openai:gpt-4o"``, ``"anthropic:claude-sonnet-4-5"``, ...) or a bare model name LangChain
+  knows (``"gpt-4"`` -> openai, ``"claude-..."`` -> anthropic) goes through LangChain's ``init_chat_model``; the
+  provider's integration package and key must be configured, else the error says which, and how to run offline;
 - with ``base_url`` the model is reached through an OpenAI-compatible server (vLLM, Ollama, llama.cpp server).
 """
 from __future__ import annotations
@@ -37,8 +38,14 @@ def resolve_chat_model(llm: str | BaseChatModel | None = "local", *, base_url: s
         provider, _, name = llm.partition(":") if ":" in llm else ("openai", "", llm)
         extra = {"api_key": api_key or "not-needed"}
         return init_chat_model(name, model_provider=provider, base_url=base_url, **extra, **model_kwargs)
-    if ":" not in llm:
-        raise ValueError(f"llm: expected 'provider:model' (e.g. 'openai:gpt-4o') or base_url for a local server, got {llm!r}")
     if api_key:
         model_kwargs["api_key"] = api_key
-    return init_chat_model(llm, **model_kwargs)
+    try:
+        return init_chat_model(llm, **model_kwargs)
+    except Exception as exc:  # missing package (ImportError), unknown name (ValueError), or the SDK's missing-key error
+        raise ValueError(f"llm={llm!r} cannot be used here: {exc}. {OFFLINE_HINT}") from exc
+
+
+OFFLINE_HINT = ("Configure the hosted provider (install its LangChain package, e.g. `pip install langchain-openai`, "
+                "and set its key, e.g. OPENAI_API_KEY), point base_url= at an OpenAI-compatible server, or use the "
+                "bundled local model that runs offline: llm='local' (SmolLM2-135M-Instruct).")

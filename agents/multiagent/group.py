@@ -6,7 +6,6 @@ The group is a validated description only (cheap, picklable); ``AgentGroup.build
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable
 
 from opentinker.agents.config import DQNConfig, EnvConfig, PPOConfig
@@ -50,7 +49,6 @@ class AgentGroup:
         self.shared_memory = {True: "all", False: None}.get(shared_memory, shared_memory)
         self.agent_to_kind = agent_to_kind
         self.configs: dict[str, dict[str, Any]] = {kind: {} for kind in self.policy_mapping}
-        self.epsilon_decay: dict[str, float] = {}
 
     @property
     def kinds(self) -> list[str]:
@@ -59,9 +57,8 @@ class AgentGroup:
     def configure(self, **per_kind: dict[str, Any]) -> "AgentGroup":
         """Per-kind hyper-parameters: ``configure(predator={'lr': 3e-4}, prey={'epsilon_decay': 0.995})``.
 
-        Keys are PPOConfig/DQNConfig fields or the aliases ``lr``, ``epsilon_start``, ``epsilon_end`` and (DQN)
-        ``epsilon_decay``: the per-iteration factor of an exponential decay; the engine's linear schedule is
-        set to reach ``end_e`` after the same number of iterations. Later calls update earlier ones.
+        Keys are PPOConfig/DQNConfig fields (``epsilon_decay`` is DQN's multiplicative per-step schedule) or the
+        aliases ``lr``, ``epsilon_start``, ``epsilon_end``. Later calls update earlier ones.
         """
         for kind, params in per_kind.items():
             if kind not in self.policy_mapping:
@@ -70,36 +67,21 @@ class AgentGroup:
                 raise ValueError(f"configure({kind}=...) expects a dict of hyper-parameters, got {params!r}")
             config_cls = ALGORITHMS[self.policy_mapping[kind]]
             fields = {f.name for f in dataclasses.fields(config_cls)}
-            translated, decay = {}, None
+            translated = {}
             for key, value in params.items():
-                if key == "epsilon_decay" and config_cls is DQNConfig:
-                    if not isinstance(value, (int, float)) or not 0 < value < 1:
-                        raise ValueError(f"configure({kind}=...): epsilon_decay must be in (0, 1), got {value!r}")
-                    decay = float(value)
-                    continue
                 field = ALIASES.get(key, key)
                 if field in GROUP_FIELDS:
                     raise ValueError(f"configure({kind}=...): {key!r} is shared by the whole group (every kind trains "
                                      "on the same rollouts); set num_envs=, n_steps=, backend=, workers= in AgentGroup.build")
                 if field not in fields:
-                    valid = sorted(fields - set(GROUP_FIELDS) | set(ALIASES) | ({"epsilon_decay"} if config_cls is DQNConfig else set()))
+                    valid = sorted(fields - set(GROUP_FIELDS) | set(ALIASES))
                     raise ValueError(f"configure({kind}=...): unknown {self.policy_mapping[kind]} hyper-parameter "
                                      f"{key!r}; valid: {valid}")
                 translated[field] = value
             merged = {**self.configs[kind], **translated}
             config_cls(**merged)  # validates values now, naming the field
             self.configs[kind] = merged
-            if decay is not None:
-                self.epsilon_decay[kind] = decay
         return self
-
-    def exploration_fraction(self, kind: str, steps_per_iteration: int, horizon: int) -> float | None:
-        """``epsilon_decay`` as the engine's linear schedule: reach ``end_e`` after as many iterations."""
-        if kind not in self.epsilon_decay:
-            return None
-        c = DQNConfig(**self.configs[kind])
-        iterations = math.log(max(c.end_e, 1e-8) / max(c.start_e, 1e-8)) / math.log(self.epsilon_decay[kind])
-        return min(1.0, max(iterations, 1.0) * steps_per_iteration / horizon)
 
     def kind_of(self, agent: str) -> str:
         """The kind of ``agent``: ``agent_to_kind`` or the longest kind that prefixes its id."""

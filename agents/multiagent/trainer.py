@@ -152,19 +152,15 @@ class GroupTrainer:
         for kind, t in self.trainers.items():
             if t.horizon is None:
                 t.horizon = self.horizon * self.agents_per_env(kind)
-                per_iteration = self.num_envs * self.n_steps * self.agents_per_env(kind)
-                fraction = self.group.exploration_fraction(kind, per_iteration, t.horizon)
-                if fraction is not None:
-                    t.config.exploration_fraction = fraction
 
-    def train(self, steps: int, callback: GroupCallback | None = None, checkpoint_dir: str | os.PathLike | None = None,
+    def train(self, steps: int | float, callback: GroupCallback | None = None, checkpoint_dir: str | os.PathLike | None = None,
               checkpoint_every: int | None = None) -> dict[str, float]:
         """Train every unfrozen kind until ``global_step >= steps``; metrics of the last iteration.
 
         Metric names are the engine's prefixed by the kind (``predator/losses/policy``) plus the group's
         ``charts/sps`` and ``charts/agent_steps_per_s``. ``callback(metrics, global_step)`` returning False stops.
         """
-        check_train_args(steps, checkpoint_dir, checkpoint_every)
+        steps = check_train_args(steps, checkpoint_dir, checkpoint_every)
         self._set_horizons(steps)
         return train_loop(self, self._iterate, steps, callback, checkpoint_dir, checkpoint_every)
 
