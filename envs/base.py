@@ -12,7 +12,7 @@ from opentinker.envs.errors import EnvSpecError
 EnvLike = str | type[gym.Env] | Callable[[], gym.Env] | gym.Env
 
 
-def _check_spaces(env: gym.Env) -> None:
+def check_spaces(env: gym.Env) -> None:
     name = type(env).__name__
     for field in ("observation_space", "action_space"):
         space = getattr(env, field, None)
@@ -39,7 +39,7 @@ class BaseEnv(gym.Env):
         def checked_init(self, *args: Any, **kw: Any) -> None:
             original(self, *args, **kw)
             if type(self).__init__ is checked_init:  # only the outermost __init__ checks
-                _check_spaces(self)
+                check_spaces(self)
 
         cls.__init__ = checked_init  # type: ignore[method-assign]
 
@@ -61,7 +61,7 @@ def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
             raise EnvSpecError(f"env factory {getattr(env, '__name__', env)!r} returned {type(made).__name__}, expected a gymnasium.Env")
     else:
         raise EnvSpecError(f"env must be an id, a gymnasium.Env class, a factory or an instance; got {type(env).__name__}")
-    _check_spaces(made)
+    check_spaces(made)
     return made
 
 

@@ -14,3 +14,7 @@ class EnvValidationError(AssertionError):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{env_name} failed validation with {len(self.problems)} problem(s):\n{lines}")
+
+
+class EnvAPIWarning(UserWarning):
+    """An env works but uses an old or defaulted API (gym's 4-tuple, no ``reset``) that OpenTinker converts."""

@@ -12,10 +12,35 @@ import concurrent.futures
 import functools
 import heapq
 import itertools
+import site
+import sys
+import sysconfig
 import threading
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 PRIORITIES = {"low": 0, "normal": 1, "high": 2}
+
+
+def workers_can_import(module_name: str) -> bool:
+    """True for OpenTinker and installed packages; False for ``__main__``, scripts, notebooks and test files, which
+    a Ray worker (another process, maybe another machine) cannot import."""
+    module = sys.modules.get(module_name)
+    if module_name == "__main__" or module is None:
+        return False
+    if module_name.split(".")[0] == "opentinker":
+        return True
+    file = getattr(module, "__file__", None)
+    roots = {*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["stdlib"]}
+    return file is None or any(Path(file).resolve().is_relative_to(Path(root).resolve()) for root in roots)
+
+
+def ship_by_value(module_name: str, pickler: ModuleType) -> None:
+    """Make ``pickler`` (cloudpickle or ``ray.cloudpickle``) pickle the classes and functions of ``module_name``
+    by value (their code travels with them) when workers could not import it; ``__main__`` already is."""
+    if module_name != "__main__" and not workers_can_import(module_name):
+        pickler.register_pickle_by_value(sys.modules[module_name])
 
 
 def _priority_value(priority: str | int) -> int:
@@ -94,6 +119,7 @@ class RemoteFunction:
             from opentinker.infra.ray_runtime import ensure_ray
 
             ensure_ray()
+            ship_by_value(self.fn.__module__, ray.cloudpickle)
             self._task = ray.remote(self.fn).options(
                 num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=self.max_retries)
         return self._task

@@ -1,14 +1,25 @@
-"""``RemoteEnv``: N env copies behind one batched, numpy-only API, stepped in-process or on Ray actors."""
+"""``RemoteEnv``: N env copies behind one batched, numpy-only API, stepped in-process or on Ray actors.
+
+Two ways to use it (docs/engine.md, "RemoteEnv"): wrap an env (``RemoteEnv("CartPole-v1", parallel=8)``), or
+subclass it and write the env in the subclass (``super().__init__(parallel=4)``, spaces set in ``__init__``,
+``step``/``reset`` as for one env). A subclass instance is then both the driver-side handle and the template
+of its copies: when its ``__init__`` returns, the instance (driver state left out) is cloudpickled, its class by
+value when workers could not import it, and every copy is that snapshot behind ``SubclassEnv``.
+"""
 from __future__ import annotations
 
+import functools
+import inspect
 import time
+import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from opentinker.envs.base import EnvLike, env_name, make_env
-from opentinker.envs.errors import EnvSpecError
+from opentinker.envs.base import EnvLike, check_spaces, env_name, make_env
+from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
+from opentinker.envs.remote import RemoteFunction, ship_by_value
 from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed
 
 BACKENDS = ("auto", "local", "ray")
@@ -17,6 +28,94 @@ BACKENDS = ("auto", "local", "ray")
 # Cheap envs (classic control steps in ~20 us) lose more to inter-process calls than they gain.
 AUTO_RAY_MIN_PARALLEL = 16
 AUTO_RAY_MIN_STEP_S = 1e-3
+ENV_PICKLE_WARN_BYTES = 1 << 20
+"""A RemoteEnv subclass instance that pickles to more than this (1 MiB) gets a warning: every copy carries it."""
+DRIVER_STATE = ("_pool", "env", "sizes", "single_observation_space", "single_action_space")
+"""What a subclass instance holds as the driver-side handle; left out of the copies' template."""
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(cls: type, what: str, message: str) -> None:
+    """One warning per (class, what) per process."""
+    if (cls.__qualname__, what) not in _warned:
+        _warned.add((cls.__qualname__, what))
+        warnings.warn(message, EnvAPIWarning, stacklevel=3)
+
+
+def _attr(cls: type, name: str) -> Any:
+    """``cls.name`` without binding (a ``RemoteFunction`` stays one)."""
+    return next((klass.__dict__[name] for klass in cls.__mro__ if name in klass.__dict__), None)
+
+
+def _own_method(cls: type, name: str) -> Any:
+    """``cls.name`` as a plain function when a RemoteEnv subclass defines it (``@remote`` unwrapped), else None."""
+    for klass in cls.__mro__:
+        if klass is RemoteEnv:
+            return None
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            return attr.fn if isinstance(attr, RemoteFunction) else attr
+    return None
+
+
+class SubclassEnv(gym.Env):
+    """One copy of a ``RemoteEnv`` subclass as a gymnasium env: the subclass's own ``reset``/``step`` run here
+    (in the worker, never as nested Ray tasks); the old gym 4-tuple is converted to gymnasium's 5-tuple."""
+
+    def __init__(self, instance: "RemoteEnv"):
+        self.instance = instance
+        self.observation_space, self.action_space = instance.observation_space, instance.action_space
+        self.metadata = getattr(instance, "metadata", {})
+        self._reset, self._step = _own_method(type(instance), "reset"), _own_method(type(instance), "step")
+        if self._step is None:
+            raise EnvSpecError(f"{type(instance).__name__}.step is missing: define step(self, action) for one env copy")
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Any, dict]:
+        super().reset(seed=seed)
+        cls = type(self.instance)
+        if self._reset is None:
+            warn_once(cls, "reset", f"{cls.__name__} defines no reset(): each episode starts from an observation "
+                      "sampled from observation_space; define reset(self, seed=None, options=None) -> (obs, info)")
+            self.observation_space.seed(int(self.np_random.integers(2**31)))
+            return self.observation_space.sample(), {}
+        params = inspect.signature(self._reset).parameters
+        kwargs = {k: v for k, v in (("seed", seed), ("options", options)) if k in params}
+        out = self._reset(self.instance, **kwargs)
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+            return out
+        warn_once(cls, "reset-old", f"{cls.__name__}.reset returned the observation alone (old gym API); "
+                  "return (obs, info) as gymnasium does")
+        return out, {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
+        out = self._step(self.instance, action)
+        if isinstance(out, tuple) and len(out) == 4:
+            cls = type(self.instance)
+            warn_once(cls, "step-4", f"{cls.__name__}.step returned the old gym 4-tuple (obs, reward, done, info); "
+                      "converted (done with info['TimeLimit.truncated'] -> truncated, else terminated). Return "
+                      "gymnasium's 5-tuple (obs, reward, terminated, truncated, info) instead")
+            obs, reward, done, info = out
+            truncated = bool(done) and bool(info.get("TimeLimit.truncated", False))
+            return obs, reward, bool(done) and not truncated, truncated, info
+        return out
+
+    def close(self) -> None:
+        close = _own_method(type(self.instance), "close")
+        if close is not None:
+            close(self.instance)
+
+
+class SubclassCopies:
+    """Picklable factory of ``SubclassEnv`` copies from a cloudpickled subclass instance (its class by value
+    when workers cannot import its module)."""
+
+    def __init__(self, template: bytes, name: str):
+        self.template, self.__name__ = template, name
+
+    def __call__(self) -> SubclassEnv:
+        import cloudpickle
+
+        return SubclassEnv(cloudpickle.loads(self.template))
 
 
 def mean_step_seconds(env: EnvLike, env_kwargs: dict, steps: int = 32) -> float:
@@ -87,34 +186,89 @@ class RemoteEnv:
     """``parallel`` copies of ``env`` split over ``workers``; see docs/engine.md.
 
     ``backend="local"`` keeps the copies in this process, ``"ray"`` runs one Ray actor per worker, ``"auto"``
-    uses Ray only for 16+ copies of an env without a vectorised implementation whose step takes >= 1 ms.
-    Env seeds derive from (seed, worker); action noise in ``collect`` from (seed, iteration, worker).
-    ``ray_options`` (ray backend) sets the actors' ``num_cpus``, ``num_gpus`` (fractions allowed) and custom
-    ``resources`` (placement); without ``num_cpus`` each actor takes one CPU or an equal share of the free ones.
+    uses Ray only for 16+ copies of an env without a vectorised implementation whose step takes >= 1 ms (and for
+    a subclass whose ``step`` is marked ``@remote``). Env seeds derive from (seed, worker); action noise in
+    ``collect`` from (seed, iteration, worker). ``ray_options`` (ray backend) sets the actors' ``num_cpus``,
+    ``num_gpus`` (fractions allowed) and custom ``resources`` (placement); without ``num_cpus`` each actor takes
+    one CPU or an equal share of the free ones. Without ``env``, the subclass is the env (module docstring).
     """
 
-    def __init__(self, env: EnvLike, parallel: int = 8, workers: int | None = None, backend: str = "auto",
-                 state_diff: bool = False, seed: int = 0, validate: bool = True, ray_options: dict | None = None,
-                 **env_kwargs: Any):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        original = cls.__dict__.get("__init__")
+        if original is None:
+            return
+
+        @functools.wraps(original)
+        def init_then_start(self, *args: Any, **kw: Any) -> None:
+            original(self, *args, **kw)
+            if type(self).__init__ is init_then_start and not hasattr(self, "_pool"):  # the outermost __init__
+                self._start_subclass()
+
+        cls.__init__ = init_then_start  # type: ignore[method-assign]
+
+    def __init__(self, env: EnvLike | None = None, parallel: int = 8, workers: int | None = None,
+                 backend: str = "auto", state_diff: bool = False, seed: int = 0, validate: bool = True,
+                 ray_options: dict | None = None, **env_kwargs: Any):
         if not isinstance(parallel, int) or parallel < 1:
             raise EnvSpecError(f"RemoteEnv parallel must be an int >= 1, got {parallel!r}")
         if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= parallel):
             raise EnvSpecError(f"RemoteEnv workers must be an int in [1, parallel={parallel}], got {workers!r}")
-        self.env, self.env_kwargs, self.env_id = env, dict(env_kwargs), env_name(env)
-        self.backend = resolve_backend(env, backend, parallel, workers, self.env_kwargs)
         self.num_envs, self.seed, self.state_diff = parallel, seed, state_diff
+        self._options = {"workers": workers, "backend": backend, "validate": validate, "ray_options": ray_options}
+        if env is not None:
+            self._start(env, env_kwargs)
+        elif type(self) is RemoteEnv:
+            raise EnvSpecError("RemoteEnv env is missing: pass a gymnasium id, env class, factory or instance "
+                               "(RemoteEnv('CartPole-v1')), or subclass RemoteEnv and define the env in the subclass")
+        elif env_kwargs:
+            raise EnvSpecError(f"{type(self).__name__}: env kwargs {sorted(env_kwargs)} need env=; a RemoteEnv "
+                               "subclass sets its own attributes in __init__")
+
+    def _start_subclass(self) -> None:
+        """The subclass's ``__init__`` has returned: check its spaces, snapshot it, start its copies."""
+        import cloudpickle
+
+        cls = type(self)
+        check_spaces(self)
+        ship_by_value(cls.__module__, cloudpickle)
+        state = {k: v for k, v in self.__dict__.items() if k not in DRIVER_STATE}
+        template = object.__new__(cls)
+        template.__dict__.update(state)
+        blob = cloudpickle.dumps(template)
+        if len(blob) > ENV_PICKLE_WARN_BYTES:
+            warnings.warn(
+                f"{cls.__name__} pickles to {len(blob) / 2**20:.1f} MiB (over {ENV_PICKLE_WARN_BYTES / 2**20:.0f} MiB): "
+                f"every one of its {self.num_envs} copies carries that. Keep large in-memory objects out of the env "
+                "class: load them where the copy runs (in reset, or lazily on first use) or put them in the Ray "
+                "object store and keep the reference", UserWarning, stacklevel=3)
+        if self._options["backend"] == "auto" and isinstance(_attr(cls, "step"), RemoteFunction):
+            self._options["backend"] = "ray"  # @remote on step: the author marked it heavy
+        if any(isinstance(_attr(cls, name), RemoteFunction) for name in dir(cls)):
+            # The copies' actors reserve no CPU, so the class's own @remote tasks (which do) can always start.
+            self._options["ray_options"] = {"num_cpus": 0, **(self._options["ray_options"] or {})}
+        self._start(SubclassCopies(blob, cls.__name__), {})
+
+    def _start(self, env: EnvLike, env_kwargs: dict) -> None:
+        workers, validate = self._options["workers"], self._options["validate"]
+        self.env, self.env_kwargs, self.env_id = env, dict(env_kwargs), env_name(env)
+        self.backend = resolve_backend(env, self._options["backend"], self.num_envs, workers, self.env_kwargs)
         if self.backend == "local":
-            self.sizes = split_envs(parallel, workers or 1)
-            self._pool = LocalPool(env, self.sizes, seed, self.env_kwargs)
+            self.sizes = split_envs(self.num_envs, workers or 1)
+            self._pool = LocalPool(env, self.sizes, self.seed, self.env_kwargs)
         else:
             from opentinker.envs.ray_backend import RayPool, default_workers
 
-            self.sizes = split_envs(parallel, workers or default_workers(parallel))
-            self._pool = RayPool(env, self.sizes, seed, self.env_kwargs, ray_options)
+            self.sizes = split_envs(self.num_envs, workers or default_workers(self.num_envs))
+            self._pool = RayPool(env, self.sizes, self.seed, self.env_kwargs, self._options["ray_options"])
         self.single_observation_space, self.single_action_space = self._pool.call("spaces")[0]
         if validate:
-            self._pool.call_one(0, "validate")
+            for message in self._pool.call_one(0, "validate"):
+                warnings.warn(message, EnvAPIWarning, stacklevel=3)
 
+    def __getstate__(self) -> dict:
+        """Pickled (e.g. into a ``@remote`` method's task) without the driver-side pool."""
+        return {k: v for k, v in self.__dict__.items() if k != "_pool"}
     @property
     def num_workers(self) -> int:
         return len(self.sizes)

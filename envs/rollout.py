@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import pickle
 import time
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -19,7 +20,7 @@ import numpy as np
 
 from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.envs.base import EnvLike, make_env
-from opentinker.envs.errors import EnvSpecError
+from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
 from opentinker.envs.state_diff import decode_observations, encode_observations
 
 
@@ -141,11 +142,18 @@ class RolloutWorker:
     def spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.vec.single_observation_space, self.vec.single_action_space
 
-    def validate(self) -> None:
-        """Run ``validate_env`` on a fresh copy here, where the job will run (raises EnvValidationError)."""
+    def validate(self) -> list[str]:
+        """Run ``validate_env`` on a fresh copy here, where the job will run (raises EnvValidationError); returns
+        the ``EnvAPIWarning`` messages it raised, for the driver to show (a Ray worker's warnings stay in its log)."""
         from opentinker.envs.validation import validate_env
 
-        validate_env(make_env(self.env, **self.env_kwargs))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", EnvAPIWarning)
+            validate_env(make_env(self.env, **self.env_kwargs))
+        for w in caught:
+            if not issubclass(w.category, EnvAPIWarning):
+                warnings.warn(w.message, stacklevel=2)
+        return [str(w.message) for w in caught if issubclass(w.category, EnvAPIWarning)]
 
     def pid(self) -> int:
         import os
@@ -156,8 +164,11 @@ class RolloutWorker:
         self.vec.close()
 
     def snapshot(self) -> bytes:
+        """cloudpickle: env classes a worker received by value (a RemoteEnv subclass) pickle by value again."""
+        import cloudpickle
+
         state = (self.vec, self.obs, self.prev_done, self.ep_return, self.ep_len, self.next_iteration)
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+        return cloudpickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     def restore(self, snapshot: bytes) -> None:
         self.vec, self.obs, self.prev_done, self.ep_return, self.ep_len, self.next_iteration = pickle.loads(snapshot)

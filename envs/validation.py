@@ -9,7 +9,7 @@ import numpy as np
 from gymnasium.utils.env_checker import check_env
 
 from opentinker.envs.base import EnvLike, env_name, make_env
-from opentinker.envs.errors import EnvSpecError, EnvValidationError
+from opentinker.envs.errors import EnvAPIWarning, EnvSpecError, EnvValidationError
 
 _STEPS = 64  # long enough to cross a few resets on quick-failing envs, short enough to run before every job
 _SEED = 12345
@@ -103,7 +103,11 @@ def validate_env(env: EnvLike) -> None:
         except Exception as exc:  # the checker raises assorted types; each is a finding, not a crash
             problems.append(f"gymnasium check_env: {type(exc).__name__}: {exc}")
     problems += [f"gymnasium check_env warning: {_plain(w.message)}" for w in caught
-                 if issubclass(w.category, UserWarning) and not any(a in str(w.message) for a in _ADVICE)]
+                 if issubclass(w.category, UserWarning) and not issubclass(w.category, EnvAPIWarning)
+                 and not any(a in str(w.message) for a in _ADVICE)]
+    for w in caught:  # converted old API: advice for the caller, not a defect
+        if issubclass(w.category, EnvAPIWarning):
+            warnings.warn(w.message, stacklevel=2)
     instance.action_space.seed(_SEED)
     actions = [instance.action_space.sample() for _ in range(_STEPS)]
     try:
