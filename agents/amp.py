@@ -14,6 +14,10 @@ AMP_MODES = ("off", "bf16", "fp16", "safe")
 log = logging.getLogger("opentinker.agents")
 
 
+class AmpNaNError(FloatingPointError):
+    """A non-finite loss or gradient under ``amp_mode`` bf16/fp16: a mixed-precision conflict."""
+
+
 class AmpController:
     def __init__(self, mode: str, device: torch.device):
         if mode not in AMP_MODES:
@@ -40,18 +44,32 @@ class AmpController:
         log.warning("amp_mode=safe: %s; step skipped, continuing in fp32", reason)
         return False
 
+    def _conflict(self, what: str) -> AmpNaNError:
+        return AmpNaNError(f"{what} under amp_mode={self.mode!r} ({self.dtype}): a mixed-precision conflict. "
+                           "Set amp_mode='safe' (checks every step, skips a non-finite one and continues in fp32) "
+                           "or amp_mode='off'")
+
     def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
              max_grad_norm: float) -> bool:
-        """Backward, clip and apply one update; False when the step was skipped (safe mode fallback)."""
+        """Backward, clip and apply one update; False when the step was skipped (safe mode fallback).
+
+        Under bf16/fp16 a non-finite loss, or non-finite gradients that loss scaling cannot explain (bf16 has
+        no scaler; fp16 once the scale is down to 1), raise ``AmpNaNError`` naming ``amp_mode='safe'``.
+        """
         guard = self.mode == "safe" and self.active
-        if guard and not torch.isfinite(loss).item():
+        strict = self.mode in ("bf16", "fp16")
+        if (guard or strict) and not torch.isfinite(loss).item():
+            if strict:
+                raise self._conflict(f"non-finite loss ({loss.item()})")
             return self._fall_back(f"non-finite loss ({loss.item()}) under {self.dtype}", optimizer)
         optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(optimizer)
         if guard and not all(torch.isfinite(p.grad).all().item() for p in params if p.grad is not None):
             return self._fall_back(f"non-finite gradients under {self.dtype}", optimizer)
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if strict and not torch.isfinite(norm).item() and (not self.scaler.is_enabled() or self.scaler.get_scale() <= 1.0):
+            raise self._conflict("non-finite gradient")
         self.scaler.step(optimizer)
         self.scaler.update()
         return True

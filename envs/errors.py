@@ -18,3 +18,7 @@ class EnvValidationError(AssertionError):
 
 class EnvAPIWarning(UserWarning):
     """An env works but uses an old or defaulted API (gym's 4-tuple, no ``reset``) that OpenTinker converts."""
+
+
+class WorkerOutOfMemoryError(MemoryError):
+    """A rollout worker ran out of memory; the message says which knobs shrink what it holds."""

@@ -12,11 +12,28 @@ from typing import Any
 import ray
 
 from opentinker.envs.base import EnvLike
+from opentinker.envs.errors import WorkerOutOfMemoryError
 from opentinker.envs.rollout import Rollout, RolloutWorker
 from opentinker.infra.ray_runtime import ensure_ray
 
 MAX_RESTARTS = 4  # a worker process may die this many times before the job fails
 START_TIMEOUT_S = 300.0  # placing and starting the actors (Ray start-up on a loaded machine included)
+
+
+OOM_HINT = ("enable state_diff=True (observations cross the wire delta-encoded and compressed, and workers keep "
+            "less per step) and/or lower parallel (fewer env copies per worker process), or give workers more memory")
+
+
+def gather(refs: list, what: str) -> list:
+    """``ray.get(refs)``; a worker that ran out of memory (Python's MemoryError, Ray's memory monitor killing it, or
+    the process dying of it) becomes ``WorkerOutOfMemoryError`` with the article's fix."""
+    try:
+        return ray.get(refs)
+    except (MemoryError, ray.exceptions.OutOfMemoryError, ray.exceptions.ActorDiedError) as exc:
+        if isinstance(exc, ray.exceptions.ActorDiedError) and "memory" not in str(exc).lower():
+            raise
+        cause = str(exc).strip().splitlines()[-1][:300]
+        raise WorkerOutOfMemoryError(f"OOM on worker during {what}: {cause}. Fix: {OOM_HINT}") from exc
 
 
 def default_workers(parallel: int) -> int:
@@ -67,7 +84,7 @@ class RayActorPool:
         """``method(*broadcast, *args_i)`` on every actor; ``broadcast`` goes into the object store once."""
         shared = [ray.put(value) for value in broadcast]
         args = per_worker_args or [()] * len(self.actors)
-        return ray.get([getattr(a, method).remote(*shared, *x) for a, x in zip(self.actors, args)])
+        return gather([getattr(a, method).remote(*shared, *x) for a, x in zip(self.actors, args)], method)
 
     def node_ids(self) -> list[str]:
         return ray.get([a.__ray_call__.remote(_node_id) for a in self.actors])
@@ -93,13 +110,13 @@ class RayPool(RayActorPool):
         return super().call(method, per_worker_args, broadcast)
 
     def call_one(self, index: int, method: str, *args: Any) -> Any:
-        return ray.get(getattr(self.actors[index], method).remote(*args))
+        return gather([getattr(self.actors[index], method).remote(*args)], method)[0]
 
     def collect(self, weights, spec, n_steps, iteration, state_diff) -> list[tuple[Rollout, bytes | None]]:
         weights_ref = ray.put(weights)
         refs = [a.collect.remote(weights_ref, spec, n_steps, iteration, snap, state_diff)
                 for a, snap in zip(self.actors, self.snapshots)]
-        results = ray.get(refs)
+        results = gather(refs, "collect")
         self.snapshots = [snap for _, snap in results]
         return results
 
