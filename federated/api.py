@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import gymnasium as gym
 import numpy as np
 
 from opentinker.federated import deploy
@@ -20,13 +21,23 @@ from opentinker.federated.server_app import FederatedResult
 
 VARIANT_KEYS = ("pole_length", "gravity")
 LOCAL_DATA_KEYS = (*VARIANT_KEYS, "dataset")
-LocalData = Mapping[str, Any] | str | os.PathLike | None
+LocalData = Mapping[str, Any] | str | os.PathLike | gym.Env | None
+
+
+def env_variant(env: gym.Env) -> dict[str, float]:
+    """A site's CartPole variant given as a gymnasium env (``gym.make("CartPole-v1")`` with ``length``/``gravity``
+    changed): its physics parameters; nothing else of the env is used."""
+    physics = env.unwrapped
+    if not all(hasattr(physics, name) for name in ("length", "gravity")):
+        raise FederatedConfigError(f"local_data: a gymnasium env must be a CartPole variant (with length and gravity), "
+                                   f"got {type(physics).__name__}")
+    return {"pole_length": float(physics.length), "gravity": float(physics.gravity)}
 
 
 def apply_local_data(site: SiteConfig, local_data: LocalData, site_dir: Path) -> SiteConfig:
     """Put a site's `local_data` into its node config; a dataset is checked here and stays on this machine.
 
-    Accepted: an env variant ``{"pole_length": .., "gravity": ..}``; an offline dataset (an ``.npz`` path or a
+    Accepted: an env variant ``{"pole_length": .., "gravity": ..}`` or a CartPole gymnasium env carrying it; an offline dataset (an ``.npz`` path or a
     mapping of arrays with ``obs``/``actions``); or ``{"dataset": <path or arrays>, "pole_length": .., "gravity": ..}``
     (the variant is the env the site scores the global model on). Arrays are written to ``site_dir/dataset.npz``.
     """
@@ -34,6 +45,8 @@ def apply_local_data(site: SiteConfig, local_data: LocalData, site_dir: Path) ->
 
     if local_data is None:
         return site
+    if isinstance(local_data, gym.Env):
+        local_data = env_variant(local_data)
     if isinstance(local_data, (str, os.PathLike)) or "obs" in local_data:
         local_data = {"dataset": local_data}
     for key in local_data:
@@ -74,7 +87,9 @@ class SiteHandle:
 class FLClient:
     """One site of a federation: trains the global policy on its own data and sends back weights only.
 
-    ``aggregation_interval`` is the number of seconds the site trains locally between two aggregations (each
+    ``transport``: how the site reaches the SuperLink ("rest": Flower's Fleet API over HTTPS, the one a firewall
+    that blocks gRPC lets through; see ``deploy.TRANSPORTS``); ``superlink``: its address (default: the
+    federation's). ``aggregation_interval`` is the number of seconds the site trains locally between two aggregations (each
     round it receives the global model, trains for at most that long — and at most the server's ``local-steps`` —
     then replies with its weights and the env steps it took, which weight its share of the average).
     """
@@ -82,7 +97,9 @@ class FLClient:
     def __init__(self, strategy: str = "fedavg", aggregation_interval: float = 300.0, site_id: int = 0,
                  federation: str | Path | None = None, private_key: str | Path | None = None,
                  root_certificates: str | Path | None = None, dp_clip: float = 0.0, dp_epsilon: float = 1.0,
-                 dp_delta: float = 1e-5) -> None:
+                 dp_delta: float = 1e-5, transport: str = "rest", superlink: str | None = None) -> None:
+        self.transport = deploy.check_transport(transport)
+        self.superlink = superlink
         if aggregation_interval <= 0:
             raise FederatedConfigError(f"aggregation_interval must be > 0 seconds, got {aggregation_interval}")
         self.site = SiteConfig(site_id=site_id, strategy=strategy, aggregation_interval=float(aggregation_interval),
@@ -102,7 +119,7 @@ class FLClient:
             fed, self.site,
             private_key=Path(self.private_key) if self.private_key else None,
             root_cert=Path(self.root_certificates) if self.root_certificates else None,
-            timeout=connect_timeout,
+            timeout=connect_timeout, address=self.superlink, transport=self.transport,
         )
         return SiteHandle(self.site.site_id, pid, fed)
 
@@ -110,7 +127,8 @@ class FLClient:
 class FLServer:
     """Runs N rounds over the sites: ``FLServer(strategy="fedprox", rounds=5, min_completion_rate=0.66)``."""
 
-    def __init__(self, strategy: str = "fedavg", rounds: int = 3, **settings: Any) -> None:
+    def __init__(self, strategy: str = "fedavg", rounds: int = 3, transport: str = "rest", **settings: Any) -> None:
+        self.transport = deploy.check_transport(transport)
         self.config = FedConfig(strategy=strategy, num_server_rounds=rounds, **settings)
 
     def run(self, federation: str | Path | None = None, timeout: float = 3600.0) -> FederatedResult:

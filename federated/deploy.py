@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from opentinker.federated.certs import CertPaths, generate_certs
-from opentinker.federated.config import FedConfig, SiteConfig
+from opentinker.federated.config import FedConfig, FederatedConfigError, SiteConfig
 from opentinker.infra.settings import get_settings
 
 STATE_FILE = "federation.json"
@@ -26,6 +26,35 @@ APP_DIR = Path(__file__).resolve().parents[1]
 
 class FederationError(RuntimeError):
     """A Flower process failed to start, was refused, or a run failed; the message carries its log tail."""
+
+
+TRANSPORTS = ("rest",)
+"""How SuperNodes reach the SuperLink. flwr 1.42 has one Fleet transport: "rest", protobuf over HTTPS (HTTP/1.1,
+TLS, through httpx), which firewalls and proxies that block gRPC let through. Its SuperNode no longer speaks gRPC."""
+
+
+def check_transport(transport: str) -> str:
+    """``transport`` as one of ``TRANSPORTS`` ("http"/"https" mean "rest"); other names get the article's fix."""
+    name = str(transport).strip().lower()
+    if name in ("rest", "http", "https"):
+        return "rest"
+    raise FederatedConfigError(
+        f"transport={transport!r}: this Flower (1.42) connects sites over one transport, 'rest' (Fleet API over "
+        "HTTPS); it has no gRPC or WebSocket transport. 'rest' is what a site behind a firewall that blocks gRPC "
+        "needs: pass transport='rest' (the default)")
+
+
+CONNECTION_RESET_MARKERS = ("Connection reset by peer", "ConnectionResetError", "RemoteProtocolError")
+
+
+def connection_hint(log_text: str, address: str) -> str:
+    """The article's troubleshooting line for a reset connection, when the SuperNode's log shows one."""
+    if not any(marker in log_text for marker in CONNECTION_RESET_MARKERS):
+        return ""
+    return (f"ConnectionReset: the connection to the SuperLink at {address} was reset. Likely cause: a firewall or "
+            "proxy that blocks gRPC-style traffic or resets long-lived connections on that port. Fix: sites already "
+            "use Flower's REST transport (transport='rest', HTTPS on one port): allow HTTPS to that port, or set "
+            "HTTPS_PROXY to a proxy that lets it through.\n")
 
 
 def free_port() -> int:
@@ -45,6 +74,7 @@ class Federation:
     root: str
     port: int
     certs: str
+    transport: str = "rest"
     superlink_pid: int = 0
     site_pids: dict[str, int] = field(default_factory=dict)
     node_ids: dict[str, int] = field(default_factory=dict)
@@ -130,8 +160,9 @@ def _flwr(fed: Federation, *args: str, timeout: float = 120.0) -> subprocess.Com
     return subprocess.run([flwr, *args], env=_env(fed.cli_home), capture_output=True, text=True, timeout=timeout)
 
 
-def start_superlink(root: Path, certs: CertPaths, timeout: float = 180.0) -> Federation:
-    fed = Federation(root=str(root), port=free_port(), certs=str(certs.directory))
+def start_superlink(root: Path, certs: CertPaths, timeout: float = 180.0, transport: str = "rest") -> Federation:
+    """flower-superlink with TLS and SuperNode auth; its Fleet API serves ``transport`` (see ``TRANSPORTS``)."""
+    fed = Federation(root=str(root), port=free_port(), certs=str(certs.directory), transport=check_transport(transport))
     log = root / "superlink.log"
     proc = _spawn([
         str(Path(sys.executable).parent / "flower-superlink"),
@@ -164,8 +195,12 @@ def register_site(fed: Federation, site: int, public_key: Path) -> int:
 
 
 def start_site(fed: Federation, site: SiteConfig, private_key: Path | None = None, root_cert: Path | None = None,
-               timeout: float = 180.0, max_wait_time: float | None = None) -> int:
-    """Start a site's flower-supernode (TLS + its auth key) and wait until the SuperLink accepted it; returns its pid."""
+               timeout: float = 180.0, max_wait_time: float | None = None, address: str | None = None,
+               transport: str = "rest") -> int:
+    """Start a site's flower-supernode (TLS + its auth key) over ``transport`` to ``address`` (the SuperLink's by
+    default) and wait until the SuperLink accepted it; returns its pid. A reset connection says so, with the fix."""
+    check_transport(transport)
+    address = address or fed.address
     key = private_key or fed.cert_paths.site_key(site.site_id)
     site_dir = Path(fed.root) / f"site-{site.site_id}"
     site_dir.mkdir(parents=True, exist_ok=True)
@@ -175,7 +210,7 @@ def start_site(fed: Federation, site: SiteConfig, private_key: Path | None = Non
     log.unlink(missing_ok=True)
     args = [
         str(Path(sys.executable).parent / "flower-supernode"),
-        "--superlink", fed.address, "--root-certificates", str(root_cert or fed.cert_paths.ca_cert),
+        "--superlink", address, "--root-certificates", str(root_cert or fed.cert_paths.ca_cert),
         "--auth-supernode-private-key", str(key), "--port", str(free_port()),
         "--node-config", site.to_node_config() or f"site-id={site.site_id}",
     ]
@@ -184,8 +219,11 @@ def start_site(fed: Federation, site: SiteConfig, private_key: Path | None = Non
     proc = _spawn(args, log, site_dir / "flwr-home")
     try:
         _wait_for(log, "SuperNode ID:", proc, timeout, f"site {site.site_id} (flower-supernode)")
-    except FederationError:
+    except FederationError as err:
         stop_pid(proc.pid)
+        hint = connection_hint(log.read_text(errors="replace") if log.exists() else "", address)
+        if hint:
+            raise FederationError(hint + str(err)) from err
         raise
     fed.site_pids[str(site.site_id)] = proc.pid
     fed.save()
@@ -199,16 +237,17 @@ def stop_site(fed: Federation, site_id: int) -> None:
     fed.save()
 
 
-def up(sites: int = 3, root: str | Path | None = None, site_configs: list[SiteConfig] | None = None) -> Federation:
+def up(sites: int = 3, root: str | Path | None = None, site_configs: list[SiteConfig] | None = None,
+       transport: str = "rest") -> Federation:
     """Certificates (kept if present), SuperLink, every site's key registered, one SuperNode per site."""
     root = Path(root or default_root()).resolve()
     root.mkdir(parents=True, exist_ok=True)
     certs = generate_certs(root / "certs", sites)
-    fed = start_superlink(root, certs)
+    fed = start_superlink(root, certs, transport=transport)
     try:
         for site in site_configs or [SiteConfig(site_id=i) for i in range(sites)]:
             register_site(fed, site.site_id, certs.site_public_key(site.site_id))
-            start_site(fed, site)
+            start_site(fed, site, transport=transport)
     except Exception:
         down(root)
         raise
