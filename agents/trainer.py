@@ -28,6 +28,32 @@ from opentinker.envs.remote_env import RemoteEnv
 from opentinker.envs.rollout import Rollout, build_vector_env
 
 Callback = Callable[[dict[str, float], int], "bool | None"]
+ROLLOUT_EFFICIENCY_TARGET = 0.85
+GRADIENT_DELAY_TARGET_MS = 50.0
+
+
+def dashboard_remedies(history: list[dict[str, float]]) -> list[str]:
+    """The article's remedy for each dashboard figure that misses its target over ``history`` (one metrics dict per
+    iteration; medians, so one slow iteration does not count); empty when all targets hold."""
+    remedies = []
+    metrics = {key: float(np.median([row[key] for row in history if key in row])) for key in
+               ("system/rollout_efficiency", "system/rollout_worker_share", "system/gradient_delay_ms")
+               if any(key in row for row in history)}
+    efficiency = metrics.get("system/rollout_efficiency")
+    if efficiency is not None and efficiency < ROLLOUT_EFFICIENCY_TARGET:
+        if metrics.get("system/rollout_worker_share", 1.0) < ROLLOUT_EFFICIENCY_TARGET:
+            where = ("most of the rest is outside the workers (dispatch, transfer, scheduling): raise parallel so each "
+                     "call carries more transitions, or step cheap envs in-process (backend='local', which "
+                     "backend='auto' picks for them)")
+        else:
+            where = ("the rest is the workers' own per-step bookkeeping (and state_diff encoding): raise parallel so "
+                     "each vectorised step carries more transitions")
+        remedies.append(f"rollout efficiency {efficiency:.0%} < {ROLLOUT_EFFICIENCY_TARGET:.0%}; {where}")
+    delay = metrics.get("system/gradient_delay_ms")
+    if delay is not None and delay > GRADIENT_DELAY_TARGET_MS:
+        remedies.append(f"gradient delay {delay:.0f} ms > {GRADIENT_DELAY_TARGET_MS:.0f} ms: check the network latency "
+                        "between the learner and the rollout workers (and time spent in per-iteration callbacks)")
+    return remedies
 
 
 class EnvSpaces(NamedTuple):
@@ -145,6 +171,7 @@ class Trainer:
         self.rng = np.random.default_rng(seed)
         self.amp = AmpController(amp_mode, self.device)
         self.global_step, self.iteration, self.horizon = 0, 0, self.config.total_steps
+        self.weights_applied_at: float | None = None  # time.time() of the last update's last optimiser step
         self._build()
 
     # -- subclass hooks -------------------------------------------------------------------------------------
@@ -209,11 +236,25 @@ class Trainer:
                 "charts/episodic_return_max": float(returns.max()), "charts/episodic_length": float(lengths.mean()),
                 "charts/episodes": float(len(returns))}
 
-    @staticmethod
-    def rollout_metrics(rollout: Any) -> dict[str, float]:
-        return {"system/rollout_efficiency": rollout.env_step_s / max(rollout.worker_wall_s, 1e-9),
-                "system/rollout_bytes": float(rollout.bytes_sent), "system/rollout_bytes_raw": float(rollout.bytes_raw),
-                "system/rollout_s": rollout.wall_s, "system/policy_lag": 0.0}
+    def rollout_metrics(self, rollout: Rollout, updated: bool = True) -> dict[str, float]:
+        """The rollout's ``system/`` metrics; call at the end of ``update`` (``updated``: the weights changed).
+
+        ``rollout_efficiency``: share of the workers' rollout time spent stepping envs and choosing actions; the rest
+        is loop bookkeeping, encoding, transfer and waiting on the slowest worker. ``rollout_worker_share``: share
+        of that time inside the workers' own loops (the rest is dispatch, transfer and scheduling). ``gradient_delay_ms``: from the
+        previous update's last optimiser step to the first env step acting with those weights (absent on the first
+        iteration). ``update_ms`` (set by ``update``) is the learner's compute.
+        """
+        occupied = rollout.occupied_s or rollout.worker_wall_s
+        metrics = {"system/rollout_efficiency": (rollout.env_step_s + rollout.policy_s) / max(occupied, 1e-9),
+                   "system/rollout_worker_share": min(rollout.worker_wall_s / max(occupied, 1e-9), 1.0),
+                   "system/rollout_bytes": float(rollout.bytes_sent), "system/rollout_bytes_raw": float(rollout.bytes_raw),
+                   "system/rollout_s": rollout.wall_s, "system/policy_lag": 0.0}
+        if self.weights_applied_at is not None and rollout.started_at:
+            metrics["system/gradient_delay_ms"] = max(rollout.started_at - self.weights_applied_at, 0.0) * 1000.0
+        if updated:
+            self.weights_applied_at = time.time()
+        return metrics
 
     # -- evaluation ---------------------------------------------------------------------------------------------
     def numpy_policy(self) -> NumpyPolicy:

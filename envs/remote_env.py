@@ -295,6 +295,7 @@ class RemoteEnv:
         parts = [r.decode() for r, _ in self._pool.collect(weights, policy_spec, n_steps, iteration, self.state_diff)]
         rollout = Rollout.concat(parts)
         rollout.wall_s = time.perf_counter() - start
+        rollout.occupied_s = rollout.wall_s * (self.num_workers if self.backend == "ray" else 1)  # local: one by one
         return rollout
 
     def get_state(self) -> list[bytes]:

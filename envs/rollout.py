@@ -44,6 +44,10 @@ class Rollout:
     policy_s: float = 0.0
     worker_wall_s: float = 0.0
     wall_s: float = 0.0
+    occupied_s: float = 0.0
+    """Worker time the rollout held, seen from the driver: ``wall_s`` x workers running at once (0: unknown)."""
+    started_at: float = 0.0
+    """``time.time()`` when the first worker began acting with this rollout's weights."""
     bytes_raw: int = 0
     bytes_sent: int = 0
     payloads: dict[str, bytes] | None = None
@@ -67,6 +71,7 @@ class Rollout:
             env_step_s=sum(p.env_step_s for p in parts),
             policy_s=sum(p.policy_s for p in parts),
             worker_wall_s=sum(p.worker_wall_s for p in parts),
+            started_at=min(p.started_at for p in parts),
             bytes_raw=sum(p.bytes_raw for p in parts),
             bytes_sent=sum(p.bytes_sent for p in parts),
         )
@@ -175,6 +180,7 @@ class RolloutWorker:
 
     def collect(self, weights: dict[str, np.ndarray], policy_spec: dict, n_steps: int, iteration: int,
                 snapshot: bytes | None = None, state_diff: bool = False) -> tuple[Rollout, bytes | None]:
+        started_at = time.time()
         if snapshot is not None and iteration != self.next_iteration:
             self.restore(snapshot)
         start = time.perf_counter()
@@ -215,7 +221,7 @@ class RolloutWorker:
             obs=obs, actions=actions, logprobs=logprobs, values=values, rewards=rewards, terminated=terminated,
             truncated=truncated, valid=valid, last_obs=self.obs.copy(), last_values=last_values,
             episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
-            env_step_s=env_s, policy_s=policy_s,
+            env_step_s=env_s, policy_s=policy_s, started_at=started_at,
         )
         rollout.bytes_raw = rollout.bytes_sent = sum(
             getattr(rollout, f.name).nbytes for f in dataclasses.fields(Rollout) if isinstance(getattr(rollout, f.name), np.ndarray))

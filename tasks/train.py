@@ -75,9 +75,12 @@ def train_policy(
 
 def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path, ppo: dict[str, Any] | None,
            device: str, resume: bool, checkpoint_every: int | None) -> TrainOutcome:
+    import mlflow
+
     from opentinker.agents import PPOTrainer
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.export import export_policy
+    from opentinker.agents.trainer import dashboard_remedies
 
     checkpoint_dir = root / "checkpoints"
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -93,6 +96,8 @@ def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path
     trainer.train(steps, callback=logger, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     train_seconds = time.perf_counter() - started
     logger.flush()
+    remedies = dashboard_remedies(logger.history)
+    mlflow.MlflowClient().set_tag(run_id, "opentinker.dashboard_remedies", "; ".join(remedies) or "none")
     export_dir = export_policy(trainer, root / "export", metadata={"env_id": env_id, "run_id": run_id})
     history = logger.save_history(root / "history.jsonl")
     return TrainOutcome(
