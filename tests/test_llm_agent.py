@@ -115,9 +115,12 @@ def test_web_search_backend_is_pluggable():
 
 def test_llm_option_errors_are_clear():
     with pytest.raises(ValueError, match="llm: expected"):
-        resolve_chat_model("gpt-4o")
-    with pytest.raises(ImportError, match="langchain-openai|langchain_openai"):
-        resolve_chat_model("openai:gpt-4o")  # init_chat_model path; the provider package is not installed here
+        resolve_chat_model(42)
+    for name in ("gpt-4o", "openai:gpt-4o"):  # a bare name: LangChain infers the provider, as with the prefix
+        with pytest.raises(ValueError, match=r"langchain-openai.*llm='local'"):
+            resolve_chat_model(name)  # the provider package is not installed here
+    with pytest.raises(ValueError, match=r"llm='no-such-model'.*Unable to infer model provider"):
+        resolve_chat_model("no-such-model")
     with pytest.raises(ValueError, match="memory_window"):
         LangChainAgent("scripted", [], memory_window=0, checkpointer="memory")
 
