@@ -131,6 +131,6 @@ class DQNConfig(EnvConfig):
         _check("buffer_size", self.buffer_size >= self.batch_size, f">= batch_size ({self.batch_size})", self.buffer_size)
         _check("train_frequency", self.train_frequency >= 1, "an int >= 1", self.train_frequency)
         _check("tau", 0 < self.tau <= 1, "in (0, 1]", self.tau)
-        _check("epsilon_decay", self.epsilon_decay is None or 0 < self.epsilon_decay <= 1, "in (0, 1] or None (linear schedule)",
-               self.epsilon_decay)
+        _check("epsilon_decay", self.epsilon_decay is None or 0 < self.epsilon_decay <= 1,
+               "in (0, 1] or None (linear schedule)", self.epsilon_decay)
         _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)

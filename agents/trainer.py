@@ -241,14 +241,15 @@ class Trainer:
 
         ``rollout_efficiency``: share of the workers' rollout time spent stepping envs and choosing actions; the rest
         is loop bookkeeping, encoding, transfer and waiting on the slowest worker. ``rollout_worker_share``: share
-        of that time inside the workers' own loops (the rest is dispatch, transfer and scheduling). ``gradient_delay_ms``: from the
-        previous update's last optimiser step to the first env step acting with those weights (absent on the first
-        iteration). ``update_ms`` (set by ``update``) is the learner's compute.
+        of that time inside the workers' own loops (the rest is dispatch, transfer and scheduling).
+        ``gradient_delay_ms``: from the previous update's last optimiser step to the first env step acting with
+        those weights (absent on the first iteration). ``update_ms`` (set by ``update``) is the learner's compute.
         """
         occupied = rollout.occupied_s or rollout.worker_wall_s
         metrics = {"system/rollout_efficiency": (rollout.env_step_s + rollout.policy_s) / max(occupied, 1e-9),
                    "system/rollout_worker_share": min(rollout.worker_wall_s / max(occupied, 1e-9), 1.0),
-                   "system/rollout_bytes": float(rollout.bytes_sent), "system/rollout_bytes_raw": float(rollout.bytes_raw),
+                   "system/rollout_bytes": float(rollout.bytes_sent),
+                   "system/rollout_bytes_raw": float(rollout.bytes_raw),
                    "system/rollout_s": rollout.wall_s, "system/policy_lag": 0.0}
         if self.weights_applied_at is not None and rollout.started_at:
             metrics["system/gradient_delay_ms"] = max(rollout.started_at - self.weights_applied_at, 0.0) * 1000.0

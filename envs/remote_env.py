@@ -238,7 +238,8 @@ class RemoteEnv:
         blob = cloudpickle.dumps(template)
         if len(blob) > ENV_PICKLE_WARN_BYTES:
             warnings.warn(
-                f"{cls.__name__} pickles to {len(blob) / 2**20:.1f} MiB (over {ENV_PICKLE_WARN_BYTES / 2**20:.0f} MiB): "
+                f"{cls.__name__} pickles to {len(blob) / 2**20:.1f} MiB "
+                f"(over {ENV_PICKLE_WARN_BYTES / 2**20:.0f} MiB): "
                 f"every one of its {self.num_envs} copies carries that. Keep large in-memory objects out of the env "
                 "class: load them where the copy runs (in reset, or lazily on first use) or put them in the Ray "
                 "object store and keep the reference", UserWarning, stacklevel=3)

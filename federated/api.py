@@ -37,9 +37,10 @@ def env_variant(env: gym.Env) -> dict[str, float]:
 def apply_local_data(site: SiteConfig, local_data: LocalData, site_dir: Path) -> SiteConfig:
     """Put a site's `local_data` into its node config; a dataset is checked here and stays on this machine.
 
-    Accepted: an env variant ``{"pole_length": .., "gravity": ..}`` or a CartPole gymnasium env carrying it; an offline dataset (an ``.npz`` path or a
-    mapping of arrays with ``obs``/``actions``); or ``{"dataset": <path or arrays>, "pole_length": .., "gravity": ..}``
-    (the variant is the env the site scores the global model on). Arrays are written to ``site_dir/dataset.npz``.
+    Accepted: an env variant ``{"pole_length": .., "gravity": ..}`` or a CartPole gymnasium env carrying it; an
+    offline dataset (an ``.npz`` path or a mapping of arrays with ``obs``/``actions``); or
+    ``{"dataset": <path or arrays>, "pole_length": .., "gravity": ..}`` (the variant is the env the site scores the
+    global model on). Arrays are written to ``site_dir/dataset.npz``.
     """
     from opentinker.agents.bc import DatasetError, read_arrays
 
@@ -89,9 +90,9 @@ class FLClient:
 
     ``transport``: how the site reaches the SuperLink ("rest": Flower's Fleet API over HTTPS, the one a firewall
     that blocks gRPC lets through; see ``deploy.TRANSPORTS``); ``superlink``: its address (default: the
-    federation's). ``aggregation_interval`` is the number of seconds the site trains locally between two aggregations (each
-    round it receives the global model, trains for at most that long — and at most the server's ``local-steps`` —
-    then replies with its weights and the env steps it took, which weight its share of the average).
+    federation's). ``aggregation_interval`` is the number of seconds the site trains locally between two
+    aggregations (each round it receives the global model, trains for at most that long — and at most the server's
+    ``local-steps`` — then replies with its weights and the env steps it took, which weight its share of the average).
     """
 
     def __init__(self, strategy: str = "fedavg", aggregation_interval: float = 300.0, site_id: int = 0,

@@ -24,7 +24,9 @@ def certs(directory: Path = typer.Option(..., "--dir", help="Folder for ca.crt, 
 def up(sites: int = typer.Option(3, help="SuperNodes to start, one per site."),
        root: Optional[Path] = typer.Option(None, help="Federation folder (default <data_dir>/federated/deployment)."),
        dataset: list[str] = typer.Option([], help="SITE=PATH: site SITE trains by behaviour cloning on the .npz "
-                                                  "transitions at PATH instead of PPO (repeatable).")) -> None:
+                                                  "transitions at PATH instead of PPO (repeatable)."),
+       transport: str = typer.Option("rest", help="How sites reach the SuperLink: 'rest' (Flower's Fleet API over "
+                                                  "HTTPS; passes firewalls that block gRPC).")) -> None:
     """Start a SuperLink (TLS, SuperNode auth) and one authenticated SuperNode per site on loopback."""
     from opentinker.federated import deploy
     from opentinker.federated.api import apply_local_data
@@ -36,7 +38,7 @@ def up(sites: int = typer.Option(3, help="SuperNodes to start, one per site."),
         if not sep or not site.isdigit() or int(site) >= sites:
             raise typer.BadParameter(f"{item!r}: expected SITE=PATH with SITE in 0..{sites - 1}", param_hint="--dataset")
         apply_local_data(configs[int(site)], path, Path())
-    fed = deploy.up(sites, root, site_configs=configs)
+    fed = deploy.up(sites, root, site_configs=configs, transport=transport)
     typer.echo(f"SuperLink on {fed.address} (pid {fed.superlink_pid}); sites {fed.site_pids}; state in {fed.root}")
 
 

@@ -153,7 +153,8 @@ class GroupTrainer:
             if t.horizon is None:
                 t.horizon = self.horizon * self.agents_per_env(kind)
 
-    def train(self, steps: int | float, callback: GroupCallback | None = None, checkpoint_dir: str | os.PathLike | None = None,
+    def train(self, steps: int | float, callback: GroupCallback | None = None,
+              checkpoint_dir: str | os.PathLike | None = None,
               checkpoint_every: int | None = None) -> dict[str, float]:
         """Train every unfrozen kind until ``global_step >= steps``; metrics of the last iteration.
 
