@@ -1,4 +1,4 @@
-"""The article's examples (docs/article_examples.md keeps the text), each copied exactly as printed; only its `...`
+"""The article's examples (the README shows them too), each copied exactly as printed; only its `...`
 placeholders and `my_dataset` are filled in, and names a snippet uses without importing are imported above it.
 Then the article's troubleshooting table as behaviour: a reset connection, a worker out of memory, NaN under AMP."""
 from __future__ import annotations
