@@ -324,7 +324,8 @@ def _layout() -> tuple[str, ...]:
             source = dist.locate_file(top)
             if os.path.exists(source):
                 args += ["--ro-bind", str(source), f"{_SITE}/{top}"]
-    return (*args, "--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev")
+    # /proc read-only: the sysctls under /proc/sys check the host uid, which is 0 when the caller is root
+    return (*args, "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--remount-ro", "/dev")
 
 
 @lru_cache(maxsize=1)
