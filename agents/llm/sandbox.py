@@ -268,7 +268,7 @@ def _boot_source() -> str:
 
 
 def _bwrap_path() -> str:
-    exe = shutil.which("bwrap") or shutil.which("bwrap", path="/usr/bin:/bin")
+    exe = shutil.which("bwrap")
     if exe is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed, so untrusted code cannot be isolated: install "
                                  "the Debian package 'bubblewrap' (./install.sh does), or set OPENTINKER_SANDBOX=none "
