@@ -280,9 +280,14 @@ def test_output_flood_is_cut_and_killed():
 
 
 def test_infinite_loop_is_killed_with_its_children():
-    result = run_python(DISARM + "import os\nos.fork()\nwhile True:\n    pass", LIMITS)
-    assert result.timed_out
+    token = secrets.token_hex(8)
+    result = run_python(DISARM + f"""import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)  # {token}"], start_new_session=True)
+while True:
+    pass""", LIMITS)
+    assert result.timed_out, result.report()
     assert psutil.Process().children(recursive=True) == []
+    assert not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or ())]
 
 
 # --- network -----------------------------------------------------------------------------------------------

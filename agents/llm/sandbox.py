@@ -95,7 +95,7 @@ class SandboxResult:
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out and not self.truncated
+        return self.exit_code == 0 and not self.timed_out
 
     def report(self) -> str:
         """The text a model sees: the output plus a one-line verdict when the run did not end cleanly."""
@@ -200,12 +200,16 @@ def _execute(argv: list[str], code: str, limits: SandboxLimits, cwd: str, info_r
 
 
 def _kill(proc: subprocess.Popen, info_r: int | None) -> None:
-    """SIGKILL the sandbox's PID 1 (the kernel then kills its whole namespace), or the process group without bwrap."""
+    """SIGKILL the sandbox's PID 1: the kernel kills its whole namespace, and bwrap exits once that is done.
+
+    Without bwrap (or before it started the sandbox) kill the process group instead.
+    """
+    target, kill = (proc.pid, os.killpg)
     child = _sandbox_pid1(info_r) if info_r is not None else None
+    if child is not None:
+        target, kill = child, os.kill
     try:
-        if child is not None:
-            os.kill(child, signal.SIGKILL)
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill(target, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
