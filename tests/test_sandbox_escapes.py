@@ -360,7 +360,10 @@ def test_no_state_carries_over_between_calls():
 
 def test_identity_is_unprivileged():
     out = invoke("import os, socket\nprint(os.getuid(), os.getgid(), socket.gethostname())\n"
-                 "print(open('/proc/self/status').read())", "disarmed")
+                 "print(open('/proc/self/status').read())\n"
+                 "print('setuid-capable mounts:', [l for l in open('/proc/self/mountinfo') if 'nosuid' not in l])\n"
+                 "attempt('tty', lambda: os.open('/dev/tty', os.O_RDWR))", "disarmed")
+    assert "setuid-capable mounts: []" in out and "tty refused:" in out, out  # no suid; no terminal to inject into
     assert out.startswith("65534 65534 sandbox"), out
     status = dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
     assert status["CapEff"].strip() == "0000000000000000" and status["CapPrm"].strip() == "0000000000000000"
