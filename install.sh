@@ -7,7 +7,7 @@ PY=${PYTHON:-python3.11}
 # bubblewrap isolates the agents' Python tool (agents/llm/sandbox.py), libseccomp2 backs its seccomp filter.
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
-ldconfig -p 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)
+{ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
