@@ -244,6 +244,36 @@ attempt("daemon", daemon)
     assert not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or ())]
 
 
+def test_sandbox_dies_with_a_killed_caller():
+    """--die-with-parent: a caller killed mid-call (SIGKILL, no cleanup) takes the whole sandbox with it."""
+    token = secrets.token_hex(8)
+    code = DISARM + f"""import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # {token}"])
+time.sleep(60)"""
+    cgroups = set(Path("/sys/fs/cgroup/pids").glob("opentinker-sandbox-*"))
+    caller = subprocess.Popen([sys.executable, "-c", "from opentinker.agents.llm import SandboxLimits, run_python; "
+                               f"run_python({code!r}, SandboxLimits(wall_time_s=60))"])
+
+    def sandboxed() -> list[psutil.Process]:  # the caller's own command line holds the token too
+        return [p for p in psutil.process_iter(["cmdline"])
+                if token in " ".join(p.info["cmdline"] or ()) and p.pid != caller.pid]
+
+    try:
+        deadline = time.monotonic() + 60
+        while not sandboxed():
+            assert caller.poll() is None and time.monotonic() < deadline, "the sandboxed child never started"
+            time.sleep(0.05)
+    finally:
+        caller.kill()
+        caller.wait()
+    deadline = time.monotonic() + 10
+    while sandboxed() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not sandboxed(), "the sandbox outlived its killed caller"
+    for leftover in set(Path("/sys/fs/cgroup/pids").glob("opentinker-sandbox-*")) - cgroups:
+        leftover.rmdir()  # a killed caller cannot remove its (now empty) cgroup
+
+
 # --- resource exhaustion -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
