@@ -251,8 +251,8 @@ def test_sandbox_dies_with_a_killed_caller():
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # {token}"])
 time.sleep(60)"""
     cgroups = set(Path("/sys/fs/cgroup/pids").glob("opentinker-sandbox-*"))
-    caller = subprocess.Popen([sys.executable, "-c", "from opentinker.agents.llm import SandboxLimits, run_python; "
-                               f"run_python({code!r}, SandboxLimits(wall_time_s=60))"])
+    call = f"from opentinker.agents.llm import SandboxLimits, run_python; run_python({code!r}, SandboxLimits(60))"
+    caller = subprocess.Popen([sys.executable, "-c", call])
 
     def sandboxed() -> list[psutil.Process]:  # the caller's own command line holds the token too
         return [p for p in psutil.process_iter(["cmdline"])
