@@ -21,7 +21,7 @@ def _apply_limits(memory_mb, cpu_s, max_procs, max_file_mb):
     _limit(resource.RLIMIT_FSIZE, max_file_mb * 1024 * 1024)
     _limit(resource.RLIMIT_NOFILE, 64)
     _limit(resource.RLIMIT_CORE, 0)
-    _limit(resource.RLIMIT_NPROC, max_procs)  # inside a user namespace the kernel enforces it for any uid
+    _limit(resource.RLIMIT_NPROC, max_procs)  # binds a non-root caller; for root, sandbox.py adds a pids cgroup
 
 
 def _install_guard(workdir):
