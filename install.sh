@@ -4,6 +4,19 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3.11}
+# bubblewrap isolates the agents' Python tool (agents/llm/sandbox.py), libseccomp2 backs its seccomp filter.
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+{ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  else
+    echo "install.sh: missing system packages: ${missing[*]} (Debian/Ubuntu: sudo apt-get install ${missing[*]});" \
+      "the Python tool's sandbox refuses to run without them" >&2
+    exit 1
+  fi
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check uv
 # uv does not read pip's config: pass on a local wheel folder (e.g. a CPU torch wheel) if pip knows one.

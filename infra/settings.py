@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
@@ -33,6 +34,9 @@ class Settings(BaseSettings):
     s3_access_key: str = Field("", description="S3 access key id (falls back to boto3's usual chain when empty).")
     s3_secret_key: str = Field("", description="S3 secret key.")
     s3_region: str = Field("us-east-1", description="S3 region.")
+    sandbox: Literal["bwrap", "none"] = Field("bwrap", description="Isolation of model-written code (PythonREPL): "
+                                              "'bwrap' (bubblewrap namespaces, fails closed without them) or 'none' "
+                                              "(in-process guard only; trusted local use).")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):

@@ -7,14 +7,15 @@ from .agent import AgentReply, LangChainAgent, ToolCallRecord, ToolGuardMiddlewa
 from .local_model import LocalChatModel
 from .memory import RollingMemoryMiddleware, extractive_summary, llm_summarizer
 from .models import resolve_chat_model
-from .sandbox import SandboxLimits, SandboxResult, run_python
+from .sandbox import SandboxLimits, SandboxResult, SandboxUnavailable, run_python
 from .scripted_model import ScriptedChatModel, command_script
 from .search import LocalDocsBackend, SearchBackend, SearchHit
 from .tools import PolicyTool, PythonREPL, WebSearch
 
 __all__ = [
     "AgentReply", "LangChainAgent", "LocalChatModel", "LocalDocsBackend", "PolicyTool", "PythonREPL",
-    "RollingMemoryMiddleware", "SandboxLimits", "SandboxResult", "ScriptedChatModel", "SearchBackend", "SearchHit",
+    "RollingMemoryMiddleware", "SandboxLimits", "SandboxResult", "SandboxUnavailable", "ScriptedChatModel",
+    "SearchBackend", "SearchHit",
     "ToolCallRecord", "ToolGuardMiddleware", "WebSearch", "command_script", "extractive_summary", "llm_summarizer",
     "resolve_chat_model", "run_python",
 ]

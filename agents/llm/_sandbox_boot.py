@@ -1,13 +1,14 @@
-"""Sandbox child entry point (run as a script by sandbox.py, never imported).
+"""Sandbox child entry point (sandbox.py runs its source with ``python -I -S -c``; never imported).
 
-argv: WORKDIR MEMORY_MB CPU_S MAX_PROCS MAX_FILE_MB. Reads the user's code from stdin, applies limits,
-installs the audit guard, then runs the code like a REPL cell (a trailing expression is printed).
+argv: WORKDIR MEMORY_MB CPU_S MAX_PROCS MAX_FILE_MB SITE_DIR. Reads the user's code from stdin, applies limits,
+installs the audit guard (a second layer inside the bubblewrap sandbox, not a boundary), then runs the code like
+a REPL cell (a trailing expression is printed).
 """
 import ast
-import traceback
 import os
 import resource
 import sys
+import traceback
 
 
 def _limit(kind, value):
@@ -20,7 +21,7 @@ def _apply_limits(memory_mb, cpu_s, max_procs, max_file_mb):
     _limit(resource.RLIMIT_FSIZE, max_file_mb * 1024 * 1024)
     _limit(resource.RLIMIT_NOFILE, 64)
     _limit(resource.RLIMIT_CORE, 0)
-    _limit(resource.RLIMIT_NPROC, max_procs)  # enforced for non-root users; the guard refuses forks for everyone
+    _limit(resource.RLIMIT_NPROC, max_procs)  # binds a non-root caller; for root, sandbox.py adds a pids cgroup
 
 
 def _install_guard(workdir):
@@ -76,12 +77,12 @@ def _run_cell(source):
 
 
 def main():
-    workdir, memory_mb, cpu_s, max_procs, max_file_mb = sys.argv[1], *map(int, sys.argv[2:6])
+    workdir, memory_mb, cpu_s, max_procs, max_file_mb, site = sys.argv[1], *map(int, sys.argv[2:6]), sys.argv[6]
     source = sys.stdin.read()
     sys.stdin.close()
     os.chdir(workdir)
     _apply_limits(memory_mb, cpu_s, max_procs, max_file_mb)
-    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != os.path.realpath(os.path.dirname(__file__))]
+    sys.path.append(site)
     _install_guard(workdir)
     try:
         _run_cell(source)

@@ -1,26 +1,62 @@
-"""Run untrusted Python in a throw-away subprocess with OS limits and an in-process guard.
+"""Run untrusted Python inside a bubblewrap sandbox: one throw-away set of namespaces per call.
 
-Layers, outermost first (each one alone is not a security boundary; together they make escapes loud):
-- a fresh network namespace (``unshare --net``) when the host allows it: no interfaces, no network;
-- a new session/process group killed as a whole on wall-time expiry;
-- rlimits set before user code runs: address space, CPU seconds, processes, file size, open files;
-- a CPython audit hook that refuses sockets, subprocesses/forks, ctypes and any ``open`` outside the
-  sandbox's temp dir (imports from the interpreter's own folders stay readable);
-- stdout/stderr written to a size-capped file in the temp dir, read back truncated.
+The boundary is the kernel's, set up by bubblewrap (``bwrap``, what Flatpak uses), and holds whatever the code does:
+- new user, PID, mount, IPC, UTS, cgroup and network namespaces; uid/gid 65534 with no capabilities, no new
+  privileges and no nested user namespaces; its own session; the whole PID namespace dies with the call;
+- a filesystem of read-only binds: the interpreter, its stdlib, the system's shared libraries and the packages in
+  ``SANDBOX_PACKAGES`` (not the project, not ``/etc``, not any home); the only writable place is a tmpfs at ``/tmp``
+  capped at ``disk_mb``; a cleared environment;
+- a seccomp filter (libseccomp) that fails mount, ptrace, namespace, keyring, bpf, perf, io_uring and
+  kernel-module calls with EPERM;
+- a process limit that holds for any uid: RLIMIT_NPROC for a non-root caller, whose uid the sandbox maps to; a
+  per-call pids cgroup for root (the kernel exempts root-mapped processes from RLIMIT_NPROC);
+- rlimits set before the code runs: address space, CPU seconds, file size, open files; output read through a
+  pipe, the sandbox killed once it passes the cap.
+A CPython audit hook (``_sandbox_boot.py``) is a second layer that turns most attempts into a readable refusal;
+it is not a boundary. Without bwrap or user namespaces the call raises ``SandboxUnavailable`` (fail closed);
+``OPENTINKER_SANDBOX=none`` opts out for trusted local use (the audit hook and rlimits only).
 """
 from __future__ import annotations
 
+import errno
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
+from opentinker.infra.settings import get_settings
+
 _BOOTSTRAP = Path(__file__).with_name("_sandbox_boot.py")
+SANDBOX_PACKAGES = ("numpy", "sympy", "mpmath")
+"""Installed distributions the sandboxed code may import, besides the standard library."""
+_SITE = "/site-packages"
+_WORKDIR = "/tmp"
+_UID = 65534  # nobody
+_SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32")
+_DENIED_SYSCALLS = (
+    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsconfig", "fsmount", "fspick",
+    "move_mount", "open_tree", "mount_setattr", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
+    "io_uring_enter", "io_uring_register", "open_by_handle_at", "name_to_handle_at", "personality", "syslog",
+    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "acct", "swapon", "swapoff",
+    "reboot", "quotactl", "lookup_dcookie")
+_ENV = {"HOME": _WORKDIR, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1"}
+
+
+class SandboxUnavailable(RuntimeError):
+    """The OS isolation cannot be set up here; no code was run."""
 
 
 @dataclass(frozen=True)
@@ -28,19 +64,20 @@ class SandboxLimits:
     """Resource limits for one run."""
 
     wall_time_s: float = 10.0
-    """Wall-clock limit; the whole process group is killed when it expires (infinite loops, sleeps)."""
+    """Wall-clock limit; the sandbox (every process in it) is killed when it expires."""
     memory_mb: int = 512
-    """Address-space limit (RLIMIT_AS); allocations beyond it raise MemoryError in the child."""
+    """Address-space limit per process (RLIMIT_AS); allocations beyond it raise MemoryError in the child."""
     max_output_chars: int = 4000
-    """Characters of combined stdout/stderr returned to the caller; the rest is cut and marked."""
+    """Characters of combined stdout/stderr returned to the caller; past 4x this many bytes the run is killed."""
     max_file_mb: int = 8
-    """Largest file the child may write (RLIMIT_FSIZE), its captured output included."""
-    max_processes: int = 64
-    """RLIMIT_NPROC (fork bombs; the kernel does not apply it to root, where the audit guard's refusal of
-    fork/spawn/subprocess is what stops them)."""
+    """Largest single file the child may write (RLIMIT_FSIZE)."""
+    max_processes: int = 16
+    """Processes and threads the run may have at once (RLIMIT_NPROC, or a pids cgroup when running as root)."""
+    disk_mb: int = 64
+    """Size of the writable tmpfs at /tmp, everything the run writes together."""
 
     def __post_init__(self) -> None:
-        for name in ("wall_time_s", "memory_mb", "max_output_chars", "max_file_mb", "max_processes"):
+        for name in ("wall_time_s", "memory_mb", "max_output_chars", "max_file_mb", "max_processes", "disk_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name}: expected a positive number, got {getattr(self, name)!r}")
 
@@ -73,67 +110,258 @@ class SandboxResult:
 
 
 def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
-    """Execute ``code`` in a sandboxed interpreter; never raises for anything the code does."""
+    """Execute ``code`` in the sandbox; never raises for anything the code does.
+
+    Raises ``SandboxUnavailable`` when the isolation cannot be set up (bwrap missing, namespaces refused).
+    """
     if not isinstance(code, str):
         raise TypeError(f"code: expected a string, got {type(code).__name__}")
     limits = limits or SandboxLimits()
-    workdir = Path(tempfile.mkdtemp(prefix="opentinker-sandbox-"))
-    try:
-        return _run_in(workdir, code, limits)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _run_in(workdir: Path, code: str, limits: SandboxLimits) -> SandboxResult:
-    out_path = workdir / ".output"
-    argv = [sys.executable, "-I", str(_BOOTSTRAP), str(workdir), str(limits.memory_mb),
-            str(int(limits.wall_time_s) + 2), str(limits.max_processes), str(limits.max_file_mb)]
-    isolated = _netns_available()
-    if isolated:
-        argv = ["unshare", "--net", "--", *argv]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONIOENCODING": "utf-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    started = time.monotonic()
-    with open(out_path, "wb") as out:
-        proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        timed_out = False
+    if get_settings().sandbox == "none":
+        workdir = tempfile.mkdtemp(prefix="opentinker-sandbox-")
         try:
-            proc.communicate(code.encode(), timeout=limits.wall_time_s)
+            argv = _boot_argv(sys.executable, workdir, sysconfig.get_paths()["purelib"], limits)
+            return _execute(argv, code, limits, cwd=workdir, info_r=None, pass_fds=())
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    bwrap = _bwrap_path()
+    _probe(bwrap)
+    bpf, pids_root = _seccomp_bpf(), _pids_cgroup()
+    cgroup = pids_root / f"opentinker-sandbox-{uuid.uuid4().hex}" if pids_root else None
+    info_r, info_w = os.pipe()
+    seccomp = _pipe_with(bpf)
+    try:
+        argv = [bwrap, *_layout(), "--size", str(limits.disk_mb * 1024 * 1024), "--tmpfs", _WORKDIR,
+                "--remount-ro", "/", "--chdir", _WORKDIR, "--seccomp", str(seccomp), "--info-fd", str(info_w),
+                "--", *_boot_argv(_interpreter(), _WORKDIR, _SITE, limits)]
+        if cgroup is not None:
+            cgroup.mkdir()
+            (cgroup / "pids.max").write_text(str(limits.max_processes + 2))  # + bwrap's own two processes
+            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *argv]
+        return _execute(argv, code, limits, cwd="/", info_r=info_r, pass_fds=(seccomp, info_w))
+    finally:
+        os.close(info_r)
+        if cgroup is not None and cgroup.exists():
+            _remove_cgroup(cgroup)
+
+
+def _boot_argv(python: str, workdir: str, site: str, limits: SandboxLimits) -> list[str]:
+    return [python, "-I", "-S", "-B", "-c", _boot_source(), workdir, str(limits.memory_mb),
+            str(int(limits.wall_time_s) + 2), str(limits.max_processes), str(limits.max_file_mb), site]
+
+
+def _execute(argv: list[str], code: str, limits: SandboxLimits, cwd: str, info_r: int | None,
+             pass_fds: tuple[int, ...]) -> SandboxResult:
+    """Start ``argv`` (it owns ``pass_fds`` from here), feed it the code, collect output until exit or a limit."""
+    env = {} if info_r is not None else {**_ENV, "HOME": cwd}  # bwrap sets the sandbox's own
+    started = time.monotonic()
+    deadline = started + limits.wall_time_s
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)
+    finally:
+        for fd in pass_fds:
+            os.close(fd)  # the child holds them now; the info pipe sees EOF once bwrap is done with it
+    try:
+        proc.stdin.write(code.encode())
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    cap = limits.max_output_chars * 4
+    buf, timed_out, flooded = bytearray(), False, False
+    out = proc.stdout.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
+            break
+        if not select.select([out], [], [], left)[0]:
+            continue
+        chunk = os.read(out, 65536)
+        if not chunk:
+            break  # every process in the sandbox has closed its output
+        buf += chunk
+        if len(buf) > cap:
+            flooded = True
+            break
+    if not (timed_out or flooded):
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.01))
         except subprocess.TimeoutExpired:
             timed_out = True
-        finally:
-            _kill_group(proc)
-    raw = out_path.read_bytes()[: limits.max_output_chars * 4].decode("utf-8", errors="replace")
+    if timed_out or flooded:
+        _kill(proc, info_r)
+    proc.wait()  # with bwrap this returns once the sandbox's PID namespace is empty
+    proc.stdout.close()
+    raw = bytes(buf[:cap]).decode("utf-8", errors="replace")
     return SandboxResult(output=raw[: limits.max_output_chars], exit_code=None if timed_out else proc.returncode,
-                         timed_out=timed_out, truncated=len(raw) > limits.max_output_chars or
-                         out_path.stat().st_size > limits.max_output_chars * 4,
-                         duration_s=time.monotonic() - started, network_isolated=isolated)
+                         timed_out=timed_out, truncated=flooded or len(raw) > limits.max_output_chars,
+                         duration_s=time.monotonic() - started, network_isolated=info_r is not None)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill everything the run started (its own session), then reap the direct child."""
+def _kill(proc: subprocess.Popen, info_r: int | None) -> None:
+    """SIGKILL the sandbox's PID 1: the kernel kills its whole namespace, and bwrap exits once that is done.
+
+    Without bwrap (or before it started the sandbox) kill the process group instead.
+    """
+    target, kill = (proc.pid, os.killpg)
+    child = _sandbox_pid1(info_r) if info_r is not None else None
+    if child is not None:
+        target, kill = child, os.kill
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill(target, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    proc.wait()
 
 
-_NETNS: bool | None = None
+def _sandbox_pid1(info_r: int) -> int | None:
+    """The host pid of the sandbox's PID 1, from bwrap's ``--info-fd`` JSON (None if bwrap never got that far)."""
+    data = b""
+    while select.select([info_r], [], [], 1.0)[0]:
+        chunk = os.read(info_r, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        return int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError):
+        return None
 
 
-def _netns_available() -> bool:
-    """Whether ``unshare --net`` works here (root or unprivileged user namespaces); probed once."""
-    global _NETNS
-    if _NETNS is None:
-        exe = shutil.which("unshare")
+@lru_cache(maxsize=1)
+def _pids_cgroup() -> Path | None:
+    """Where per-call pids cgroups go when running as root (the kernel exempts a root-mapped sandbox from
+    RLIMIT_NPROC); None for other users, whose sandbox RLIMIT_NPROC binds."""
+    if os.geteuid() != 0:
+        return None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "pids" in controllers.split(","):
+            base = Path("/sys/fs/cgroup/pids", path.lstrip("/"))
+        elif not controllers:
+            base = Path("/sys/fs/cgroup", path.lstrip("/"))
+            control = base / "cgroup.subtree_control"
+            if not (control.exists() and "pids" in control.read_text().split()):
+                continue
+        else:
+            continue
+        if os.access(base, os.W_OK):
+            return base
+    raise SandboxUnavailable("running as root, the sandbox's process limit needs a writable cgroup with the pids "
+                             "controller (cgroup v1 /sys/fs/cgroup/pids, or v2 with pids delegated to this "
+                             "process's cgroup); run as a non-root user instead, or set OPENTINKER_SANDBOX=none on "
+                             "a trusted machine")
+
+
+def _remove_cgroup(cgroup: Path) -> None:
+    """rmdir once the kernel has detached the last (already reaped) task; that lags the reaping by moments."""
+    deadline = time.monotonic() + 5.0
+    while True:
         try:
-            _NETNS = bool(exe) and subprocess.run([exe, "--net", "--", "true"], capture_output=True,
-                                                  timeout=10).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            _NETNS = False
-    return _NETNS
+            cgroup.rmdir()
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)
+
+
+@lru_cache(maxsize=1)
+def _boot_source() -> str:
+    return _BOOTSTRAP.read_text()
+
+
+def _bwrap_path() -> str:
+    exe = shutil.which("bwrap")
+    if exe is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not installed, so untrusted code cannot be isolated: install "
+                                 "the Debian package 'bubblewrap' (./install.sh does), or set OPENTINKER_SANDBOX=none "
+                                 "to run code without OS isolation on a trusted machine")
+    return exe
+
+
+_PROBED: set[str] = set()
+
+
+def _probe(bwrap: str) -> None:
+    """Start one empty sandbox, once per process: fail closed, naming what is missing, when the kernel refuses."""
+    if bwrap in _PROBED:
+        return
+    seccomp = _pipe_with(_seccomp_bpf())
+    try:
+        done = subprocess.run([bwrap, *_layout(), "--seccomp", str(seccomp), "--", _interpreter(), "-I", "-S",
+                               "-c", "pass"], check=False, capture_output=True, text=True, pass_fds=(seccomp,),
+                              timeout=60, env={})
+    finally:
+        os.close(seccomp)
+    if done.returncode != 0:
+        raise SandboxUnavailable(f"bubblewrap could not create the sandbox ({done.stderr.strip() or done.returncode}):"
+                                 " user namespaces must be allowed (sysctl kernel.unprivileged_userns_clone=1, "
+                                 "user.max_user_namespaces > 0); or set OPENTINKER_SANDBOX=none on a trusted machine")
+    _PROBED.add(bwrap)
+
+
+@lru_cache(maxsize=1)
+def _layout() -> tuple[str, ...]:
+    """bwrap's namespace, identity and read-only filesystem arguments (the same for every call)."""
+    args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--uid", str(_UID), "--gid", str(_UID), "--hostname", "sandbox", "--clearenv"]
+    for key, value in _ENV.items():
+        args += ["--setenv", key, value]
+    for path in _SYSTEM_LIBS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    stdlib = sysconfig.get_paths()["stdlib"]
+    args += ["--ro-bind", _interpreter(), _interpreter(), "--ro-bind", stdlib, stdlib]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        libpython = os.path.join(sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME"))
+        if os.path.exists(libpython) and not libpython.startswith(tuple(p + "/" for p in _SYSTEM_LIBS)):
+            args += ["--ro-bind", libpython, libpython]
+    for name in SANDBOX_PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        for top in sorted({f.parts[0] for f in dist.files or () if f.parts[0] != ".."}):
+            source = dist.locate_file(top)
+            if os.path.exists(source):
+                args += ["--ro-bind", str(source), f"{_SITE}/{top}"]
+    # /proc read-only: the sysctls under /proc/sys check the host uid, which is 0 when the caller is root
+    return (*args, "--proc", "/proc", "--remount-ro", "/proc", "--dev", "/dev", "--remount-ro", "/dev")
+
+
+@lru_cache(maxsize=1)
+def _interpreter() -> str:
+    """The real interpreter binary (a venv's python is a symlink to it): the sandbox runs it without the venv."""
+    return os.path.realpath(sys.executable)
+
+
+@lru_cache(maxsize=1)
+def _seccomp_bpf() -> bytes:
+    """The compiled seccomp program (allow by default; the calls above fail with EPERM)."""
+    try:
+        import pyseccomp
+    except (ImportError, OSError) as exc:
+        raise SandboxUnavailable(f"libseccomp is not usable ({exc}): install the Debian package 'libseccomp2' "
+                                 "(./install.sh does)") from exc
+    rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    for name in _DENIED_SYSCALLS:
+        rules.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
+    read, write = os.pipe()
+    with open(write, "wb") as out:
+        rules.export_bpf(out)
+    with open(read, "rb") as bpf:
+        return bpf.read()
+
+
+def _pipe_with(data: bytes) -> int:
+    """A pipe's read end holding ``data`` (bwrap reads the seccomp program from an fd)."""
+    read, write = os.pipe()
+    os.write(write, data)
+    os.close(write)
+    return read
 
 
 def _signal_name(code: int) -> str:

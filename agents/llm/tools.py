@@ -20,7 +20,10 @@ class _CodeInput(BaseModel):
 
 
 class PythonREPL(BaseTool):
-    """Runs Python in a fresh sandboxed subprocess per call (no state kept between calls)."""
+    """Runs Python in a fresh bubblewrap sandbox per call (no state kept between calls; see ``sandbox.py``).
+
+    Raises ``SandboxUnavailable`` instead of running code when the isolation cannot be set up.
+    """
 
     name: str = "python_repl"
     description: str = "Run Python code in a sandbox and return what it prints."
