@@ -7,6 +7,7 @@ import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from prefect import flow
 
 from opentinker.flows.params import TrainFlowResult, TrainParams
+from opentinker.flows.presets import resolve_params
 from opentinker.flows.release import release_flow
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.evaluate import evaluate_policy, resolve_model
@@ -19,22 +20,29 @@ from opentinker.tasks.upload import check_storage, render_reports, upload_artifa
 
 @flow(name="train", log_prints=True)
 def train_flow(params: TrainParams) -> TrainFlowResult:
-    """Train, evaluate, register and (maybe) promote one policy; one MLflow run per flow run."""
+    """Train, evaluate, register and (maybe) promote one policy; one MLflow run per flow run.
+
+    Defaults are made concrete first (``presets.resolve_params``), so the run's params are what it trained with.
+    """
     check_storage()
+    params = resolve_params(params)
     config = params.model_dump()
     tracking = start_tracking_run(config, params.resolved_run_name, params.experiment)
     try:
         collect_rollouts(params.env_id, params.seed, params.num_envs, params.workers, run_id=tracking.run_id,
-                         rollout_num_cpus=params.rollout_num_cpus, rollout_num_gpus=params.rollout_num_gpus)
+                         rollout_num_cpus=params.rollout_num_cpus, rollout_num_gpus=params.rollout_num_gpus,
+                         backend=params.backend)
         trained = train_policy(
             tracking.run_id,
             params.env_id,
             params.steps,
             params.seed,
             str(run_dir(get_settings().resolved_data_dir, params.resolved_run_name)),
+            algorithm=params.algorithm,
+            config=params.engine_overrides,
             num_envs=params.num_envs,
             workers=params.workers,
-            ppo=params.ppo,
+            backend=params.backend,
             num_gpus=params.num_gpus,
             rollout_num_cpus=params.rollout_num_cpus,
             rollout_num_gpus=params.rollout_num_gpus,
@@ -70,7 +78,9 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
         decision=released.decision,
         eval_mean=evaluation.mean,
         eval_std=evaluation.std,
-        passed_threshold=evaluation.mean >= params.champion_threshold,
+        threshold=params.champion_threshold,
+        passed_threshold=released.decision.startswith("promoted") if params.champion_threshold is None
+        else evaluation.mean >= params.champion_threshold,
         global_step=trained.global_step,
         start_step=trained.start_step,
         train_seconds=trained.train_seconds,

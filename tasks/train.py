@@ -1,4 +1,4 @@
-"""The training stage: one Prefect task running the engine's whole loop on Ray rollout actors.
+"""The training stage: one Prefect task running the engine's whole loop (env copies in-process or on Ray actors).
 
 Why one task and not one per iteration: a Prefect task run costs tens of milliseconds of API
 round-trips and state bookkeeping, while a CartPole PPO iteration is ~0.1–0.3 s; per-iteration
@@ -9,6 +9,7 @@ handled inside the iteration by Ray (actor restarts, rollouts reseeded by (seed,
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -33,21 +34,26 @@ def train_policy(
     steps: int,
     seed: int,
     directory: str,
+    algorithm: str = "ppo",
+    config: dict[str, Any] | None = None,
     num_envs: int = 8,
     workers: int | None = None,
-    ppo: dict[str, Any] | None = None,
+    backend: str = "ray",
     num_gpus: float = 0.0,
     resume: bool = False,
     checkpoint_every: int | None = None,
     rollout_num_cpus: float | None = None,
     rollout_num_gpus: float = 0.0,
 ) -> TrainOutcome:
-    """Train PPO until ``steps`` global env steps with Ray rollouts; checkpoint, export, log every iteration.
+    """Train ``algorithm`` (engine config fields ``config``) until ``steps`` global env steps; checkpoint, export,
+    log every iteration.
 
-    The engine rewrites ``checkpoints/checkpoint.pt`` atomically every ``checkpoint_every`` env steps and
-    at the end; with ``resume`` training continues from it (a finished run just re-exports).
-    The learner trains on the GPU Ray grants for ``num_gpus`` (``learner_device``); the Ray node ids of the
-    rollout actors are logged as run tags, at the start and at the end (they differ when a node was replaced).
+    ``backend`` "local" steps the env copies in this process (gymnasium's vectorised implementation when the env
+    has one: the engine's fastest path for cheap envs); "ray" on rollout actors, whose Ray node ids are logged as
+    run tags at the start and at the end (they differ when a node was replaced). The engine rewrites
+    ``checkpoints/checkpoint.pt`` atomically every ``checkpoint_every`` env steps and at the end; with ``resume``
+    training continues from it (a finished run just re-exports). The learner trains on the GPU Ray grants for
+    ``num_gpus`` (``learner_device``).
     """
     import mlflow
 
@@ -59,33 +65,36 @@ def train_policy(
     configure_mlflow()
     client = mlflow.MlflowClient()
     with learner_device(num_gpus) as device:  # first: a missing GPU fails before any actor starts
-        options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus)
-        env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed, ray_options=options)
+        options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if backend == "ray" else None
+        env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend=backend, seed=seed, ray_options=options)
         try:
-            nodes = env.worker_node_ids()
+            nodes = [node or "local" for node in env.worker_node_ids()]
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
             client.set_tag(run_id, "opentinker.rollout_nodes", ",".join(nodes))
-            with failing_without_rollout_nodes(options, env.close):
-                outcome = _train(env, run_id, env_id, steps, seed, root, ppo, device, resume, checkpoint_every)
-            client.set_tag(run_id, "opentinker.rollout_nodes_final", ",".join(env.worker_node_ids()))
+            with failing_without_rollout_nodes(options, env.close) if options else contextlib.nullcontext():
+                outcome = _train(env, run_id, env_id, steps, seed, root, algorithm, config, device, resume,
+                                 checkpoint_every)
+            client.set_tag(run_id, "opentinker.rollout_nodes_final",
+                           ",".join(node or "local" for node in env.worker_node_ids()))
             return outcome
         finally:
             env.close()
 
 
-def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path, ppo: dict[str, Any] | None,
-           device: str, resume: bool, checkpoint_every: int | None) -> TrainOutcome:
-    from opentinker.agents import PPOTrainer
+def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path, algorithm: str,
+           config: dict[str, Any] | None, device: str, resume: bool, checkpoint_every: int | None) -> TrainOutcome:
+    from opentinker.agents import trainer_class
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.export import export_policy
 
+    trainer_cls = trainer_class(algorithm)
     checkpoint_dir = root / "checkpoints"
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = checkpoint_dir / CHECKPOINT_NAME
     if resume and checkpoint.exists():
-        trainer = PPOTrainer.load(checkpoint, env=env, device=device)
+        trainer = trainer_cls.load(checkpoint, env=env, device=device)
     else:
-        trainer = PPOTrainer(env, policy="MLP", seed=seed, device=device, **(ppo or {}))
+        trainer = trainer_cls(env, policy="MLP", seed=seed, device=device, **(config or {}))
         (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
     start_step = int(trainer.global_step)
     logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
