@@ -85,35 +85,50 @@ def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path
            config: dict[str, Any] | None, device: str, resume: bool, checkpoint_every: int | None) -> TrainOutcome:
     from opentinker.agents import trainer_class
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.export import export_policy
 
     trainer_cls = trainer_class(algorithm)
-    checkpoint_dir = root / "checkpoints"
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = checkpoint_dir / CHECKPOINT_NAME
+    checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     if resume and checkpoint.exists():
         trainer = trainer_cls.load(checkpoint, env=env, device=device)
     else:
         trainer = trainer_cls(env, policy="MLP", seed=seed, device=device, **(config or {}))
         (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
+    return train_logged(trainer, run_id, steps, root, checkpoint_every, metadata={"env_id": env_id})
+
+
+def train_logged(trainer: Any, run_id: str, steps: int, root: Path, checkpoint_every: int | None = None,
+                 callback: Any = None, metadata: dict[str, Any] | None = None) -> TrainOutcome:
+    """Train an engine trainer with metrics to the MLflow run ``run_id`` (and progress listeners), checkpoints under
+    ``root/checkpoints``, then the export and the history; the flow's training stage and the SDK's
+    ``train(track=True)`` both run this. ``callback`` (the SDK user's) runs after the logger; False stops."""
+    from opentinker.agents.checkpoint import CHECKPOINT_NAME
+    from opentinker.agents.export import export_policy
+
+    checkpoint_dir = root / "checkpoints"
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
     start_step = int(trainer.global_step)
     logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
+
+    def log_then_call(metrics: dict[str, float], step: int) -> bool | None:
+        logger(metrics, step)
+        return None if callback is None else callback(metrics, step)
+
     started = time.perf_counter()
-    trainer.train(steps, callback=logger, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
+    trainer.train(steps, callback=log_then_call, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     train_seconds = time.perf_counter() - started
     logger.flush()
-    export_dir = export_policy(trainer, root / "export", metadata={"env_id": env_id, "run_id": run_id})
+    export_dir = export_policy(trainer, root / "export", metadata={**(metadata or {}), "run_id": run_id})
     history = logger.save_history(root / "history.jsonl")
     return TrainOutcome(
         run_id=run_id,
-        checkpoint_path=str(checkpoint),
+        checkpoint_path=str(checkpoint_dir / CHECKPOINT_NAME),
         export_dir=str(export_dir),
         history_path=str(history),
         start_step=start_step,
         global_step=int(trainer.global_step),
         iterations=len(logger.history),
         train_seconds=train_seconds,
-        worker_pids=env.worker_pids(),
+        worker_pids=trainer.env.worker_pids(),
     )
 
 

@@ -158,3 +158,20 @@ def test_a_trainer_refuses_num_envs_that_contradicts_its_remote_env():
         with pytest.raises(ValueError, match="num_envs=8 conflicts"):
             PPOTrainer(env, num_envs=8)
         assert PPOTrainer(env).config.num_envs == 4
+
+
+def test_sdk_train_with_track_logs_the_flow_layout():
+    from opentinker import PPOTrainer
+
+    trainer = PPOTrainer("CartPole-v1", seed=4, num_envs=4, n_steps=32, backend="local")
+    result = trainer.train(512, track=True, run_name="sdk-tracked", model_name="sdk-tracked", eval_episodes=2)
+    client = _client()
+    run = client.get_run(trainer.last_run_id)
+    assert run.info.status == "FINISHED" and run.data.params["algorithm"] == "ppo"
+    assert run.data.params["ppo.n_steps"] == "32" and run.data.params["num_envs"] == "4"
+    assert "charts/sps" in run.data.metrics and run.data.metrics["eval/mean_return"] == result["eval/mean_return"]
+    artifacts = {a.path for d in ("plots", "config", "checkpoint") for a in client.list_artifacts(run.info.run_id, d)}
+    assert {"plots/learning_curve.png", "config/config.json", "checkpoint/checkpoint.pt"} <= artifacts
+    version = client.get_model_version_by_alias("sdk-tracked", "candidate")
+    assert version.run_id == run.info.run_id
+    trainer.env.close()
