@@ -4,10 +4,11 @@ backend, one command:
     .venv/bin/python bench/pipeline_overhead.py --steps 1000000
 
 ``bare_s``: ``PPOTrainer("CartPole-v1", backend="local", **preset)`` built and trained for ``steps`` (gymnasium's
-vectorised CartPole in-process, the engine's fastest path), then evaluated. ``flow_s``: ``train_flow`` from the call
-to its result, fixed start-up and wrap-up included (Prefect's API server, the MLflow run, the probe rollout,
-evaluation, registration, gate, plots, uploads). ``ratio = flow_s / bare_s``; the floor is 1.25. The bare side runs
-first (so neither side gets a warm Prefect server); the last line is JSON.
+vectorised CartPole in-process, the engine's fastest path), then evaluated. ``flow_s``: the train flow as
+``opentinker train`` runs it (``run_train_flow``: training starts while Prefect's server starts) from the call to its
+result, fixed start-up and wrap-up included (Prefect's API server, the MLflow run, the probe rollout,
+evaluation, registration, gate, plots, uploads). ``ratio = flow_s / bare_s``; the floor is 1.25. ``bare_s`` is the
+mean of a bare run before and one after the flow, so a change in machine load hits both sides; the last line is JSON.
 """
 from __future__ import annotations
 
@@ -35,28 +36,35 @@ def main() -> None:
     params = TrainParams(env_id="CartPole-v1", steps=args.steps, seed=args.seed, run_name="bench",
                          model_name="bench-cartpole")
     resolved = resolve_params(params)
-    started = time.perf_counter()
-    trainer = PPOTrainer("CartPole-v1", seed=args.seed, backend=resolved.backend, num_envs=resolved.num_envs,
-                         **resolved.ppo)
-    trainer.train(args.steps)
-    bare_eval = trainer.evaluate(params.eval_episodes, params.eval_seed).mean
-    trainer.env.close()
-    bare_s = time.perf_counter() - started
-    print(f"bare engine ({resolved.backend}, {resolved.num_envs} envs): {bare_s:.1f} s for {trainer.global_step:,} "
-          f"steps, eval {bare_eval:.1f}", file=sys.stderr)
 
+    def bare() -> tuple[float, float]:
+        started = time.perf_counter()
+        trainer = PPOTrainer("CartPole-v1", seed=args.seed, backend=resolved.backend, num_envs=resolved.num_envs,
+                             **resolved.ppo)
+        trainer.train(args.steps)
+        mean = trainer.evaluate(params.eval_episodes, params.eval_seed).mean
+        trainer.env.close()
+        seconds = time.perf_counter() - started
+        print(f"bare engine ({resolved.backend}, {resolved.num_envs} envs): {seconds:.1f} s, eval {mean:.1f}",
+              file=sys.stderr)
+        return seconds, mean
+
+    before_s, bare_eval = bare()
     import opentinker.tasks  # noqa: F401  (Prefect defaults)
-    from opentinker.flows.train import train_flow
+    from opentinker.flows.train import run_train_flow
 
     started = time.perf_counter()
-    result = train_flow(params)
+    result = run_train_flow(params)  # what `opentinker train` runs
     flow_s = time.perf_counter() - started
     print(f"train_flow: {flow_s:.1f} s in total, {result.train_seconds:.1f} s in the training loop", file=sys.stderr)
+    after_s, _ = bare()
+    bare_s = (before_s + after_s) / 2  # bare runs on both sides of the flow: load drift hits both alike
     print(json.dumps({
         "steps": args.steps,
         "backend": resolved.backend,
         "num_envs": resolved.num_envs,
         "bare_s": round(bare_s, 2),
+        "bare_runs_s": [round(before_s, 2), round(after_s, 2)],
         "flow_s": round(flow_s, 2),
         "ratio": round(flow_s / bare_s, 4),
         "flow_train_loop_s": round(result.train_seconds, 2),

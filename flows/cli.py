@@ -70,10 +70,10 @@ def _run_training(params, verbose: bool):
     from opentinker.flows.console import prepare_prefect, training_progress
 
     prepare_prefect(verbose)
-    from opentinker.flows.train import train_flow
+    from opentinker.flows.train import run_train_flow
 
     with training_progress(params.steps, f"{params.algorithm.upper()} {params.env_id}"):
-        return train_flow(params)
+        return run_train_flow(params)
 
 
 def _print_result(result) -> None:

@@ -14,7 +14,7 @@ from opentinker.tasks.evaluate import evaluate_policy, resolve_model
 from opentinker.tasks.package import package_model
 from opentinker.tasks.rollout import collect_rollouts
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
-from opentinker.tasks.train import run_dir, train_policy
+from opentinker.tasks.train import is_pending, run_dir, start_early, train_policy
 from opentinker.tasks.upload import check_storage, render_reports, upload_artifacts
 
 
@@ -87,3 +87,21 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
         checkpoint_path=trained.checkpoint_path,
         artifact_uris=uris,
     )
+
+
+def run_train_flow(params: TrainParams) -> TrainFlowResult:
+    """What ``opentinker train`` and ``quickstart`` run: ``train_flow``, with in-process training (env copies in this
+    process, CPU learner) already under way while Prefect's API server starts, since none of that start-up has to come
+    first; the flow's training task adopts it. Other runs start training inside the flow as usual."""
+    resolved = resolve_params(params)
+    early = None
+    if resolved.backend == "local" and resolved.num_gpus == 0:
+        early = start_early(resolved.env_id, resolved.steps, resolved.seed,
+                            str(run_dir(get_settings().resolved_data_dir, resolved.resolved_run_name)),
+                            resolved.algorithm, resolved.engine_overrides, resolved.num_envs, resolved.resume,
+                            resolved.checkpoint_every)
+    try:
+        return train_flow(params)
+    finally:
+        if early is not None and is_pending(early):  # the flow failed before its training task
+            early.cancel()
