@@ -111,3 +111,9 @@ def resolve_params(params):
     threshold = params.champion_threshold if params.champion_threshold is not None else kind.reward_threshold
     return params.model_copy(update={params.algorithm: table, "num_envs": num_envs, "backend": backend,
                                      "champion_threshold": threshold})
+
+
+def engine_preset(algorithm: str, env_id: str) -> dict[str, Any]:
+    """The preset as trainer keyword arguments (``num_envs`` included): what ``opentinker train ENV`` would use,
+    for SDK users and benches — ``PPOTrainer(env_id, **engine_preset("ppo", env_id))``."""
+    return preset(algorithm, env_id, problem_kind(env_id))
