@@ -23,8 +23,9 @@ PPO_CONTINUOUS: dict[str, Any] = {"num_envs": 16, "n_steps": 128, "learning_rate
 DQN_DISCRETE: dict[str, Any] = {"num_envs": 4, "n_steps": 32, "learning_rate": 2.3e-3, "batch_size": 64,
                                 "buffer_size": 100_000, "learning_starts": 1_000, "target_network_frequency": 10,
                                 "train_frequency": 2, "exploration_fraction": 0.16, "end_e": 0.04,
-                                "hidden_sizes": (256, 256)}
-"""RL-Zoo's CartPole-v1 DQN (train_freq 256 / gradient_steps 128 = one gradient step per 2 env steps)."""
+                                "hidden_sizes": (256, 256), "total_steps": 50_000}
+"""RL-Zoo's CartPole-v1 DQN (train_freq 256 / gradient_steps 128 = one gradient step per 2 env steps); epsilon decays
+over its 50k-step horizon whatever the run's length."""
 
 PER_ID: dict[tuple[str, str], dict[str, Any]] = {
     ("ppo", "Pendulum-v1"): {"num_envs": 16, "n_steps": 128, "learning_rate": 1e-3, "gamma": 0.9,
@@ -34,7 +35,7 @@ PER_ID: dict[tuple[str, str], dict[str, Any]] = {
     ("dqn", "MountainCar-v0"): {"num_envs": 4, "n_steps": 16, "learning_rate": 4e-3, "batch_size": 128,
                                 "buffer_size": 10_000, "learning_starts": 1_000, "gamma": 0.98,
                                 "target_network_frequency": 600, "train_frequency": 2, "exploration_fraction": 0.2,
-                                "end_e": 0.07, "hidden_sizes": (256, 256)},
+                                "end_e": 0.07, "hidden_sizes": (256, 256), "total_steps": 120_000},
 }
 """Only where the family default fails: (algorithm, env id) -> the whole preset."""
 
