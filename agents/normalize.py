@@ -44,5 +44,5 @@ class ReturnNormalizer:
         return {"returns": self.returns.copy(), "mean": self.mean, "var": self.var, "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
-        self.returns, self.mean, self.var, self.count = (np.array(state[k]) for k in ("returns", "mean", "var", "count"))
-        self.count = float(self.count)
+        self.returns, self.mean, self.var = (np.array(state[k]) for k in ("returns", "mean", "var"))
+        self.count = float(state["count"])

@@ -68,7 +68,8 @@ class PPOTrainer(Trainer):
         rewards = rollout.rewards
         if self.reward_norm is not None:
             rewards = self.reward_norm(rewards, rollout.terminated | rollout.truncated, rollout.valid)
-        advantages, returns = compute_gae(rewards * c.reward_scale, rollout.values, rollout.terminated, rollout.truncated,
+        advantages, returns = compute_gae(rewards * c.reward_scale, rollout.values, rollout.terminated,
+                                          rollout.truncated,
                                           rollout.last_values, c.gamma, c.gae_lambda)
         keep = rollout.valid
         as_tensor = lambda a: torch.as_tensor(a[keep], device=self.device)  # noqa: E731

@@ -1,6 +1,7 @@
 """The defaults against Stable-Baselines3 with RL-Zoo's published hyper-parameters, per env, same seeds and threads:
 
-    .venv/bin/python bench/zoo.py [--seeds 3] [--threads 1] [--cases cartpole-ppo,cartpole-dqn,mountaincar-dqn,pendulum-ppo]
+    .venv/bin/python bench/zoo.py [--seeds 3] [--threads 1] \
+        [--cases cartpole-ppo,cartpole-dqn,mountaincar-dqn,pendulum-ppo]
 
 Ours: ``PPOTrainer``/``DQNTrainer`` (the public API) with the shipped preset (``engine_preset``, what ``opentinker
 train ENV`` uses) and the pipeline's default horizon (``TrainParams.steps``); no tuning here. SB3: RL-Zoo's
@@ -178,7 +179,8 @@ def main() -> None:
                     {k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()}))
         ours_t, sb3_t = median_time(ours), median_time(sb3)
         rows[name] = {
-            "env_id": case.env_id, "algorithm": case.algorithm, "target": case.target, "target_source": case.target_source,
+            "env_id": case.env_id, "algorithm": case.algorithm, "target": case.target,
+            "target_source": case.target_source,
             "ours_time_s": None if math.isinf(ours_t) else round(ours_t, 2),
             "sb3_time_s": None if math.isinf(sb3_t) else round(sb3_t, 2),
             "time_ratio": None if math.isinf(ours_t) or math.isinf(sb3_t) else round(ours_t / sb3_t, 3),
@@ -191,7 +193,8 @@ def main() -> None:
         }
         rows[name]["sps_ratio"] = round(rows[name]["ours_sps"] / rows[name]["sb3_sps"], 2)
     table = Table(title=f"zoo: time to target, {args.seeds} seed(s), {args.threads} torch thread(s)")
-    for column in ("case", "target", "ours s", "SB3 s", "ratio", "reached", "final eval (ours/SB3)", "steps/s (ours/SB3)"):
+    columns = ("case", "target", "ours s", "SB3 s", "ratio", "reached", "final eval (ours/SB3)", "steps/s (ours/SB3)")
+    for column in columns:
         table.add_column(column)
     for name, r in rows.items():
         table.add_row(name, f"{r['target']:g} ({r['target_source']})", str(r["ours_time_s"]), str(r["sb3_time_s"]),

@@ -60,7 +60,8 @@ def import_env(ref: str) -> EnvLike:
     if found is None:
         return ref  # gymnasium's "module:EnvId" (the import registered the id)
     if not callable(found):
-        raise EnvSpecError(f"env {ref!r}: {attr} is a {type(found).__name__}, expected a gymnasium.Env class or factory")
+        raise EnvSpecError(f"env {ref!r}: {attr} is a {type(found).__name__}, expected a gymnasium.Env class or "
+                           "factory")
     return found
 
 

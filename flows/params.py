@@ -33,19 +33,23 @@ class TrainParams(BaseModel):
                         "'package.module:factory' for your own env (importable where the rollouts run).")
     steps: int = Field(200_000, gt=0, description="Total global env steps to reach (a resumed run continues up to it).")
     seed: int = Field(0, ge=0, description="Seeds the policy, the learner and every rollout (seed, iteration, worker).")
-    algorithm: Literal[ALGORITHMS] = Field("ppo", description="Training algorithm; its table holds its hyper-parameters.")
+    algorithm: Literal[ALGORITHMS] = Field("ppo", description="Training algorithm; its table holds its "
+                                           "hyper-parameters.")
     num_envs: int | None = Field(None, gt=0, description="Env copies stepped in parallel; None: the preset's.")
     backend: Literal["auto", "local", "ray"] = Field(
         "auto", description="Where env copies run: 'local' (in-process, gymnasium's vectorised implementation when the "
-        "env has one), 'ray' (rollout actors), 'auto' (Ray when workers is set or the env's step is costly, else local).")
+        "env has one), 'ray' (rollout actors), 'auto' (Ray when workers is set or the env's step is costly, else "
+        "local).")
     workers: int | None = Field(None, gt=0, description="Ray rollout actors; None lets the engine choose.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs the learner takes from Ray (fractions share one); it trains on "
                             "the GPU Ray assigns. 0: device 'auto'.")
     rollout_num_cpus: float | None = Field(None, ge=0, description="CPUs per rollout actor (fractions allowed); None: "
                                            "one, or an equal share of the free CPUs.")
     rollout_num_gpus: float = Field(0.0, ge=0, description="GPUs per rollout actor (fractions allowed).")
-    ppo: dict[str, Any] = Field(default_factory=dict, description="PPOConfig fields (algorithm 'ppo'); over the preset.")
-    dqn: dict[str, Any] = Field(default_factory=dict, description="DQNConfig fields (algorithm 'dqn'); over the preset.")
+    ppo: dict[str, Any] = Field(default_factory=dict, description="PPOConfig fields (algorithm 'ppo'), over the "
+                                "preset.")
+    dqn: dict[str, Any] = Field(default_factory=dict, description="DQNConfig fields (algorithm 'dqn'), over the "
+                                "preset.")
     checkpoint_every: int | None = Field(None, gt=0, description="Env steps between checkpoints; None checkpoints at the end only.")
     resume: bool = Field(False, description="Continue from the run's last checkpoint instead of starting over.")
     run_name: str | None = Field(None, description="Names the checkpoint dir (resume key); default '<env_id>-seed<seed>'.")
@@ -54,7 +58,8 @@ class TrainParams(BaseModel):
     eval_seed: int = Field(10_000, ge=0, description="Seed of the first evaluation episode (then +1 per episode).")
     champion_threshold: float | None = Field(
         None, description="Evaluation mean a candidate needs before it may become champion. None: the env spec's "
-        "reward_threshold, or when it has none, beating the champion (the first model: a random policy by a clear margin).")
+        "reward_threshold, or when it has none, beating the champion (the first model: a random policy by a clear "
+        "margin).")
     experiment: str | None = Field(None, description="MLflow experiment; default from settings.")
 
     @field_validator(*ALGORITHMS)

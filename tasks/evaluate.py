@@ -62,7 +62,6 @@ def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
 def evaluate_policy(model: ResolvedModel, episodes: int = 10, seed: int = 10_000) -> EvalOutcome:
     """Run ``episodes`` deterministic episodes, episode i seeded ``seed + i``; mean and std of returns."""
-    from opentinker.envs import make_env
     from opentinker.tasks.model_store import load_registered_policy
 
     policy = load_registered_policy(model.uri)

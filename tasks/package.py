@@ -77,7 +77,8 @@ def decide(candidate_mean: float, champion_mean: float | None, threshold: float 
         if candidate_mean > random_mean_floor:
             return True, (f"promoted: first champion, mean {candidate_mean:.2f} beats the random policy's floor "
                           f"{random_mean_floor:.2f} (no reward threshold for this env)")
-        return False, f"rejected: mean {candidate_mean:.2f} does not beat the random policy's floor {random_mean_floor:.2f}"
+        return False, (f"rejected: mean {candidate_mean:.2f} does not beat the random policy's floor "
+                       f"{random_mean_floor:.2f}")
     if threshold is not None and candidate_mean < threshold:
         return False, f"rejected: mean {candidate_mean:.2f} below threshold {threshold:.2f}"
     if champion_mean is None:

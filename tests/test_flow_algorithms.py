@@ -3,7 +3,6 @@ over HTTP; a ``module:Class`` env trains from the CLI on Ray workers; the gate w
 observation statistics survive checkpoint -> export -> serving; bad input exits 1 with one line."""
 from __future__ import annotations
 
-import os
 import threading
 
 import mlflow
