@@ -174,3 +174,19 @@ def test_sdk_train_with_track_logs_the_flow_layout():
     version = client.get_model_version_by_alias("sdk-tracked", "candidate")
     assert version.run_id == run.info.run_id
     trainer.env.close()
+
+
+def test_cli_training_starts_before_its_flow_run_and_keeps_every_metric(tmp_path):
+    """``opentinker train`` on an in-process env starts training while Prefect starts; the flow adopts it and the
+    metrics logged before its MLflow run existed are all there, at their steps."""
+    config = tmp_path / "early.toml"
+    config.write_text('num_envs = 4\neval_episodes = 2\nchampion_threshold = 0.0\nmodel_name = "early"\n'
+                      'run_name = "early"\n[ppo]\nn_steps = 32\n')
+    result = CliRunner().invoke(app, ["train", "CartPole-v1", "--steps", "2048", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    client = _client()
+    run_id = client.get_model_version_by_alias("early", "candidate").run_id
+    run = client.get_run(run_id)
+    assert run.data.params["backend"] == "local" and run.data.tags["opentinker.rollout_nodes"] == "local"
+    steps = [m.step for m in client.get_metric_history(run_id, "charts/sps")]
+    assert steps == list(range(128, 2048 + 1, 128))
