@@ -17,6 +17,14 @@ _EXPORTS = {
     "InferencePolicy": "opentinker.agents.export",
 }
 __all__ = sorted(_EXPORTS)
+_TRAINERS = {"ppo": "PPOTrainer", "dqn": "DQNTrainer"}
+
+
+def trainer_class(algorithm: str) -> type:
+    """The engine trainer for an algorithm name (a key of ``config.CONFIGS``)."""
+    if algorithm not in _TRAINERS:
+        raise ValueError(f"algorithm must be one of {sorted(_TRAINERS)}, got {algorithm!r}")
+    return __getattr__(_TRAINERS[algorithm])
 
 
 def __getattr__(name: str):

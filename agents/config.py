@@ -15,7 +15,7 @@ class EnvConfig:
     """Fields shared by every trainer: how the env copies are built when the trainer is given an env id."""
 
     num_envs: int = 8
-    """Env copies stepped together (ignored when the trainer is given a RemoteEnv: its ``num_envs`` wins)."""
+    """Env copies stepped together (with a RemoteEnv: its ``num_envs``; a different value here is an error)."""
     workers: int | None = None
     """RemoteEnv workers (processes with the ray backend); None lets RemoteEnv choose."""
     backend: str = "auto"
@@ -76,6 +76,13 @@ class PPOConfig(EnvConfig):
     """Global gradient-norm clip."""
     target_kl: float | None = None
     """Stop the epoch loop early once the approximate KL exceeds this; None never stops."""
+    norm_obs: bool = False
+    """Normalise observations by running mean/variance (SB3 ``VecNormalize``); the statistics are buffers of the
+    policy, so checkpoints, exports and serving apply the same normalisation."""
+    norm_reward: bool = False
+    """Scale rewards by the running std of the discounted return (SB3 ``VecNormalize``), before ``reward_scale``."""
+    norm_clip: float = 10.0
+    """Normalised observations and rewards are clipped to [-norm_clip, norm_clip]."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -134,3 +141,9 @@ class DQNConfig(EnvConfig):
         _check("epsilon_decay", self.epsilon_decay is None or 0 < self.epsilon_decay <= 1,
                "in (0, 1] or None (linear schedule)", self.epsilon_decay)
         _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
+
+
+CONFIGS: dict[str, type[EnvConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig}
+"""Algorithm name -> its config class: the pipeline's ``TrainParams`` validates its ``<algorithm>`` table against it."""
+ENV_FIELDS = ("num_envs", "workers", "backend", "state_diff")
+"""``EnvConfig`` fields that say how env copies are built (the pipeline sets them once, at the top level)."""

@@ -56,15 +56,30 @@ class InferencePolicy:
         return obs
 
     def act(self, obs_batch: Any) -> np.ndarray:
-        """Env-ready actions, one per row of ``obs_batch`` (shape (batch, *observation_space.shape))."""
-        return self._net.act(self._batch(obs_batch), deterministic=True)
+        """Env-ready actions, one per row of ``obs_batch`` (shape (batch, *observation_space.shape)): continuous
+        actions are clipped to the action space, and every action is checked to lie in it."""
+        actions = self._net.act(self._batch(obs_batch), deterministic=True)
+        self._check_actions(actions)
+        return actions
+
+    def _check_actions(self, actions: np.ndarray) -> None:
+        """Vectorised ``action_space.contains`` over the batch (the serving hot path)."""
+        space = self.action_space
+        if isinstance(space, gym.spaces.Box):
+            inside = actions.shape[1:] == space.shape and (actions >= space.low) & (actions <= space.high)
+        else:
+            inside = (actions >= space.start) & (actions < space.start + space.n)
+        if not np.all(inside):
+            raise ValueError(f"policy produced actions outside {space}: {np.asarray(actions).tolist()!r:.200}")
 
     def act_with_info(self, obs_batch: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Actions plus action probabilities (discrete actor-critic) and state values (actor-critic)."""
         obs = self._batch(obs_batch)
         actions, _, values = self._net.sample(obs, None, deterministic=True)
+        actions = self._net.env_actions(actions)
+        self._check_actions(actions)
         is_q = self._net.spec["kind"] == "q"
-        return self._net.env_actions(actions), self._net.probs(obs), None if is_q else values
+        return actions, self._net.probs(obs), None if is_q else values
 
 
 def _policy_parts(trainer_or_policy: Any) -> tuple[Any, str, str | None, gym.Space, gym.Space]:

@@ -14,14 +14,19 @@ POLICY_KINDS = ("categorical", "gaussian", "q")
 _ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
 
 
-def preprocess_obs(obs: np.ndarray, spec: dict[str, Any]) -> np.ndarray:
-    """Batch of raw observations -> float32 matrix (Box: flattened; Discrete: one-hot)."""
+def preprocess_obs(obs: np.ndarray, spec: dict[str, Any], weights: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """Batch of raw observations -> float32 matrix (Box: flattened, normalised when the spec says so with the
+    ``obs_mean``/``obs_var`` of ``weights``; Discrete: one-hot)."""
     if spec["obs_kind"] == "discrete":
         idx = np.asarray(obs, dtype=np.int64).reshape(-1)
         out = np.zeros((idx.shape[0], spec["obs_dim"]), dtype=np.float32)
         out[np.arange(idx.shape[0]), idx] = 1.0
         return out
-    return np.asarray(obs, dtype=np.float32).reshape(-1, spec["obs_dim"])
+    x = np.asarray(obs, dtype=np.float32).reshape(-1, spec["obs_dim"])
+    if "obs_norm" in spec:
+        clip = spec["obs_norm"]["clip"]
+        x = np.clip((x - weights["obs_mean"]) / np.sqrt(weights["obs_var"] + np.float32(1e-8)), -clip, clip)
+    return x
 
 
 class NumpyPolicy:
@@ -44,14 +49,14 @@ class NumpyPolicy:
 
     def values(self, obs: np.ndarray) -> np.ndarray:
         """State values (actor-critic) or max Q (Q network), shape (batch,)."""
-        x = preprocess_obs(obs, self.spec)
+        x = preprocess_obs(obs, self.spec, self.weights)
         if self.spec["kind"] == "q":
             return self._mlp("q", x).max(axis=1)
         return self._mlp("critic", x)[:, 0]
 
     def sample(self, obs: np.ndarray, rng: np.random.Generator | None, deterministic: bool = False):
         """Actions, their log-probabilities and state values for a batch; ``rng`` unused when deterministic."""
-        x = preprocess_obs(obs, self.spec)
+        x = preprocess_obs(obs, self.spec, self.weights)
         kind = self.spec["kind"]
         n = x.shape[0]
         if kind == "q":
@@ -83,7 +88,7 @@ class NumpyPolicy:
         """Action probabilities for discrete actor-critic policies, else None."""
         if self.spec["kind"] != "categorical":
             return None
-        out = self._mlp("actor", preprocess_obs(obs, self.spec))
+        out = self._mlp("actor", preprocess_obs(obs, self.spec, self.weights))
         e = np.exp(out - out.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
@@ -101,7 +106,7 @@ class NumpyPolicy:
         if not deterministic:
             return self.env_actions(self.sample(obs, np.random.default_rng(), False)[0])
         kind = self.spec["kind"]
-        out = self._mlp("q" if kind == "q" else "actor", preprocess_obs(obs, self.spec))
+        out = self._mlp("q" if kind == "q" else "actor", preprocess_obs(obs, self.spec, self.weights))
         if kind == "gaussian":
             return self.env_actions(out)
         return out.argmax(axis=1).astype(np.int64)

@@ -15,9 +15,14 @@ _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def policy_spec(obs_space: gym.Space, action_space: gym.Space, value_based: bool, hidden: tuple[int, ...],
-                activation: str) -> dict[str, Any]:
-    """Describe the network for these spaces; unsupported spaces raise ``EnvSpecError`` naming the field."""
+                activation: str, obs_norm_clip: float | None = None) -> dict[str, Any]:
+    """Describe the network for these spaces; unsupported spaces raise ``EnvSpecError`` naming the field.
+
+    ``obs_norm_clip``: normalise Box observations by the policy's running statistics, clipped to this bound.
+    """
     spec: dict[str, Any] = {"hidden": list(hidden), "activation": activation}
+    if obs_norm_clip is not None and isinstance(obs_space, gym.spaces.Box):
+        spec["obs_norm"] = {"clip": float(obs_norm_clip)}
     if isinstance(obs_space, gym.spaces.Box):
         spec.update(obs_kind="box", obs_shape=list(obs_space.shape), obs_dim=int(np.prod(obs_space.shape)))
     elif isinstance(obs_space, gym.spaces.Discrete):
@@ -56,10 +61,36 @@ class SpecPolicy(nn.Module):
 
     spec: dict[str, Any]
 
+    def _add_obs_norm(self) -> None:
+        """Running observation statistics as buffers: saved with the weights, sent to workers, exported."""
+        if "obs_norm" in self.spec:
+            dim = self.spec["obs_dim"]
+            self.register_buffer("obs_mean", torch.zeros(dim))
+            self.register_buffer("obs_var", torch.ones(dim))
+            self.register_buffer("obs_count", torch.full((), 1e-4))
+
     def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
         if self.spec["obs_kind"] == "discrete":
             return nn.functional.one_hot(obs.long().reshape(-1), self.spec["obs_dim"]).float()
-        return obs.reshape(-1, self.spec["obs_dim"]).float()
+        x = obs.reshape(-1, self.spec["obs_dim"]).float()
+        if "obs_norm" in self.spec:
+            clip = self.spec["obs_norm"]["clip"]
+            x = ((x - self.obs_mean) / torch.sqrt(self.obs_var + 1e-8)).clamp(-clip, clip)
+        return x
+
+    @torch.no_grad()
+    def update_obs_norm(self, obs: np.ndarray) -> None:
+        """Fold a batch of raw observations into the running statistics (no-op without ``obs_norm``)."""
+        if "obs_norm" not in self.spec or len(obs) == 0:
+            return
+        from opentinker.agents.normalize import update_moments
+
+        batch = np.asarray(obs, np.float64).reshape(-1, self.spec["obs_dim"])
+        mean, var, count = update_moments(self.obs_mean.double().cpu().numpy(), self.obs_var.double().cpu().numpy(),
+                                          float(self.obs_count), batch)
+        self.obs_mean.copy_(torch.as_tensor(mean))
+        self.obs_var.copy_(torch.as_tensor(var))
+        self.obs_count.fill_(count)
 
     def numpy_weights(self) -> dict[str, np.ndarray]:
         return {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in self.state_dict().items()}
@@ -87,6 +118,7 @@ class ActorCritic(SpecPolicy):
         self.actor = _mlp([*hidden, spec["action_dim"]], spec["activation"], 0.01)
         if spec["kind"] == "gaussian":
             self.log_std = nn.Parameter(torch.zeros(spec["action_dim"]))
+        self._add_obs_norm()
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
@@ -121,6 +153,7 @@ class QNetwork(SpecPolicy):
         super().__init__()
         self.spec = spec
         self.q = _mlp([spec["obs_dim"], *spec["hidden"], spec["action_dim"]], spec["activation"], 1.0)
+        self._add_obs_norm()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.q(x)

@@ -9,6 +9,7 @@ import torch
 
 from opentinker.agents.advantages import compute_gae
 from opentinker.agents.config import PPOConfig
+from opentinker.agents.normalize import ReturnNormalizer
 from opentinker.agents.policies import ActorCritic, policy_spec
 from opentinker.agents.trainer import Trainer
 from opentinker.envs.rollout import Rollout
@@ -46,8 +47,10 @@ class PPOTrainer(Trainer):
 
     def _build(self) -> None:
         c = self.config
-        self.spec = policy_spec(self.observation_space, self.action_space, False, c.hidden_sizes, c.activation)
+        self.spec = policy_spec(self.observation_space, self.action_space, False, c.hidden_sizes, c.activation,
+                                c.norm_clip if c.norm_obs else None)
         self.policy = ActorCritic(self.spec).to(self.device)
+        self.reward_norm = ReturnNormalizer(c.num_envs, c.gamma, c.norm_clip) if c.norm_reward else None
         self.params = list(self.policy.parameters())
         # fused Adam: one kernel per step instead of a dozen per tensor (small MLPs are overhead-bound).
         self.optimizer = torch.optim.Adam(self.params, lr=c.learning_rate, eps=1e-5, fused=True)
@@ -62,7 +65,11 @@ class PPOTrainer(Trainer):
         # 2. The rollout was collected with a numpy copy of the current weights; count its env steps.
         self.global_step += rollout.num_steps
         # 3. Advantages (GAE) and returns; reset steps after an episode end are dropped.
-        advantages, returns = compute_gae(rollout.rewards * c.reward_scale, rollout.values, rollout.terminated, rollout.truncated,
+        rewards = rollout.rewards
+        if self.reward_norm is not None:
+            rewards = self.reward_norm(rewards, rollout.terminated | rollout.truncated, rollout.valid)
+        advantages, returns = compute_gae(rewards * c.reward_scale, rollout.values, rollout.terminated,
+                                          rollout.truncated,
                                           rollout.last_values, c.gamma, c.gae_lambda)
         keep = rollout.valid
         as_tensor = lambda a: torch.as_tensor(a[keep], device=self.device)  # noqa: E731
@@ -94,7 +101,9 @@ class PPOTrainer(Trainer):
                     stats[key].append(value.detach().float())
             if c.target_kl is not None and stats["approx_kl"][-1].item() > c.target_kl:
                 break
-        # 5. Metrics for the dashboard.
+        # 5. Observation statistics for the next rollout (this one was collected and trained with the old ones).
+        self.policy.update_obs_norm(rollout.obs[keep])
+        # 6. Metrics for the dashboard.
         metrics = {f"losses/{k}": torch.stack(v).mean().item() for k, v in stats.items()}
         metrics["losses/explained_variance"] = explained_variance(rollout.values[keep], returns[keep])
         metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
@@ -102,3 +111,10 @@ class PPOTrainer(Trainer):
         metrics.update(self.rollout_metrics(rollout))
         metrics.update(self.episode_metrics(rollout.episode_returns, rollout.episode_lengths))
         return metrics
+
+    def _extra_state(self) -> dict:
+        return {} if self.reward_norm is None else {"reward_norm": self.reward_norm.state_dict()}
+
+    def _load_extra_state(self, state: dict) -> None:
+        if self.reward_norm is not None:
+            self.reward_norm.load_state_dict(state["reward_norm"])

@@ -160,8 +160,11 @@ class Trainer:
             self.env_id, self._spaces = env.env_id, (env.observation_space, env.action_space)
         else:
             if isinstance(env, RemoteEnv):
+                if "num_envs" in config and config["num_envs"] != env.num_envs:
+                    raise ValueError(f"num_envs={config['num_envs']} conflicts with the RemoteEnv's num_envs="
+                                     f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only")
                 self.env = env
-                self.config.num_envs = env.num_envs
+                self.config.num_envs = env.num_envs  # the default follows the env copies it was given
             else:
                 self.env = RemoteEnv(env, parallel=self.config.num_envs, workers=self.config.workers,
                                      backend=self.config.backend, state_diff=self.config.state_diff, seed=seed)

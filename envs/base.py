@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -44,8 +45,31 @@ class BaseEnv(gym.Env):
         cls.__init__ = checked_init  # type: ignore[method-assign]
 
 
+def import_env(ref: str) -> EnvLike:
+    """``"package.module:Name"`` -> the env class or factory it names; other strings (gymnasium ids, including
+    gymnasium's own ``"module:Env-v0"`` form) are returned unchanged. The module must be importable here."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr.isidentifier():
+        return ref
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise EnvSpecError(f"env {ref!r}: cannot import module {module_name!r} ({exc}); install the package or put "
+                           "it on PYTHONPATH") from exc
+    found = getattr(module, attr, None)
+    if found is None:
+        return ref  # gymnasium's "module:EnvId" (the import registered the id)
+    if not callable(found):
+        raise EnvSpecError(f"env {ref!r}: {attr} is a {type(found).__name__}, expected a gymnasium.Env class or "
+                           "factory")
+    return found
+
+
 def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
-    """Build one env from a registered id, an env class, a zero-arg factory, or (copied) an env instance."""
+    """Build one env from a registered id, a ``module:Class``/``module:factory`` path, an env class, a zero-arg
+    factory, or (copied) an env instance."""
+    if isinstance(env, str) and (target := import_env(env)) is not env:
+        return make_env(target, **kwargs)
     if isinstance(env, str):
         try:
             made = gym.make(env, **kwargs)

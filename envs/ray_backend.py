@@ -41,7 +41,7 @@ def default_workers(parallel: int) -> int:
     return max(1, min(parallel, int(ray.cluster_resources().get("CPU", 1))))
 
 
-ACTOR_OPTIONS = ("num_cpus", "num_gpus", "resources")
+ACTOR_OPTIONS = ("num_cpus", "num_gpus", "resources", "runtime_env")
 """The Ray options a caller may set for the rollout actors (restarts and spreading stay the pool's own)."""
 
 
@@ -99,7 +99,9 @@ class RayPool(RayActorPool):
     """``RemoteEnv``'s workers: ``RolloutWorker`` actors plus the env snapshots that make a restart exact."""
 
     def __init__(self, env: EnvLike, sizes: list[int], seed: int, env_kwargs: dict, actor_options: dict | None = None):
-        super().__init__(RolloutWorker, [(env, n, seed, i, env_kwargs, True) for i, n in enumerate(sizes)], actor_options)
+        options = dict(actor_options or {})
+        options.setdefault("runtime_env", env_runtime_env(env))
+        super().__init__(RolloutWorker, [(env, n, seed, i, env_kwargs, True) for i, n in enumerate(sizes)], options)
         self.snapshots: list[bytes | None] = [None] * len(sizes)
 
     def call(self, method: str, per_worker_args: list[tuple] | None = None, broadcast: tuple = ()) -> list:
@@ -120,6 +122,27 @@ class RayPool(RayActorPool):
         self.snapshots = [snap for _, snap in results]
         return results
 
+
+
+def env_runtime_env(env: EnvLike) -> dict | None:
+    """Make a ``module:Class`` env from a source tree importable in the actors: its root goes on their PYTHONPATH
+    (Ray ``runtime_env`` ``env_vars``; the nodes must share the path, as on a local Ray). Installed packages
+    (site-packages) need nothing; on a multi-node cluster install the package on every node."""
+    if not isinstance(env, str) or ":" not in env:
+        return None
+    import importlib
+    import os
+    from pathlib import Path
+
+    module_name = env.partition(":")[0]
+    path = Path(getattr(importlib.import_module(module_name), "__file__", None) or "")
+    if not path.name or any(part in ("site-packages", "dist-packages") for part in path.parts):
+        return None
+    root = path.parent
+    for _ in range(module_name.count(".") + (path.name == "__init__.py")):
+        root = root.parent
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}}
 
 
 def _node_id(_worker: object) -> str:

@@ -98,7 +98,7 @@ _STEP_FIELDS = ("obs", "actions", "logprobs", "values", "rewards", "terminated",
 
 def build_vector_env(env: EnvLike, num_envs: int, **env_kwargs: Any) -> gym.vector.VectorEnv:
     """``num_envs`` copies: gymnasium's native vector env when the id has one, else a SyncVectorEnv."""
-    if isinstance(env, str):
+    if isinstance(env, str) and ":" not in env:
         try:
             spec = gym.spec(env)
         except gym.error.Error as exc:

@@ -15,10 +15,8 @@ import typer
 from opentinker.flows.console import console
 
 QUICKSTART_STEPS = 200_000
-"""CartPole PPO with ``QUICKSTART_PPO`` passes 475 after ~100–170k steps (lean PPO figures, docs/pipeline.md)."""
-QUICKSTART_ENVS = 64
-"""Env copies over the 2 Ray rollout actors: 1,024 steps per iteration keeps Ray round-trips rare."""
-QUICKSTART_PPO = {"n_steps": 16, "learning_rate": 1e-3, "update_epochs": 4, "num_minibatches": 4}
+"""CartPole PPO with its preset (``presets.PPO_DISCRETE``) passes 475 after ~100–170k steps (docs/pipeline.md)."""
+Algo = Annotated[str | None, typer.Option("--algo", help="Algorithm: ppo or dqn (default ppo).")]
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect/MLflow logs and full tracebacks.")]
 
@@ -50,16 +48,18 @@ def _describe(exc: BaseException) -> str:
 
 
 def _load_params(env_id: str | None, config: Path | None, groups: bool = False, **overrides):
-    """Params from config + flags, checked against the env registry and the engine's PPOConfig before any work.
+    """Params from config + flags, checked before any work: the env (``validate_env``), the engine config of the
+    algorithm, and that the algorithm has a preset for the env's kind of problem.
 
     ``groups``: whether the command can run a multi-agent config (one with ``policy_mapping``).
     """
     from opentinker.flows.params import ConfigError, load_train_params
-    from opentinker.flows.validate import check_env_id
+    from opentinker.flows.validate import check_env_id, check_presets
 
     params = load_train_params(config, env_id=env_id, **overrides)
     if not hasattr(params, "policy_mapping"):
         check_env_id(params.env_id)
+        check_presets(params)
     elif not groups:  # group envs are PettingZoo envs, checked when the group is built
         raise ConfigError("policy_mapping: this command deploys the single-agent train_flow; "
                           "train an agent group with `opentinker train ENV --config FILE`")
@@ -70,17 +70,20 @@ def _run_training(params, verbose: bool):
     from opentinker.flows.console import prepare_prefect, training_progress
 
     prepare_prefect(verbose)
-    from opentinker.flows.train import train_flow
+    from opentinker.flows.train import run_train_flow
 
-    with training_progress(params.steps, f"PPO {params.env_id}"):
-        return train_flow(params)
+    with training_progress(params.steps, f"{params.algorithm.upper()} {params.env_id}"):
+        return run_train_flow(params)
 
 
 def _print_result(result) -> None:
     from opentinker.flows.console import ui_hints
 
-    verdict = "[green]passed[/]" if result.passed_threshold else "[yellow]did NOT reach[/]"
-    console.print(f"Evaluation: mean return {result.eval_mean:.1f} ± {result.eval_std:.1f} — {verdict} the threshold")
+    verdict = "[green]passed[/]" if result.passed_threshold else "[yellow]did NOT pass[/]"
+    gate = "the threshold" if result.threshold is None else f"the threshold {result.threshold:g}"
+    if result.threshold is None:
+        gate = "the gate (no reward threshold for this env: beat the champion, or a random policy)"
+    console.print(f"Evaluation: mean return {result.eval_mean:.1f} ± {result.eval_std:.1f} — {verdict} {gate}")
     console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
     console.print(f"Gate: {result.decision}")
     console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
@@ -90,18 +93,20 @@ def _print_result(result) -> None:
 
 @_friendly_errors
 def train(
-    env_id: Annotated[str, typer.Argument(help="Gymnasium id, e.g. CartPole-v1.")],
+    env_id: Annotated[str, typer.Argument(help="Gymnasium id (CartPole-v1) or your env as package.module:Class.")],
     steps: Annotated[int | None, typer.Option(help="Total env steps.")] = None,
+    algo: Algo = None,
     config: Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
     verbose: Verbose = False,
 ) -> None:
-    """Train a policy through the Prefect train_flow: Ray rollouts, MLflow tracking, registry gate.
+    """Train a policy through the Prefect train_flow: rollouts, MLflow tracking, registry gate.
 
-    A config file with ``policy_mapping`` trains an agent group instead (one registered model per kind).
+    Hyper-parameters come from the preset for the env's kind of problem; the ppo or dqn table of a config file
+    overrides any field. A config file with ``policy_mapping`` trains an agent group instead.
     """
-    params = _load_params(env_id, config, groups=True, steps=steps, seed=seed, resume=resume or None)
+    params = _load_params(env_id, config, groups=True, steps=steps, seed=seed, resume=resume or None, algorithm=algo)
     if hasattr(params, "policy_mapping"):
         _print_group_result(_run_group_training(params, verbose))
     else:
@@ -137,8 +142,7 @@ def quickstart(
     verbose: Verbose = False,
 ) -> None:
     """Train CartPole-v1 on Ray, register it in MLflow, serve the champion and query it over HTTP."""
-    params = _load_params("CartPole-v1", None, steps=steps, seed=seed, num_envs=QUICKSTART_ENVS, workers=2,
-                          ppo=QUICKSTART_PPO)
+    params = _load_params("CartPole-v1", None, steps=steps, seed=seed)
     result = _run_training(params, verbose)
     _print_result(result)
     from opentinker.flows.serve_demo import query_served_policy
@@ -149,12 +153,13 @@ def quickstart(
     query_served_policy(f"models:/{result.model_name}@{alias}", params.env_id, console)
 
 
-def _deployment_params(env_id: str, config: Path | None, steps: int | None, cron: str | None, verbose: bool):
+def _deployment_params(env_id: str, config: Path | None, steps: int | None, cron: str | None, verbose: bool,
+                       algo: str | None = None):
     """What every train_flow deployment checks first: params, the cron (if any) and a Prefect server to hold it."""
     from opentinker.flows.console import prepare_prefect
     from opentinker.flows.validate import check_cron, check_prefect_server
 
-    params = _load_params(env_id, config, steps=steps)
+    params = _load_params(env_id, config, steps=steps, algorithm=algo)
     prepare_prefect(verbose)
     if cron is not None:
         check_cron(cron)
@@ -169,10 +174,11 @@ def schedule(
     steps: Annotated[int | None, typer.Option(help="Total env steps per run.")] = None,
     config: Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")] = None,
     name: Annotated[str | None, typer.Option(help="Deployment name (default: nightly-<env>).")] = None,
+    algo: Algo = None,
     verbose: Verbose = False,
 ) -> None:
     """Create a scheduled train_flow deployment and serve it from this process (Ctrl-C stops it)."""
-    params = _deployment_params(env_id, config, steps, cron, verbose)
+    params = _deployment_params(env_id, config, steps, cron, verbose, algo)
     from prefect.deployments.runner import EntrypointType
 
     from opentinker.flows.train import train_flow
@@ -212,7 +218,8 @@ def evaluate(
 def release(
     model_name: Annotated[str, typer.Argument(help="Registered model name.")],
     version: Annotated[str, typer.Option(help="Version number or alias to consider.")] = "candidate",
-    threshold: Annotated[float, typer.Option(help="Minimum evaluation mean.")] = 475.0,
+    threshold: Annotated[float | None, typer.Option(help="Minimum evaluation mean (default: the env spec's "
+                                                    "reward_threshold; none: beat the champion).")] = None,
     episodes: Annotated[int, typer.Option(help="Deterministic episodes (same seeds for both).")] = 10,
     seed: Annotated[int, typer.Option(help="Seed of the first episode.")] = 10_000,
     verbose: Verbose = False,

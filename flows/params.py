@@ -14,47 +14,87 @@ class ConfigError(ValueError):
     """A bad parameter or config file; the message names the field and what was expected."""
 
 
+ALGORITHMS = ("ppo", "dqn")
+"""Keys of the engine's ``agents.config.CONFIGS``; each has a ``TrainParams`` table of the same name."""
+
+
 class TrainParams(BaseModel):
-    """Everything one training flow run needs; recorded by Prefect and logged to MLflow as params."""
+    """Everything one training flow run needs; recorded by Prefect and logged to MLflow as params.
+
+    ``algorithm`` selects the engine trainer; its hyper-parameters are the table of the same name (``ppo`` or
+    ``dqn``), checked against the engine's ``PPOConfig``/``DQNConfig`` (each field defined once, there). Fields left
+    out come from the preset for the env's kind of problem (``flows/presets.py``); a table of another algorithm is
+    an error, never ignored.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    env_id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id or registered OpenTinker env.")
+    env_id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id, or 'package.module:Class' / "
+                        "'package.module:factory' for your own env (importable where the rollouts run).")
     steps: int = Field(200_000, gt=0, description="Total global env steps to reach (a resumed run continues up to it).")
     seed: int = Field(0, ge=0, description="Seeds the policy, the learner and every rollout (seed, iteration, worker).")
-    algorithm: Literal["ppo"] = Field("ppo", description="Training algorithm.")
-    num_envs: int = Field(8, gt=0, description="Env copies stepped in parallel across the rollout workers.")
+    algorithm: Literal[ALGORITHMS] = Field("ppo", description="Training algorithm; its table holds its "
+                                           "hyper-parameters.")
+    num_envs: int | None = Field(None, gt=0, description="Env copies stepped in parallel; None: the preset's.")
+    backend: Literal["auto", "local", "ray"] = Field(
+        "auto", description="Where env copies run: 'local' (in-process, gymnasium's vectorised implementation when the "
+        "env has one), 'ray' (rollout actors), 'auto' (Ray when workers is set or the env's step is costly, else "
+        "local).")
     workers: int | None = Field(None, gt=0, description="Ray rollout actors; None lets the engine choose.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs the learner takes from Ray (fractions share one); it trains on "
                             "the GPU Ray assigns. 0: device 'auto'.")
     rollout_num_cpus: float | None = Field(None, ge=0, description="CPUs per rollout actor (fractions allowed); None: "
                                            "one, or an equal share of the free CPUs.")
     rollout_num_gpus: float = Field(0.0, ge=0, description="GPUs per rollout actor (fractions allowed).")
-    ppo: dict[str, Any] = Field(default_factory=dict, description="Overrides of the engine's PPOConfig fields.")
+    ppo: dict[str, Any] = Field(default_factory=dict, description="PPOConfig fields (algorithm 'ppo'), over the "
+                                "preset.")
+    dqn: dict[str, Any] = Field(default_factory=dict, description="DQNConfig fields (algorithm 'dqn'), over the "
+                                "preset.")
     checkpoint_every: int | None = Field(None, gt=0, description="Env steps between checkpoints; None checkpoints at the end only.")
     resume: bool = Field(False, description="Continue from the run's last checkpoint instead of starting over.")
     run_name: str | None = Field(None, description="Names the checkpoint dir (resume key); default '<env_id>-seed<seed>'.")
     model_name: str | None = Field(None, description="Registered model name; default 'opentinker-<env_id>'.")
     eval_episodes: int = Field(10, gt=0, description="Deterministic evaluation episodes.")
     eval_seed: int = Field(10_000, ge=0, description="Seed of the first evaluation episode (then +1 per episode).")
-    champion_threshold: float = Field(475.0, description="Evaluation mean a candidate needs before it may become champion.")
+    champion_threshold: float | None = Field(
+        None, description="Evaluation mean a candidate needs before it may become champion. None: the env spec's "
+        "reward_threshold, or when it has none, beating the champion (the first model: a random policy by a clear "
+        "margin).")
     experiment: str | None = Field(None, description="MLflow experiment; default from settings.")
 
-    @field_validator("ppo")
+    @field_validator(*ALGORITHMS)
     @classmethod
-    def _known_ppo_fields(cls, ppo: dict[str, Any]) -> dict[str, Any]:
-        """Checked against the engine's PPOConfig here, so a typo fails before any service starts."""
-        if ppo:
+    def _known_config_fields(cls, table: dict[str, Any], info) -> dict[str, Any]:
+        """Checked against the engine's config class here, so a typo fails before any service starts."""
+        if table:
             import dataclasses
 
-            from opentinker.agents import PPOConfig
+            from opentinker.agents.config import CONFIGS, ENV_FIELDS
 
-            known = {field.name for field in dataclasses.fields(PPOConfig)}
-            unknown = sorted(set(ppo) - known)
+            config_cls = CONFIGS[info.field_name]
+            known = {field.name for field in dataclasses.fields(config_cls)} - set(ENV_FIELDS)
+            unknown = sorted(set(table) - known)
             if unknown:
-                raise ValueError(f"unknown PPOConfig field {unknown[0]!r} (expected one of: {', '.join(sorted(known))})")
-            PPOConfig(**ppo)  # its __post_init__ names the field and the expected range
-        return ppo
+                where = "set it at the top level, not in the table" if unknown[0] in ENV_FIELDS else \
+                    f"expected one of: {', '.join(sorted(known))}"
+                raise ValueError(f"unknown {config_cls.__name__} field {unknown[0]!r} ({where})")
+            config_cls(**table)  # its __post_init__ names the field and the expected range
+        return table
+
+    @model_validator(mode="after")
+    def _one_algorithm(self) -> "TrainParams":
+        for other in ALGORITHMS:
+            if other != self.algorithm and getattr(self, other):
+                raise ValueError(f"{other}: does not apply to algorithm {self.algorithm!r} (set algorithm = "
+                                 f"{other!r} to train with it, or move the fields to the [{self.algorithm}] table)")
+        if self.backend == "local" and self.workers is not None and self.workers > 1:
+            raise ValueError("workers: Ray rollout actors need backend 'ray' or 'auto', not 'local'")
+        return self
+
+    @property
+    def engine_overrides(self) -> dict[str, Any]:
+        """The selected algorithm's table."""
+        return getattr(self, self.algorithm)
 
     @property
     def resolved_run_name(self) -> str:
@@ -128,7 +168,10 @@ def load_train_params(config_file: Path | None = None, **overrides: Any) -> Trai
     except ValidationError as exc:
         source = f" in {config_file}" if config_file else ""
         kind = "multi-agent training" if model is MultiAgentParams else "training"
-        raise ConfigError(f"invalid {kind} config{source}:\n" + describe_errors(exc)) from None
+        details = describe_errors(exc)
+        if "\n" not in details:  # one problem: one line
+            raise ConfigError(f"invalid {kind} config{source}: {details.strip().removeprefix('- ')}") from None
+        raise ConfigError(f"invalid {kind} config{source}:\n" + details) from None
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -170,6 +213,8 @@ class TrainFlowResult(BaseModel):
     decision: str
     eval_mean: float
     eval_std: float
+    threshold: float | None = None
+    """The gate's threshold (None: the env has none; the gate compared with the champion or a random policy)."""
     passed_threshold: bool
     global_step: int
     start_step: int

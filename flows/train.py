@@ -7,34 +7,42 @@ import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from prefect import flow
 
 from opentinker.flows.params import TrainFlowResult, TrainParams
+from opentinker.flows.presets import resolve_params
 from opentinker.flows.release import release_flow
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.evaluate import evaluate_policy, resolve_model
 from opentinker.tasks.package import package_model
 from opentinker.tasks.rollout import collect_rollouts
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
-from opentinker.tasks.train import run_dir, train_policy
+from opentinker.tasks.train import is_pending, run_dir, start_early, train_policy
 from opentinker.tasks.upload import check_storage, render_reports, upload_artifacts
 
 
 @flow(name="train", log_prints=True)
 def train_flow(params: TrainParams) -> TrainFlowResult:
-    """Train, evaluate, register and (maybe) promote one policy; one MLflow run per flow run."""
+    """Train, evaluate, register and (maybe) promote one policy; one MLflow run per flow run.
+
+    Defaults are made concrete first (``presets.resolve_params``), so the run's params are what it trained with.
+    """
     check_storage()
+    params = resolve_params(params)
     config = params.model_dump()
     tracking = start_tracking_run(config, params.resolved_run_name, params.experiment)
     try:
         collect_rollouts(params.env_id, params.seed, params.num_envs, params.workers, run_id=tracking.run_id,
-                         rollout_num_cpus=params.rollout_num_cpus, rollout_num_gpus=params.rollout_num_gpus)
+                         rollout_num_cpus=params.rollout_num_cpus, rollout_num_gpus=params.rollout_num_gpus,
+                         backend=params.backend)
         trained = train_policy(
             tracking.run_id,
             params.env_id,
             params.steps,
             params.seed,
             str(run_dir(get_settings().resolved_data_dir, params.resolved_run_name)),
+            algorithm=params.algorithm,
+            config=params.engine_overrides,
             num_envs=params.num_envs,
             workers=params.workers,
-            ppo=params.ppo,
+            backend=params.backend,
             num_gpus=params.num_gpus,
             rollout_num_cpus=params.rollout_num_cpus,
             rollout_num_gpus=params.rollout_num_gpus,
@@ -70,10 +78,30 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
         decision=released.decision,
         eval_mean=evaluation.mean,
         eval_std=evaluation.std,
-        passed_threshold=evaluation.mean >= params.champion_threshold,
+        threshold=params.champion_threshold,
+        passed_threshold=released.decision.startswith("promoted") if params.champion_threshold is None
+        else evaluation.mean >= params.champion_threshold,
         global_step=trained.global_step,
         start_step=trained.start_step,
         train_seconds=trained.train_seconds,
         checkpoint_path=trained.checkpoint_path,
         artifact_uris=uris,
     )
+
+
+def run_train_flow(params: TrainParams) -> TrainFlowResult:
+    """What ``opentinker train`` and ``quickstart`` run: ``train_flow``, with in-process training (env copies in this
+    process, CPU learner) already under way while Prefect's API server starts, since none of that start-up has to come
+    first; the flow's training task adopts it. Other runs start training inside the flow as usual."""
+    resolved = resolve_params(params)
+    early = None
+    if resolved.backend == "local" and resolved.num_gpus == 0:
+        early = start_early(resolved.env_id, resolved.steps, resolved.seed,
+                            str(run_dir(get_settings().resolved_data_dir, resolved.resolved_run_name)),
+                            resolved.algorithm, resolved.engine_overrides, resolved.num_envs, resolved.resume,
+                            resolved.checkpoint_every)
+    try:
+        return train_flow(params)
+    finally:
+        if early is not None and is_pending(early):  # the flow failed before its training task
+            early.cancel()

@@ -5,14 +5,27 @@ from opentinker.flows.params import ConfigError
 
 
 def check_env_id(env_id: str) -> None:
-    """``env_id`` must name a registered environment."""
-    from opentinker.envs import make_env
-    from opentinker.envs.errors import EnvSpecError
+    """``env_id`` must name a registered environment or an importable ``module:Class``/``module:factory`` that
+    passes ``validate_env``."""
+    from opentinker.envs import validate_env
+    from opentinker.envs.errors import EnvSpecError, EnvValidationError
 
     try:
-        make_env(env_id).close()
+        validate_env(env_id)
+    except EnvValidationError as exc:
+        raise ConfigError(f"env_id: {env_id!r} failed validate_env: {'; '.join(exc.problems)}") from None
     except EnvSpecError as exc:
         raise ConfigError(f"env_id: {exc}") from None
+
+
+def check_presets(params) -> None:
+    """The preset for (algorithm, env) exists: e.g. DQN refuses continuous actions here, before any service starts."""
+    from opentinker.flows.presets import resolve_params
+
+    try:
+        resolve_params(params)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_cron(cron: str) -> None:

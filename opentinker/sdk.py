@@ -34,9 +34,33 @@ class _Deployable:
         return deploy(export_dir, api_key, host=host, port=port, **options)
 
 
-class PPOTrainer(_Deployable, _EnginePPOTrainer):
+class _Tracked:
+    """Mixin: ``train(..., track=True)`` logs the run to the configured MLflow store the way ``train_flow`` does."""
+
+    def train(self, steps: int, callback=None, checkpoint_dir=None, checkpoint_every: int | None = None,
+              track: bool = False, **track_options: Any) -> dict[str, float]:
+        """The engine's ``train`` (returns the last iteration's metrics); with ``track=True`` (returns the evaluation)
+        also params, per-iteration metrics, plots, config, model card,
+        checkpoint and the registered model (alias ``candidate``) in MLflow, the same layout as a flow run.
+
+        ``track_options``: ``run_name``, ``model_name``, ``experiment``, ``eval_episodes``, ``eval_seed``.
+        Checkpoints then go to the run's directory (``<data_dir>/runs/<run_name>``); the run id is
+        ``self.last_run_id``.
+        """
+        if not track:
+            if track_options:
+                raise ValueError(f"{sorted(track_options)} only apply with track=True")
+            return super().train(steps, callback, checkpoint_dir, checkpoint_every)
+        if checkpoint_dir is not None:
+            raise ValueError("checkpoint_dir: with track=True checkpoints go to the run's directory")
+        from opentinker.tasks.tracked import train_tracked
+
+        return train_tracked(self, steps, callback, checkpoint_every, **track_options)
+
+
+class PPOTrainer(_Tracked, _Deployable, _EnginePPOTrainer):
     __doc__ = _EnginePPOTrainer.__doc__
 
 
-class DQNTrainer(_Deployable, _EngineDQNTrainer):
+class DQNTrainer(_Tracked, _Deployable, _EngineDQNTrainer):
     __doc__ = _EngineDQNTrainer.__doc__

@@ -20,6 +20,8 @@ import bentoml
 import numpy as np
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
+from opentinker.agents.export import space_to_json
+
 from .auth import ApiKeyMiddleware
 from .config import get_serve_settings
 from .middleware import BodyLimitMiddleware, JsonBodyMiddleware, ResponseHeaderMiddleware
@@ -119,7 +121,7 @@ class PolicyService:
             "env_id": spec.get("env_id"),
             "algorithm": spec.get("algorithm"),
             "observation_space": {"repr": str(served.policy.observation_space), **served.schema.describe()},
-            "action_space": {"repr": str(served.policy.action_space)},
+            "action_space": {"repr": str(served.policy.action_space), **space_to_json(served.policy.action_space)},
             "loaded_at": served.loaded_at,
             "reload_interval_s": SETTINGS.reload_interval_s,
             "last_reload_error": SLOT.last_error,

@@ -62,24 +62,54 @@ def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
 def evaluate_policy(model: ResolvedModel, episodes: int = 10, seed: int = 10_000) -> EvalOutcome:
     """Run ``episodes`` deterministic episodes, episode i seeded ``seed + i``; mean and std of returns."""
-    from opentinker.envs import make_env
     from opentinker.tasks.model_store import load_registered_policy
 
     policy = load_registered_policy(model.uri)
-    env = make_env(model.env_id)
+    returns = play_episodes(model.env_id, lambda obs: policy.act(np.asarray(obs)[None])[0], episodes, seed)
+    return EvalOutcome(
+        model_key=model.key, seed=seed, returns=returns, mean=float(np.mean(returns)), std=float(np.std(returns))
+    )
+
+
+def play_episodes(env_id: str, act, episodes: int, seed: int) -> list[float]:
+    """Returns of ``episodes`` episodes of ``act(obs) -> action``, episode i reset with ``seed + i``."""
+    from opentinker.envs import make_env
+
+    env = make_env(env_id)
     returns = []
     try:
         for episode in range(episodes):
             obs, _ = env.reset(seed=seed + episode)
             total, done = 0.0, False
             while not done:
-                action = policy.act(np.asarray(obs)[None])[0]
-                obs, reward, terminated, truncated, _ = env.step(action)
+                obs, reward, terminated, truncated, _ = env.step(act(obs))
                 total += float(reward)
                 done = bool(terminated or truncated)
             returns.append(total)
     finally:
         env.close()
-    return EvalOutcome(
-        model_key=model.key, seed=seed, returns=returns, mean=float(np.mean(returns)), std=float(np.std(returns))
-    )
+    return returns
+
+
+@task(cache_policy=NO_CACHE)
+def evaluate_random_policy(env_id: str, episodes: int = 10, seed: int = 10_000) -> EvalOutcome:
+    """The gate's floor when the env has no reward threshold: a uniform random policy on the evaluation seeds
+    (its action space seeded with ``seed``)."""
+    from opentinker.envs import make_env
+
+    space = make_env(env_id).action_space
+    space.seed(seed)
+    returns = play_episodes(env_id, lambda obs: space.sample(), episodes, seed)
+    return EvalOutcome(model_key=f"random/{env_id}", seed=seed, returns=returns, mean=float(np.mean(returns)),
+                       std=float(np.std(returns)))
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """The env spec's ``reward_threshold`` (None for unregistered envs and ids without one)."""
+    from opentinker.envs import make_env
+
+    env = make_env(env_id)
+    try:
+        return None if env.spec is None else env.spec.reward_threshold
+    finally:
+        env.close()

@@ -58,9 +58,28 @@ def find_model_version(model_name: str, ref: str) -> ModelRef | None:
     return ModelRef(name=model_name, version=str(version.version), run_id=version.run_id or "", aliases=list(version.aliases))
 
 
-def decide(candidate_mean: float, champion_mean: float | None, threshold: float) -> tuple[bool, str]:
-    """Pure promotion rule: pass the threshold, then strictly beat the champion (a tie keeps the champion)."""
-    if candidate_mean < threshold:
+def random_floor(random_eval: EvalOutcome) -> float:
+    """What a first champion must beat when the env has no threshold: the random policy's mean plus a clear margin
+    (its std across episodes, and at least 10 % of its magnitude)."""
+    return random_eval.mean + max(random_eval.std, 0.1 * abs(random_eval.mean))
+
+
+def decide(candidate_mean: float, champion_mean: float | None, threshold: float | None,
+           random_mean_floor: float | None = None) -> tuple[bool, str]:
+    """Pure promotion rule: pass the threshold, then strictly beat the champion (a tie keeps the champion).
+
+    Without a threshold (the env has none) the candidate must beat the champion, and a first champion must beat
+    ``random_mean_floor`` (``random_floor``).
+    """
+    if threshold is None and champion_mean is None:
+        if random_mean_floor is None:
+            raise ValueError("a gate without threshold needs the random policy's floor for a first champion")
+        if candidate_mean > random_mean_floor:
+            return True, (f"promoted: first champion, mean {candidate_mean:.2f} beats the random policy's floor "
+                          f"{random_mean_floor:.2f} (no reward threshold for this env)")
+        return False, (f"rejected: mean {candidate_mean:.2f} does not beat the random policy's floor "
+                       f"{random_mean_floor:.2f}")
+    if threshold is not None and candidate_mean < threshold:
         return False, f"rejected: mean {candidate_mean:.2f} below threshold {threshold:.2f}"
     if champion_mean is None:
         return True, f"promoted: first champion, mean {candidate_mean:.2f} >= threshold {threshold:.2f}"
@@ -75,9 +94,10 @@ def promote_if_better(
     candidate_eval: EvalOutcome,
     champion: ModelRef | None,
     champion_eval: EvalOutcome | None,
-    threshold: float,
+    threshold: float | None,
+    random_eval: EvalOutcome | None = None,
 ) -> ModelRef:
-    """Apply ``decide``; move ``champion`` only on a win; record decision and numbers as tags."""
+    """Apply ``decide``; move ``champion`` only on a win; record decision, rule and numbers as tags."""
     import mlflow
 
     from opentinker.tasks import model_store
@@ -92,13 +112,17 @@ def promote_if_better(
     elif champion is not None and champion_eval is None:
         raise ValueError(f"champion {champion.name} v{champion.version} must be evaluated before the gate")
     else:
-        promote, decision = decide(candidate_eval.mean, champion_eval.mean if champion_eval else None, threshold)
+        floor = random_floor(random_eval) if random_eval is not None else None
+        promote, decision = decide(candidate_eval.mean, champion_eval.mean if champion_eval else None, threshold, floor)
     configure_mlflow()
     client = mlflow.MlflowClient()
     tags = {
         "gate.decision": decision,
         "gate.promoted": str(promote).lower(),
-        "gate.threshold": f"{threshold:.4f}",
+        "gate.rule": "threshold" if threshold is not None else "beat champion, first beats random policy",
+        "gate.threshold": "" if threshold is None else f"{threshold:.4f}",
+        "gate.random_mean": f"{random_eval.mean:.4f}" if random_eval else "",
+        "gate.random_floor": f"{random_floor(random_eval):.4f}" if random_eval else "",
         "gate.candidate_version": candidate.version,
         "gate.candidate_mean": f"{candidate_eval.mean:.4f}",
         "gate.champion_version": champion.version if champion else "",

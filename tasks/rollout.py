@@ -19,15 +19,16 @@ from opentinker.tasks.types import RolloutSummary
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def collect_rollouts(
     env_id: str, seed: int, num_envs: int = 8, workers: int | None = None, n_steps: int = 64, run_id: str | None = None,
-    rollout_num_cpus: float | None = None, rollout_num_gpus: float = 0.0,
+    rollout_num_cpus: float | None = None, rollout_num_gpus: float = 0.0, backend: str = "ray",
 ) -> RolloutSummary:
-    """``n_steps`` random-policy steps on every env copy (actors placed as in training); returns a summary, not the arrays."""
+    """``n_steps`` random-policy steps on every env copy (placed as in training: in-process, or Ray actors for
+    ``backend="ray"``); returns a summary, not the arrays."""
     from opentinker.envs import RemoteEnv
     from opentinker.infra.ray_runtime import rollout_actor_options
 
     started = time.perf_counter()
-    env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed,
-                    ray_options=rollout_actor_options(rollout_num_cpus, rollout_num_gpus))
+    options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if backend == "ray" else None
+    env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend=backend, seed=seed, ray_options=options)
     try:
         rng = np.random.default_rng(seed)
         env.reset(seed=seed)

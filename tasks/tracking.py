@@ -116,12 +116,13 @@ def _nvml_handles() -> list[Any]:
 class MetricsLogger:
     """The engine's ``callback(metrics, step)``: history for plots, batched MLflow writes, progress."""
 
-    def __init__(self, run_id: str, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> None:
+    def __init__(self, run_id: str | None, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> None:
+        """``run_id`` None: metrics wait in memory until it is set (training started before its MLflow run)."""
         import mlflow
 
         self.run_id = run_id
         self.history: list[dict[str, float]] = []
-        self._client = mlflow.MlflowClient()
+        self._client = mlflow.MlflowClient(get_settings().tracking_uri)
         self._sampler = SystemSampler()
         self._pending: list[Any] = []
         self._last_flush = time.monotonic()
@@ -141,6 +142,8 @@ class MetricsLogger:
             self._on_iteration(step, row)
 
     def flush(self) -> None:
+        if self.run_id is None:
+            return
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), _MLFLOW_BATCH_LIMIT):
             self._client.log_batch(self.run_id, metrics=pending[start : start + _MLFLOW_BATCH_LIMIT])

@@ -1,4 +1,4 @@
-"""The training stage: one Prefect task running the engine's whole loop on Ray rollout actors.
+"""The training stage: one Prefect task running the engine's whole loop (env copies in-process or on Ray actors).
 
 Why one task and not one per iteration: a Prefect task run costs tens of milliseconds of API
 round-trips and state bookkeeping, while a CartPole PPO iteration is ~0.1–0.3 s; per-iteration
@@ -9,7 +9,10 @@ handled inside the iteration by Ray (actor restarts, rollouts reseeded by (seed,
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,21 +36,26 @@ def train_policy(
     steps: int,
     seed: int,
     directory: str,
+    algorithm: str = "ppo",
+    config: dict[str, Any] | None = None,
     num_envs: int = 8,
     workers: int | None = None,
-    ppo: dict[str, Any] | None = None,
+    backend: str = "ray",
     num_gpus: float = 0.0,
     resume: bool = False,
     checkpoint_every: int | None = None,
     rollout_num_cpus: float | None = None,
     rollout_num_gpus: float = 0.0,
 ) -> TrainOutcome:
-    """Train PPO until ``steps`` global env steps with Ray rollouts; checkpoint, export, log every iteration.
+    """Train ``algorithm`` (engine config fields ``config``) until ``steps`` global env steps; checkpoint, export,
+    log every iteration.
 
-    The engine rewrites ``checkpoints/checkpoint.pt`` atomically every ``checkpoint_every`` env steps and
-    at the end; with ``resume`` training continues from it (a finished run just re-exports).
-    The learner trains on the GPU Ray grants for ``num_gpus`` (``learner_device``); the Ray node ids of the
-    rollout actors are logged as run tags, at the start and at the end (they differ when a node was replaced).
+    ``backend`` "local" steps the env copies in this process (gymnasium's vectorised implementation when the env
+    has one: the engine's fastest path for cheap envs); "ray" on rollout actors, whose Ray node ids are logged as
+    run tags at the start and at the end (they differ when a node was replaced). The engine rewrites
+    ``checkpoints/checkpoint.pt`` atomically every ``checkpoint_every`` env steps and at the end; with ``resume``
+    training continues from it (a finished run just re-exports). The learner trains on the GPU Ray grants for
+    ``num_gpus`` (``learner_device``).
     """
     import mlflow
 
@@ -58,59 +66,174 @@ def train_policy(
     root.mkdir(parents=True, exist_ok=True)
     configure_mlflow()
     client = mlflow.MlflowClient()
+    early = _EARLY.pop(directory, None)
+    if early is not None and early.args == _early_args(env_id, steps, seed, algorithm, config, num_envs, resume,
+                                                       checkpoint_every):
+        client.set_tag(run_id, "opentinker.rollout_nodes", "local")
+        _write_json(root / "workers.json", {"pids": [os.getpid()], "nodes": ["local"]})
+        return early.adopt(run_id)
+    if early is not None:
+        early.cancel()
     with learner_device(num_gpus) as device:  # first: a missing GPU fails before any actor starts
-        options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus)
-        env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend="ray", seed=seed, ray_options=options)
+        options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if backend == "ray" else None
+        env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend=backend, seed=seed, ray_options=options)
         try:
-            nodes = env.worker_node_ids()
+            nodes = [node or "local" for node in env.worker_node_ids()]
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
             client.set_tag(run_id, "opentinker.rollout_nodes", ",".join(nodes))
-            with failing_without_rollout_nodes(options, env.close):
-                outcome = _train(env, run_id, env_id, steps, seed, root, ppo, device, resume, checkpoint_every)
-            client.set_tag(run_id, "opentinker.rollout_nodes_final", ",".join(env.worker_node_ids()))
+            with failing_without_rollout_nodes(options, env.close) if options else contextlib.nullcontext():
+                outcome = _train(env, run_id, env_id, steps, seed, root, algorithm, config, device, resume,
+                                 checkpoint_every)
+            client.set_tag(run_id, "opentinker.rollout_nodes_final",
+                           ",".join(node or "local" for node in env.worker_node_ids()))
             return outcome
         finally:
             env.close()
 
 
-def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path, ppo: dict[str, Any] | None,
-           device: str, resume: bool, checkpoint_every: int | None) -> TrainOutcome:
+def _build_trainer(env: Any, seed: int, root: Path, algorithm: str, config: dict[str, Any] | None, device: str,
+                   resume: bool) -> Any:
+    """A fresh trainer, or with ``resume`` the one in the run's last checkpoint."""
+    from opentinker.agents import trainer_class
+    from opentinker.agents.checkpoint import CHECKPOINT_NAME
+
+    trainer_cls = trainer_class(algorithm)
+    checkpoint = root / "checkpoints" / CHECKPOINT_NAME
+    if resume and checkpoint.exists():
+        return trainer_cls.load(checkpoint, env=env, device=device)
+    (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
+    return trainer_cls(env, policy="MLP", seed=seed, device=device, **(config or {}))
+
+
+def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path, algorithm: str,
+           config: dict[str, Any] | None, device: str, resume: bool, checkpoint_every: int | None) -> TrainOutcome:
+    trainer = _build_trainer(env, seed, root, algorithm, config, device, resume)
+    return train_logged(trainer, run_id, steps, root, checkpoint_every, metadata={"env_id": env_id})
+
+
+def train_logged(trainer: Any, run_id: str, steps: int, root: Path, checkpoint_every: int | None = None,
+                 callback: Any = None, metadata: dict[str, Any] | None = None) -> TrainOutcome:
+    """Train an engine trainer with metrics to the MLflow run ``run_id`` (and progress listeners), checkpoints under
+    ``root/checkpoints``, then the export and the history; the flow's training stage and the SDK's
+    ``train(track=True)`` both run this. ``callback`` (the SDK user's) runs after the logger; False stops."""
+    logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
+
+    def log_then_call(metrics: dict[str, float], step: int) -> bool | None:
+        logger(metrics, step)
+        return None if callback is None else callback(metrics, step)
+
+    start_step, started = int(trainer.global_step), time.perf_counter()
+    trainer.train(steps, callback=log_then_call, checkpoint_dir=_checkpoint_dir(root),
+                  checkpoint_every=checkpoint_every)
+    return _finish(trainer, logger, root, start_step, time.perf_counter() - started, metadata)
+
+
+def _checkpoint_dir(root: Path) -> Path:
+    path = root / "checkpoints"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _finish(trainer: Any, logger: MetricsLogger, root: Path, start_step: int, train_seconds: float,
+            metadata: dict[str, Any] | None) -> TrainOutcome:
+    """Flush the metrics, export the policy, append the history: what follows every training loop."""
     import mlflow
 
-    from opentinker.agents import PPOTrainer
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.export import export_policy
     from opentinker.agents.trainer import dashboard_remedies
 
-    checkpoint_dir = root / "checkpoints"
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint = checkpoint_dir / CHECKPOINT_NAME
-    if resume and checkpoint.exists():
-        trainer = PPOTrainer.load(checkpoint, env=env, device=device)
-    else:
-        trainer = PPOTrainer(env, policy="MLP", seed=seed, device=device, **(ppo or {}))
-        (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
-    start_step = int(trainer.global_step)
-    logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
-    started = time.perf_counter()
-    trainer.train(steps, callback=logger, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
-    train_seconds = time.perf_counter() - started
     logger.flush()
     remedies = dashboard_remedies(logger.history)
-    mlflow.MlflowClient().set_tag(run_id, "opentinker.dashboard_remedies", "; ".join(remedies) or "none")
-    export_dir = export_policy(trainer, root / "export", metadata={"env_id": env_id, "run_id": run_id})
+    mlflow.MlflowClient().set_tag(logger.run_id, "opentinker.dashboard_remedies", "; ".join(remedies) or "none")
+    export_dir = export_policy(trainer, root / "export", metadata={**(metadata or {}), "run_id": logger.run_id})
     history = logger.save_history(root / "history.jsonl")
     return TrainOutcome(
-        run_id=run_id,
-        checkpoint_path=str(checkpoint),
+        run_id=logger.run_id,
+        checkpoint_path=str(root / "checkpoints" / CHECKPOINT_NAME),
         export_dir=str(export_dir),
         history_path=str(history),
         start_step=start_step,
         global_step=int(trainer.global_step),
         iterations=len(logger.history),
         train_seconds=train_seconds,
-        worker_pids=env.worker_pids(),
+        worker_pids=trainer.env.worker_pids(),
     )
+
+
+_EARLY: dict[str, "EarlyTraining"] = {}
+"""In-process trainings started before their flow run, by run directory (``start_early``)."""
+
+
+class EarlyTraining:
+    """Training that starts while Prefect's API server and the MLflow run are still starting (seconds of fixed work
+    that need not come first): ``train_policy`` adopts it, attaches its MLflow run and waits for it. Its metrics
+    wait in memory until then. Only for env copies in this process and a CPU learner (no Ray resources to hold)."""
+
+    def __init__(self, directory: str, args: tuple, env: Any, trainer: Any, steps: int, checkpoint_every: int | None):
+        self.directory, self.args, self.env, self.trainer = directory, args, env, trainer
+        self.root, self.steps, self.checkpoint_every = Path(directory), steps, checkpoint_every
+        self.logger = MetricsLogger(None, on_iteration=lambda step, row: progress.report(step, steps, row))
+        self.start_step, self.seconds, self.error = int(trainer.global_step), 0.0, None
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="opentinker-early-training", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        started = time.perf_counter()
+        try:
+            self.trainer.train(self.steps, callback=self._callback, checkpoint_dir=_checkpoint_dir(self.root),
+                               checkpoint_every=self.checkpoint_every)
+        except BaseException as exc:  # re-raised in the flow's training task, which owns the failure
+            self.error = exc
+        self.seconds = time.perf_counter() - started
+
+    def _callback(self, metrics: dict[str, float], step: int) -> bool:
+        self.logger(metrics, step)
+        return not self._cancelled.is_set()
+
+    def adopt(self, run_id: str) -> TrainOutcome:
+        """Attach the MLflow run, wait for the loop, then export like ``train_logged``."""
+        self.logger.run_id = run_id
+        try:
+            self._thread.join()
+            if self.error is not None:
+                raise self.error
+            return _finish(self.trainer, self.logger, self.root, self.start_step, self.seconds,
+                           {"env_id": json.loads(self.args)[0]})
+        finally:
+            self.env.close()
+
+    def cancel(self) -> None:
+        """Stop after the current iteration (the flow failed before adopting it, or its params changed)."""
+        _EARLY.pop(self.directory, None)
+        self._cancelled.set()
+        self._thread.join()
+        self.env.close()
+
+
+def start_early(env_id: str, steps: int, seed: int, directory: str, algorithm: str, config: dict[str, Any] | None,
+                num_envs: int, resume: bool, checkpoint_every: int | None) -> EarlyTraining:
+    """Start in-process training for ``train_policy`` to adopt (same arguments); ``cancel()`` it if the flow fails."""
+    from opentinker.envs import RemoteEnv
+
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    env = RemoteEnv(env_id, parallel=num_envs, backend="local", seed=seed)
+    trainer = _build_trainer(env, seed, root, algorithm, config, "auto", resume)
+    args = _early_args(env_id, steps, seed, algorithm, config, num_envs, resume, checkpoint_every)
+    early = _EARLY[directory] = EarlyTraining(directory, args, env, trainer, steps, checkpoint_every)
+    return early
+
+
+def is_pending(early: EarlyTraining) -> bool:
+    """Whether no training task has adopted ``early`` yet."""
+    return _EARLY.get(early.directory) is early
+
+
+def _early_args(*args: Any) -> str:
+    """What must match between an early start and the task adopting it (JSON: tuples and lists compare equal)."""
+    return json.dumps(args, sort_keys=True, default=str)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ def assert_same_state(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("cls, env_id, kw, steps, split", [
     (PPOTrainer, "CartPole-v1", PPO_KW, 8 * 16 * 6, 8 * 16 * 3),
     (PPOTrainer, "Pendulum-v1", dict(PPO_KW, num_envs=4), 4 * 16 * 6, 4 * 16 * 2),
+    (PPOTrainer, "Pendulum-v1", dict(PPO_KW, num_envs=4, norm_obs=True, norm_reward=True), 4 * 16 * 6, 4 * 16 * 2),
     (DQNTrainer, "CartPole-v1", DQN_KW, 4 * 8 * 12, 4 * 8 * 5),
 ])
 def test_resume_is_bit_exact(tmp_path, cls, env_id, kw, steps, split):

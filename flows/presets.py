@@ -1,0 +1,120 @@
+"""Default hyper-parameters per kind of problem, so ``opentinker train ENV`` works without tuning.
+
+The family is picked from the env itself (``ProblemKind``): discrete or continuous actions, observation size,
+episode length and whether rewards are dense per step. Per-id entries exist only where the family default is
+known to fail. A config file's ``[ppo]``/``[dqn]`` table (or ``TrainParams.ppo``/``.dqn``) overrides any field;
+``num_envs`` is set at the top level. The table is documented in docs/pipeline.md ("Presets").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PPO_DISCRETE: dict[str, Any] = {"num_envs": 64, "n_steps": 16, "learning_rate": 1e-3, "update_epochs": 4,
+                                "num_minibatches": 4}
+"""Many short segments: CartPole-v1 passes 475 after ~100–170k steps (docs/pipeline.md)."""
+PPO_DISCRETE_LONG: dict[str, Any] = {"num_envs": 16, "n_steps": 256, "learning_rate": 3e-4, "gamma": 0.999,
+                                     "gae_lambda": 0.98, "update_epochs": 4, "num_minibatches": 16}
+"""Episodes over 500 steps (LunarLander, Acrobot): longer segments and horizon (RL-Zoo's LunarLander family)."""
+PPO_CONTINUOUS: dict[str, Any] = {"num_envs": 16, "n_steps": 128, "learning_rate": 3e-4, "update_epochs": 10,
+                                  "num_minibatches": 32, "ent_coef": 0.0, "clip_vloss": False, "norm_obs": True,
+                                  "norm_reward": True}
+"""CleanRL's ppo_continuous_action with SB3 VecNormalize-style observation and reward normalisation."""
+DQN_DISCRETE: dict[str, Any] = {"num_envs": 4, "n_steps": 32, "learning_rate": 2.3e-3, "batch_size": 64,
+                                "buffer_size": 100_000, "learning_starts": 1_000, "target_network_frequency": 10,
+                                "train_frequency": 2, "exploration_fraction": 0.16, "end_e": 0.04,
+                                "hidden_sizes": (256, 256), "total_steps": 50_000}
+"""RL-Zoo's CartPole-v1 DQN (train_freq 256 / gradient_steps 128 = one gradient step per 2 env steps); epsilon decays
+over its 50k-step horizon whatever the run's length."""
+
+PER_ID: dict[tuple[str, str], dict[str, Any]] = {
+    ("ppo", "Pendulum-v1"): {"num_envs": 16, "n_steps": 128, "learning_rate": 1e-3, "gamma": 0.9,
+                             "update_epochs": 10, "num_minibatches": 8, "ent_coef": 0.0, "clip_vloss": False,
+                             "reward_scale": 0.1},
+    # Sparse reward: the family's short exploration never reaches the flag (RL-Zoo's MountainCar-v0 DQN).
+    ("dqn", "MountainCar-v0"): {"num_envs": 4, "n_steps": 16, "learning_rate": 4e-3, "batch_size": 128,
+                                "buffer_size": 10_000, "learning_starts": 1_000, "gamma": 0.98,
+                                "target_network_frequency": 600, "train_frequency": 2, "exploration_fraction": 0.2,
+                                "end_e": 0.07, "hidden_sizes": (256, 256), "total_steps": 120_000},
+}
+"""Only where the family default fails: (algorithm, env id) -> the whole preset."""
+
+LONG_EPISODE = 500
+
+
+@dataclass(frozen=True)
+class ProblemKind:
+    """What the preset depends on, read from the env and its registry spec."""
+
+    actions: str
+    """"discrete" or "continuous"."""
+    obs_dim: int
+    episode_steps: int | None
+    """The spec's ``max_episode_steps`` (None when unlimited or unknown)."""
+    reward_threshold: float | None
+
+    @property
+    def family(self) -> str:
+        long = self.episode_steps is None or self.episode_steps > LONG_EPISODE
+        return self.actions if self.actions == "continuous" or not long else f"{self.actions}-long"
+
+
+def problem_kind(env_ref: str) -> ProblemKind:
+    """Build one copy of the env (id or ``module:Class``) and describe it."""
+    import gymnasium as gym
+
+    from opentinker.envs import make_env
+
+    env = make_env(env_ref)
+    try:
+        spec = env.spec
+        actions = "discrete" if isinstance(env.action_space, gym.spaces.Discrete) else "continuous"
+        obs_dim = int(gym.spaces.flatdim(env.observation_space))
+        return ProblemKind(actions, obs_dim, getattr(spec, "max_episode_steps", None),
+                           getattr(spec, "reward_threshold", None))
+    finally:
+        env.close()
+
+
+FAMILIES: dict[tuple[str, str], dict[str, Any]] = {
+    ("ppo", "discrete"): PPO_DISCRETE,
+    ("ppo", "discrete-long"): PPO_DISCRETE_LONG,
+    ("ppo", "continuous"): PPO_CONTINUOUS,
+    ("dqn", "discrete"): DQN_DISCRETE,
+    ("dqn", "discrete-long"): DQN_DISCRETE,
+}
+
+
+def preset(algorithm: str, env_id: str, kind: ProblemKind) -> dict[str, Any]:
+    """The preset for this algorithm and env: the per-id entry, else the family's (a copy: callers may update it)."""
+    if (algorithm, env_id) in PER_ID:
+        return dict(PER_ID[(algorithm, env_id)])
+    if (algorithm, kind.family) not in FAMILIES:
+        raise ValueError(f"algorithm: {algorithm!r} does not handle {kind.actions} actions (env {env_id!r}); "
+                         f"use {' or '.join(sorted({a for a, f in FAMILIES if f == kind.family}))}")
+    return dict(FAMILIES[(algorithm, kind.family)])
+
+
+def resolve_params(params):
+    """``TrainParams`` with every default made concrete, so the run records what it trained with: the preset's
+    fields under the user's table, ``num_envs``, the backend, and the gate threshold (the env spec's
+    ``reward_threshold`` unless set; None when the env has none: the gate then compares with champion or random)."""
+    from opentinker.envs.remote_env import resolve_backend
+
+    kind = problem_kind(params.env_id)
+    table = preset(params.algorithm, params.env_id, kind)
+    num_envs = params.num_envs or table.pop("num_envs")
+    table.pop("num_envs", None)
+    table.update(params.engine_overrides)
+    backend = params.backend
+    if backend == "auto":
+        backend = "ray" if params.workers is not None else resolve_backend(params.env_id, "auto", num_envs, None, {})
+    threshold = params.champion_threshold if params.champion_threshold is not None else kind.reward_threshold
+    return params.model_copy(update={params.algorithm: table, "num_envs": num_envs, "backend": backend,
+                                     "champion_threshold": threshold})
+
+
+def engine_preset(algorithm: str, env_id: str) -> dict[str, Any]:
+    """The preset as trainer keyword arguments (``num_envs`` included): what ``opentinker train ENV`` would use,
+    for SDK users and benches — ``PPOTrainer(env_id, **engine_preset("ppo", env_id))``."""
+    return preset(algorithm, env_id, problem_kind(env_id))
