@@ -206,9 +206,9 @@ class Trainer:
 
     @staticmethod
     def rollout_metrics(rollout: Any) -> dict[str, float]:
-        return {"system/rollout_efficiency": rollout.env_step_s / max(rollout.worker_wall_s, 1e-9),
-                "system/rollout_bytes": float(rollout.bytes_sent), "system/rollout_bytes_raw": float(rollout.bytes_raw),
-                "system/rollout_s": rollout.wall_s, "system/policy_lag": 0.0}
+        return {"perf/rollout_efficiency": rollout.env_step_s / max(rollout.worker_wall_s, 1e-9),
+                "perf/rollout_bytes": float(rollout.bytes_sent), "perf/rollout_bytes_raw": float(rollout.bytes_raw),
+                "perf/rollout_s": rollout.wall_s, "perf/policy_lag": 0.0}
 
     # -- evaluation ---------------------------------------------------------------------------------------------
     def numpy_policy(self) -> NumpyPolicy:

@@ -16,6 +16,18 @@ from prefect.cache_policies import NO_CACHE
 from opentinker.tasks.types import RolloutSummary
 
 
+@task(cache_policy=NO_CACHE)
+def start_ray() -> str:
+    """Start local Ray or join the configured cluster: its own step, so the UI shows what Ray's start-up costs."""
+    import ray
+
+    from opentinker.infra.ray_runtime import ensure_ray
+
+    ensure_ray()
+    resources = ray.cluster_resources()
+    return f"{len(ray.nodes())} node(s), {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
+
+
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def collect_rollouts(
     env_id: str, seed: int, num_envs: int = 8, workers: int | None = None, n_steps: int = 64, run_id: str | None = None,

@@ -24,15 +24,15 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
     assert run.info.status == "FINISHED"
     assert run.data.params["env_id"] == "CartPole-v1" and run.data.params["ppo.n_steps"] == "128"
     assert run.data.tags["prefect.flow_run_id"]
-    for key in ("charts/episodic_return_mean", "charts/sps", "losses/value", "system/cpu_percent",
-                "system/rollout_efficiency", "eval/mean_return"):
+    for key in ("charts/episodic_return_mean", "charts/sps", "losses/value", "perf/cpu_percent",
+                "perf/rollout_efficiency", "eval/mean_return"):
         assert key in run.data.metrics, key
     sps = client.get_metric_history(result.run_id, "charts/sps")
     steps = [m.step for m in sps]
     assert steps == sorted(steps) and len(steps) >= 4 and steps[-1] == result.global_step >= params.steps
 
     artifacts = {a.path for d in ("", "plots", "config", "checkpoint") for a in client.list_artifacts(result.run_id, d or None)}
-    assert {"plots/learning_curve.png", "plots/system_metrics.png", "config/config.json", "model_card.md",
+    assert {"plots/learning_curve.png", "plots/perf_metrics.png", "config/config.json", "model_card.md",
             "checkpoint/checkpoint.pt"} <= artifacts
     card = Path(mlflow.artifacts.download_artifacts(run_id=result.run_id, artifact_path="model_card.md")).read_text()
     assert f"{result.eval_mean:.2f}" in card and "CartPole-v1" in card
