@@ -73,14 +73,13 @@ def ui_hints() -> list[str]:
     """How to look at what just happened."""
     from opentinker.infra.settings import get_settings
 
+    from opentinker.tasks.tracking import ui_url
+
     settings = get_settings()
-    hints = []
-    if settings.tracking_uri.startswith("http"):
-        hints.append(f"MLflow UI:  {settings.tracking_uri}")
-    else:
-        hints.append(f"MLflow UI:  mlflow ui --backend-store-uri {settings.tracking_uri} --port 5000")
+    hints = [f"MLflow UI:  {ui_url('experiments')}"]
     prefect_url = settings.prefect_api_url or os.environ.get("PREFECT_API_URL", "")
     if prefect_url:
-        hints.append(f"Prefect UI: {prefect_url.removesuffix('/api')}")
-    hints.append("Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)")
+        hints.append(f"Prefect UI: {prefect_url.removesuffix('/api')}/runs")
+    if not (prefect_url and settings.tracking_uri.startswith("http")):
+        hints.append("Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)")
     return hints
