@@ -1,4 +1,4 @@
-"""The training flow: storage check → tracking run → Ray start → train (Ray) → evaluate → package → release gate → reports.
+"""The training flow: storage check → tracking run → Ray start → probe → train → evaluate → package → gate → reports.
 
 No ``from __future__ import annotations`` in flow modules: Prefect builds a pydantic model from the flow's
 signature to validate deployment parameters, and string annotations leave it "not fully defined".

@@ -19,7 +19,7 @@ CANDIDATE, CHAMPION = "candidate", "champion"
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
 def package_model(run_id: str, export_dir: str, model_name: str, evaluation: EvalOutcome | None = None,
                   step: int = 0) -> ModelRef:
-    """Log the export as an MLflow pyfunc model of ``run_id`` (trained to env ``step``), register it, alias it ``candidate``.
+    """Log the export as an MLflow pyfunc model of ``run_id`` (trained to env ``step``), register it as ``candidate``.
 
     Idempotent under retries: a version already registered from this run is reused, never duplicated.
     """
@@ -31,11 +31,12 @@ def package_model(run_id: str, export_dir: str, model_name: str, evaluation: Eva
     client = mlflow.MlflowClient()
     existing = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
     if existing:
-        version, model_id = str(existing[0].version), existing[0].model_id or ""
+        registered = existing[0]
     else:
         model_uri = model_store.log_policy_model(export_dir, run_id=run_id, step=step)
         registered = model_store.register_policy(model_uri, model_name)
-        version, model_id = str(registered.version), registered.model_id or ""
+    version = str(registered.version)
+    model_id = registered.model_id or _logged_model_id(registered.source)
     model_store.set_alias(model_name, CANDIDATE, version)
     if evaluation is not None:
         for key, value in _eval_tags(evaluation).items():
@@ -118,6 +119,11 @@ def promote_if_better(
         model_store.set_alias(candidate.name, CHAMPION, candidate.version)
         aliases.append(CHAMPION)
     return candidate.model_copy(update={"aliases": aliases, "decision": decision})
+
+
+def _logged_model_id(source: str) -> str:
+    """``models:/m-…`` → ``m-…``: a version registered from a logged model's URI leaves its ``model_id`` empty."""
+    return source.removeprefix("models:/") if source.startswith("models:/m-") else ""
 
 
 def _eval_tags(evaluation: EvalOutcome) -> dict[str, str]:

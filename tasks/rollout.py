@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from opentinker.tasks.types import RolloutSummary
@@ -25,7 +25,9 @@ def start_ray() -> str:
 
     ensure_ray()
     resources = ray.cluster_resources()
-    return f"{len(ray.nodes())} node(s), {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
+    summary = f"{len(ray.nodes())} node(s), {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
+    get_run_logger().info("Ray ready: %s", summary)
+    return summary
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -63,6 +65,7 @@ def collect_rollouts(
 
         configure_mlflow()
         mlflow.MlflowClient().log_metric(run_id, "charts/random_policy_return", mean_return, step=0)
+    get_run_logger().info("random-policy probe: %d episodes, mean return %s", len(finished), mean_return)
     return RolloutSummary(
         steps=n_steps * env.num_envs,
         episodes=len(finished),

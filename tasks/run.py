@@ -4,7 +4,7 @@ from __future__ import annotations
 import getpass
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
@@ -78,6 +78,7 @@ def publish_summary(tracking: TrackingRun, model: ModelRef, evaluation: EvalOutc
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
     model_url = ui_url(f"models/{model.name}/versions/{model.version}")
+    get_run_logger().info("%s v%s: %s; MLflow run %s", model.name, model.version, model.decision, tracking.url)
     if tracking.url.startswith("http"):
         create_link_artifact(key="mlflow-run", link=tracking.url, link_text="MLflow run",
                              description="Metrics, plots and the logged model of this flow run.")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from opentinker.tasks import progress
@@ -93,6 +93,8 @@ def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path
     trainer.train(steps, callback=logger, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)
     train_seconds = time.perf_counter() - started
     logger.flush()
+    get_run_logger().info("trained to env step %d in %.1f s (%d iterations)", trainer.global_step, train_seconds,
+                          len(logger.history))
     export_dir = export_policy(trainer, root / "export", metadata={"env_id": env_id, "run_id": run_id})
     history = logger.save_history(root / "history.jsonl")
     return TrainOutcome(

@@ -42,6 +42,12 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
     assert str(candidate.version) == str(champion.version) == result.model_version
     assert candidate.run_id == result.run_id
     assert candidate.tags["gate.decision"].startswith("promoted") and float(candidate.tags["eval.mean"]) == pytest.approx(result.eval_mean, abs=1e-3)
+    assert champion.description.startswith("Release gate: promoted")
+    model = client.get_logged_model(champion.source.removeprefix("models:/"))  # eval metrics show on the model's page
+    assert {"eval/mean_return", "eval/std_return"} <= {metric.key for metric in model.metrics}
+    assert "None" not in run.data.params.values() and run.data.tags["mlflow.user"]
+    assert run.data.tags["mlflow.source.name"] == "opentinker train flow"
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
     pyfunc = mlflow.pyfunc.load_model(f"models:/{result.model_name}@champion")
     actions = np.asarray(pyfunc.predict(np.zeros((3, 4), dtype=np.float32)))
