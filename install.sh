@@ -3,6 +3,20 @@
 # uv resolves nothing here: requirements.lock pins every package, so users and CI get the same set.
 set -euo pipefail
 cd "$(dirname "$0")"
+# Debian packages: headless Chromium and its WebDriver for the dashboard browser test (tests/test_dashboards.py).
+apt_packages=(chromium chromium-driver)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "note: Debian packages ${missing[*]} are missing (needed by the browser test only):" \
+         "sudo apt-get install ${missing[*]}" >&2
+  fi
+fi
 PY=${PYTHON:-python3.11}
 # bubblewrap isolates the agents' Python tool (agents/llm/sandbox.py), libseccomp2 backs its seccomp filter.
 missing=()

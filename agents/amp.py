@@ -75,7 +75,7 @@ class AmpController:
         return True
 
     def metrics(self) -> dict[str, float]:
-        return {"system/amp_active": float(self.active), "system/amp_skipped_steps": float(self.skipped_steps)}
+        return {"perf/amp_active": float(self.active), "perf/amp_skipped_steps": float(self.skipped_steps)}
 
     def state_dict(self) -> dict:
         return {"fallback_reason": self.fallback_reason, "skipped_steps": self.skipped_steps, "scaler": self.scaler.state_dict()}

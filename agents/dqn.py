@@ -82,7 +82,7 @@ class DQNTrainer(Trainer):
             self.next_target_update += c.target_network_frequency
             self.update_target()
         metrics = {"charts/epsilon": epsilon, "charts/buffer_size": float(len(self.buffer)),
-                   "system/update_ms": (time.perf_counter() - rollout_end) * 1000.0}
+                   "perf/update_ms": (time.perf_counter() - rollout_end) * 1000.0}
         if losses:
             metrics.update({"losses/td_loss": float(np.mean(losses)), "losses/q_values": float(np.mean(q_values))})
         metrics.update(self.rollout_metrics(rollout, updated=bool(losses)))

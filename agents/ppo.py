@@ -107,7 +107,7 @@ class PPOTrainer(Trainer):
         metrics = {f"losses/{k}": torch.stack(v).mean().item() for k, v in stats.items()}
         metrics["losses/explained_variance"] = explained_variance(rollout.values[keep], returns[keep])
         metrics["charts/learning_rate"] = self.optimizer.param_groups[0]["lr"]
-        metrics["system/update_ms"] = (time.perf_counter() - rollout_end) * 1000.0
+        metrics["perf/update_ms"] = (time.perf_counter() - rollout_end) * 1000.0
         metrics.update(self.rollout_metrics(rollout))
         metrics.update(self.episode_metrics(rollout.episode_returns, rollout.episode_lengths))
         return metrics

@@ -37,11 +37,11 @@ def dashboard_remedies(history: list[dict[str, float]]) -> list[str]:
     iteration; medians, so one slow iteration does not count); empty when all targets hold."""
     remedies = []
     metrics = {key: float(np.median([row[key] for row in history if key in row])) for key in
-               ("system/rollout_efficiency", "system/rollout_worker_share", "system/gradient_delay_ms")
+               ("perf/rollout_efficiency", "perf/rollout_worker_share", "perf/gradient_delay_ms")
                if any(key in row for row in history)}
-    efficiency = metrics.get("system/rollout_efficiency")
+    efficiency = metrics.get("perf/rollout_efficiency")
     if efficiency is not None and efficiency < ROLLOUT_EFFICIENCY_TARGET:
-        if metrics.get("system/rollout_worker_share", 1.0) < ROLLOUT_EFFICIENCY_TARGET:
+        if metrics.get("perf/rollout_worker_share", 1.0) < ROLLOUT_EFFICIENCY_TARGET:
             where = ("most of the rest is outside the workers (dispatch, transfer, scheduling): raise parallel so each "
                      "call carries more transitions, or step cheap envs in-process (backend='local', which "
                      "backend='auto' picks for them)")
@@ -49,7 +49,7 @@ def dashboard_remedies(history: list[dict[str, float]]) -> list[str]:
             where = ("the rest is the workers' own per-step bookkeeping (and state_diff encoding): raise parallel so "
                      "each vectorised step carries more transitions")
         remedies.append(f"rollout efficiency {efficiency:.0%} < {ROLLOUT_EFFICIENCY_TARGET:.0%}; {where}")
-    delay = metrics.get("system/gradient_delay_ms")
+    delay = metrics.get("perf/gradient_delay_ms")
     if delay is not None and delay > GRADIENT_DELAY_TARGET_MS:
         remedies.append(f"gradient delay {delay:.0f} ms > {GRADIENT_DELAY_TARGET_MS:.0f} ms: check the network latency "
                         "between the learner and the rollout workers (and time spent in per-iteration callbacks)")
@@ -240,7 +240,7 @@ class Trainer:
                 "charts/episodes": float(len(returns))}
 
     def rollout_metrics(self, rollout: Rollout, updated: bool = True) -> dict[str, float]:
-        """The rollout's ``system/`` metrics; call at the end of ``update`` (``updated``: the weights changed).
+        """The rollout's ``perf/`` metrics; call at the end of ``update`` (``updated``: the weights changed).
 
         ``rollout_efficiency``: share of the workers' rollout time spent stepping envs and choosing actions; the rest
         is loop bookkeeping, encoding, transfer and waiting on the slowest worker. ``rollout_worker_share``: share
@@ -249,13 +249,13 @@ class Trainer:
         those weights (absent on the first iteration). ``update_ms`` (set by ``update``) is the learner's compute.
         """
         occupied = rollout.occupied_s or rollout.worker_wall_s
-        metrics = {"system/rollout_efficiency": (rollout.env_step_s + rollout.policy_s) / max(occupied, 1e-9),
-                   "system/rollout_worker_share": min(rollout.worker_wall_s / max(occupied, 1e-9), 1.0),
-                   "system/rollout_bytes": float(rollout.bytes_sent),
-                   "system/rollout_bytes_raw": float(rollout.bytes_raw),
-                   "system/rollout_s": rollout.wall_s, "system/policy_lag": 0.0}
+        metrics = {"perf/rollout_efficiency": (rollout.env_step_s + rollout.policy_s) / max(occupied, 1e-9),
+                   "perf/rollout_worker_share": min(rollout.worker_wall_s / max(occupied, 1e-9), 1.0),
+                   "perf/rollout_bytes": float(rollout.bytes_sent),
+                   "perf/rollout_bytes_raw": float(rollout.bytes_raw),
+                   "perf/rollout_s": rollout.wall_s, "perf/policy_lag": 0.0}
         if self.weights_applied_at is not None and rollout.started_at:
-            metrics["system/gradient_delay_ms"] = max(rollout.started_at - self.weights_applied_at, 0.0) * 1000.0
+            metrics["perf/gradient_delay_ms"] = max(rollout.started_at - self.weights_applied_at, 0.0) * 1000.0
         if updated:
             self.weights_applied_at = time.time()
         return metrics

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 
-KEYS = ("system/rollout_efficiency", "system/rollout_worker_share", "system/gradient_delay_ms", "system/update_ms")
+KEYS = ("perf/rollout_efficiency", "perf/rollout_worker_share", "perf/gradient_delay_ms", "perf/update_ms")
 
 
 def measure(backend: str, parallel: int, steps: int) -> dict:

@@ -2,7 +2,7 @@
 
 Two observation streams, both real:
 - vector: a CartPole ``RemoteEnv`` rollout (``--envs`` copies x ``--steps`` steps, the training path
-  ``RemoteEnv.collect`` with a fresh policy); the whole rollout's bytes as shipped (``system/rollout_bytes``)
+  ``RemoteEnv.collect`` with a fresh policy); the whole rollout's bytes as shipped (``perf/rollout_bytes``)
   with ``state_diff`` off and on, plus the observation array alone.
 - pixels: CartPole ``rgb_array`` frames (600x400x3 uint8, gymnasium's renderer via pygame) from
   ``--pixel-envs`` copies x ``--pixel-steps`` random-action steps.

@@ -12,11 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 console = Console(soft_wrap=True)  # long paths and URIs stay on one line (copy-pasteable)
 
-_NOISY_LOGGERS = ("prefect", "mlflow", "ray", "alembic", "httpx", "urllib3", "botocore", "bentoml", "filelock")
+_NOISY_LOGGERS = ("mlflow", "ray", "alembic", "httpx", "urllib3", "botocore", "bentoml", "filelock")
 
 
 def prepare_prefect(verbose: bool = False) -> None:
-    """Before prefect is imported: the API URL from settings, a long ephemeral start-up timeout, quiet logs."""
+    """Before prefect is imported: the API URL from settings, a long ephemeral start-up timeout, quiet logs.
+
+    Quiet means the terminal: flow and task logs still reach the Prefect server at INFO (its Logs tab), only
+    Prefect's console handler is raised to WARNING. MLflow's own "View run" lines give way to the CLI's links.
+    """
     from opentinker.infra.settings import get_settings
 
     api_url = get_settings().prefect_api_url
@@ -24,7 +28,8 @@ def prepare_prefect(verbose: bool = False) -> None:
         os.environ["PREFECT_API_URL"] = api_url
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -68,14 +73,13 @@ def ui_hints() -> list[str]:
     """How to look at what just happened."""
     from opentinker.infra.settings import get_settings
 
+    from opentinker.tasks.tracking import ui_url
+
     settings = get_settings()
-    hints = []
-    if settings.tracking_uri.startswith("http"):
-        hints.append(f"MLflow UI:  {settings.tracking_uri}")
-    else:
-        hints.append(f"MLflow UI:  mlflow ui --backend-store-uri {settings.tracking_uri} --port 5000")
+    hints = [f"MLflow UI:  {ui_url('experiments')}"]
     prefect_url = settings.prefect_api_url or os.environ.get("PREFECT_API_URL", "")
     if prefect_url:
-        hints.append(f"Prefect UI: {prefect_url.removesuffix('/api')}")
-    hints.append("Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)")
+        hints.append(f"Prefect UI: {prefect_url.removesuffix('/api')}/runs")
+    if not (prefect_url and settings.tracking_uri.startswith("http")):
+        hints.append("Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)")
     return hints

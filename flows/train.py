@@ -1,4 +1,4 @@
-"""The training flow: storage check → tracking run → train (Ray) → evaluate → package → release gate → reports.
+"""The training flow: storage check → tracking run → Ray start → probe → train → evaluate → package → gate → reports.
 
 No ``from __future__ import annotations`` in flow modules: Prefect builds a pydantic model from the flow's
 signature to validate deployment parameters, and string annotations leave it "not fully defined".
@@ -12,8 +12,8 @@ from opentinker.flows.release import release_flow
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.evaluate import evaluate_policy, resolve_model
 from opentinker.tasks.package import package_model
-from opentinker.tasks.rollout import collect_rollouts
-from opentinker.tasks.run import finish_tracking_run, start_tracking_run
+from opentinker.tasks.rollout import collect_rollouts, start_ray
+from opentinker.tasks.run import finish_tracking_run, publish_summary, start_tracking_run
 from opentinker.tasks.train import is_pending, run_dir, start_early, train_policy
 from opentinker.tasks.upload import check_storage, render_reports, upload_artifacts
 
@@ -29,6 +29,8 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
     config = params.model_dump()
     tracking = start_tracking_run(config, params.resolved_run_name, params.experiment)
     try:
+        if params.backend == "ray":
+            start_ray()  # its own step: Ray's start-up shows in the UI, not inside the probe
         collect_rollouts(params.env_id, params.seed, params.num_envs, params.workers, run_id=tracking.run_id,
                          rollout_num_cpus=params.rollout_num_cpus, rollout_num_gpus=params.rollout_num_gpus,
                          backend=params.backend)
@@ -50,7 +52,8 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
             checkpoint_every=params.checkpoint_every,
         )
         evaluation = evaluate_policy(resolve_model(trained.export_dir, params.env_id), params.eval_episodes, params.eval_seed)
-        candidate = package_model(tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation)
+        candidate = package_model(tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation,
+                                  step=trained.global_step)
         released = release_flow(
             params.resolved_model_name,
             candidate.version,
@@ -59,6 +62,7 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
         )
         reports = render_reports(config, trained, evaluation, released)
         uris = upload_artifacts(tracking.run_id, reports, trained.checkpoint_path, params.resolved_run_name)
+        publish_summary(tracking, released, evaluation)
     except BaseException:
         finish_tracking_run(tracking.run_id, status="FAILED")
         raise
@@ -67,6 +71,7 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
         tags={"opentinker.model_version": released.version, "opentinker.aliases": ",".join(released.aliases)},
         metrics={"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std},
         step=trained.global_step,
+        model_id=candidate.model_id,
     )
     return TrainFlowResult(
         run_id=tracking.run_id,

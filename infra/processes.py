@@ -70,6 +70,16 @@ def write_json_atomic(path: Path, data: object) -> None:
     os.replace(tmp, path)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Atomically write a file only its owner can read (keys, secrets): created 0600, never briefly wider."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
 @dataclass
 class ServiceProcess:
     """One running service: enough to find it again from another process and to stop only it."""
@@ -125,9 +135,15 @@ class ServiceProcess:
         self._reap()
 
     def family(self) -> list[psutil.Process]:
-        """The leader, its descendants, and any process still in its process group started after it."""
+        """The leader, its descendants, and any process still in its process group started after it.
+
+        Once the leader is gone and its pid belongs to another process, the group is gone too (Linux reuses a
+        pid only when no process group of that id is left): processes in group ``pid`` are then that stranger's.
+        """
         members: dict[int, psutil.Process] = {}
         leader = self.process()
+        if leader is None and psutil.pid_exists(self.pid) and _running(_process_or_none(self.pid)):
+            return []
         if leader is not None:
             members[leader.pid] = leader
             try:
@@ -150,7 +166,16 @@ class ServiceProcess:
                 pass
 
 
-def _running(proc: psutil.Process) -> bool:
+def _process_or_none(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+def _running(proc: psutil.Process | None) -> bool:
+    if proc is None:
+        return False
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -170,6 +195,7 @@ def spawn(name: str, cmd: Sequence[str], log: Path, url: str, ports: dict[str, i
     """Start ``cmd`` in a new session, output appended to ``log``; ``env`` is the whole environment (default: ours)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")  # a service that dies early leaves what it printed in its log
     with open(log, "ab") as out:
         out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
         out.flush()

@@ -11,7 +11,8 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, http_ok, spawn, venv_bin, wait_until
+from opentinker.infra.processes import (ServiceError, ServiceProcess, free_ports, http_ok, spawn, venv_bin, wait_until,
+                                        write_private)
 from opentinker.infra.settings import Settings
 
 DEFAULT_TIMEOUT_S = 180.0
@@ -36,8 +37,9 @@ class S3Endpoint:
         return {"MLFLOW_S3_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key,
                 "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_DEFAULT_REGION": self.region}
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def public_dict(self) -> dict:
+        """Everything but the secret key (for state files that need not hold it)."""
+        return {key: value for key, value in asdict(self).items() if key != "secret_key"}
 
 
 def s3_credentials(directory: Path) -> tuple[str, str]:
@@ -46,12 +48,8 @@ def s3_credentials(directory: Path) -> tuple[str, str]:
     if path.exists():
         data = json.loads(path.read_text())
         return data["access_key"], data["secret_key"]
-    directory.mkdir(parents=True, exist_ok=True)
     access, secret = "opentinker", secrets.token_hex(20)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"access_key": access, "secret_key": secret}))
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_private(path, json.dumps({"access_key": access, "secret_key": secret}))
     return access, secret
 
 
@@ -64,8 +62,7 @@ def start_s3(directory: Path, log: Path, bucket: str, region: str = "us-east-1",
     identities = {"identities": [{"name": "opentinker", "credentials": [{"accessKey": access, "secretKey": secret}],
                                   "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
     config = directory / "s3.json"
-    config.write_text(json.dumps(identities))
-    os.chmod(config, 0o600)
+    write_private(config, json.dumps(identities))
     names = ["master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc"]
     ports = dict(zip(names, free_ports(len(names))))
     cmd = [venv_bin("weed"), "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
@@ -123,15 +120,20 @@ def start_mlflow(directory: Path, log: Path, s3: S3Endpoint | None, backend_stor
 
 
 def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> ServiceProcess:
-    """Prefect server (API, UI, scheduler and other services) with its own PREFECT_HOME and SQLite database."""
+    """Prefect server (API, UI, scheduler and other services) with its own PREFECT_HOME and SQLite database.
+
+    The caller's ``PREFECT_*`` variables are dropped (they describe a client, not this server); the UI is told
+    this server's API URL, else it calls Prefect's default ``127.0.0.1:4200`` and shows "Can't connect".
+    """
     directory.mkdir(parents=True, exist_ok=True)
     (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(directory), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_ENABLED="true" if ui else "false")
+               PREFECT_UI_ENABLED="true" if ui else "false", PREFECT_API_URL=f"{url}/api",
+               PREFECT_UI_API_URL=f"{url}/api", PREFECT_UI_URL=url)
     cmd = [venv_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
            "--ui" if ui else "--no-ui", "--analytics-off", "--no-prompt"]
-    url = f"http://127.0.0.1:{port}"
     service = spawn("prefect", cmd, log, url=url, ports={"http": port}, env=env, cwd=directory)
     try:
         wait_until(service, lambda: http_ok(f"{url}/api/health"), timeout, f"{url}/api/health answered")

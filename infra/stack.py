@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentinker.infra.processes import ServiceError, ServiceProcess, write_json_atomic
-from opentinker.infra.services import DEFAULT_TIMEOUT_S, S3Endpoint, start_mlflow, start_prefect, start_s3
+from opentinker.infra.processes import ServiceError, ServiceProcess, write_json_atomic, write_private
+from opentinker.infra.services import (DEFAULT_TIMEOUT_S, S3Endpoint, s3_credentials, start_mlflow, start_prefect,
+                                      start_s3)
 from opentinker.infra.settings import Settings, get_settings
 
 SERVICES = ("s3", "mlflow", "prefect")
@@ -54,8 +55,12 @@ class Stack:
         return {name: ServiceProcess.from_dict(data) for name, data in self._read_state()["services"].items()}
 
     def s3_endpoint(self) -> S3Endpoint | None:
+        """The recorded endpoint; its secret is read from the owner-only credentials file, never from state.json."""
         data = self._read_state().get("s3")
-        return S3Endpoint(**data) if data else None
+        if not data:
+            return None
+        access, secret = s3_credentials(self.root / "s3")
+        return S3Endpoint(**{**data, "access_key": access, "secret_key": secret})
 
     # ---- commands ----------------------------------------------------------------------------
     def up(self, timeout: float = DEFAULT_TIMEOUT_S, ui: bool = True, backend: str = "sqlite",
@@ -80,7 +85,7 @@ class Stack:
             s3, endpoint = start_s3(self.root / "s3", logs / "s3.log", bucket=self.settings.s3_bucket,
                                     region=self.settings.s3_region, timeout=timeout)
             started.append(s3)
-            state["s3"] = endpoint.to_dict()
+            state["s3"] = endpoint.public_dict()
             backend_uri = None
             if backend == "postgres":
                 from opentinker.infra.postgres import start_postgres
@@ -155,8 +160,5 @@ class Stack:
         """``stack.env``: ``source`` it in a shell to use the stack (owner-only permissions: it holds the S3 secret)."""
         lines = ["# Written by `opentinker stack up`; `source` this file to point OpenTinker at the local stack."]
         lines += [f"export {key}={value}" for key, value in self.env().items()]
-        tmp = self.env_path.with_suffix(".tmp")
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.chmod(0o600)
-        tmp.replace(self.env_path)
+        write_private(self.env_path, "\n".join(lines) + "\n")
         return self.env_path

@@ -54,12 +54,16 @@ def status(env: bool = typer.Option(False, "--env", help="Print only the export 
 
 def _print_status(stack) -> None:
     table = Table(title=f"OpenTinker stack ({stack.root})")
-    for column in ("service", "state", "url", "pid", "log"):
-        table.add_column(column)
-    for row in stack.status():
+    for column in ("service", "state", "url", "pid"):
+        table.add_column(column, no_wrap=True)
+    rows = stack.status()
+    for row in rows:
         state = "[green]running[/green]" if row.running else "[red]stopped[/red]"
-        table.add_row(row.name, state, row.url if row.running else "", str(row.pid or ""), row.log)
+        table.add_row(row.name, state, row.url if row.running else "", str(row.pid or ""))
     console.print(table)
+    console.print("Logs (whole paths, one per line):", highlight=False)
+    for row in rows:
+        console.print(f"  {row.name}: {row.log}", soft_wrap=True, highlight=False)
     env = stack.env()
     if env:
         console.print(f"Use it: [bold]source {stack.env_path}[/bold]  (or `eval $(opentinker stack status --env)`)")

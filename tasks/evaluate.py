@@ -9,7 +9,7 @@ import hashlib
 from typing import Any
 
 import numpy as np
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 from pydantic import BaseModel
@@ -66,6 +66,8 @@ def evaluate_policy(model: ResolvedModel, episodes: int = 10, seed: int = 10_000
 
     policy = load_registered_policy(model.uri)
     returns = play_episodes(model.env_id, lambda obs: policy.act(np.asarray(obs)[None])[0], episodes, seed)
+    get_run_logger().info("%s: mean return %.2f ± %.2f over %d episodes", model.key, np.mean(returns), np.std(returns),
+                          episodes)
     return EvalOutcome(
         model_key=model.key, seed=seed, returns=returns, mean=float(np.mean(returns)), std=float(np.std(returns))
     )

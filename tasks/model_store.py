@@ -149,11 +149,13 @@ def log_policy_model(
     name: str = "policy",
     registered_model_name: str | None = None,
     metadata: dict[str, Any] | None = None,
+    step: int = 0,
 ) -> str:
     """Log an export directory as an MLflow pyfunc model and return its model URI.
 
     Logs into ``run_id`` when given, else into the active run, else into a new run of the configured
     experiment. ``registered_model_name`` also registers it (the pipeline calls ``register_policy``).
+    ``step`` is the env step the policy was trained to: MLflow links the run's metrics at that step to the model.
     """
     export_dir = Path(export_dir)
     if not (export_dir / POLICY_FILE).is_file():
@@ -173,6 +175,7 @@ def log_policy_model(
         registered_model_name=registered_model_name,
         pip_requirements=_pip_requirements(),
         metadata=_jsonable({"opentinker_policy": getattr(policy, "spec", {}), **(metadata or {})}),
+        step=step,
     )
     active = mlflow.active_run()
     if active is not None and run_id in (None, active.info.run_id):

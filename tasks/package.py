@@ -17,8 +17,9 @@ CANDIDATE, CHAMPION = "candidate", "champion"
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
-def package_model(run_id: str, export_dir: str, model_name: str, evaluation: EvalOutcome | None = None) -> ModelRef:
-    """Log the export as an MLflow pyfunc model of ``run_id``, register it and alias it ``candidate``.
+def package_model(run_id: str, export_dir: str, model_name: str, evaluation: EvalOutcome | None = None,
+                  step: int = 0) -> ModelRef:
+    """Log the export as an MLflow pyfunc model of ``run_id`` (trained to env ``step``), register it as ``candidate``.
 
     Idempotent under retries: a version already registered from this run is reused, never duplicated.
     """
@@ -30,15 +31,17 @@ def package_model(run_id: str, export_dir: str, model_name: str, evaluation: Eva
     client = mlflow.MlflowClient()
     existing = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
     if existing:
-        version = str(existing[0].version)
+        registered = existing[0]
     else:
-        model_uri = model_store.log_policy_model(export_dir, run_id=run_id)
-        version = str(model_store.register_policy(model_uri, model_name).version)
+        model_uri = model_store.log_policy_model(export_dir, run_id=run_id, step=step)
+        registered = model_store.register_policy(model_uri, model_name)
+    version = str(registered.version)
+    model_id = registered.model_id or _logged_model_id(registered.source)
     model_store.set_alias(model_name, CANDIDATE, version)
     if evaluation is not None:
         for key, value in _eval_tags(evaluation).items():
             client.set_model_version_tag(model_name, version, key, value)
-    return ModelRef(name=model_name, version=version, run_id=run_id, aliases=[CANDIDATE])
+    return ModelRef(name=model_name, version=version, run_id=run_id, aliases=[CANDIDATE], model_id=model_id)
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
@@ -134,11 +137,17 @@ def promote_if_better(
         client.set_model_version_tag(candidate.name, candidate.version, key, value)
         if candidate.run_id:
             client.set_tag(candidate.run_id, key, value)
+    client.update_model_version(candidate.name, candidate.version, description=f"Release gate: {decision}")
     aliases = list(candidate.aliases)
     if promote:
         model_store.set_alias(candidate.name, CHAMPION, candidate.version)
         aliases.append(CHAMPION)
     return candidate.model_copy(update={"aliases": aliases, "decision": decision})
+
+
+def _logged_model_id(source: str) -> str:
+    """``models:/m-…`` → ``m-…``: a version registered from a logged model's URI leaves its ``model_id`` empty."""
+    return source.removeprefix("models:/") if source.startswith("models:/m-") else ""
 
 
 def _eval_tags(evaluation: EvalOutcome) -> dict[str, str]:

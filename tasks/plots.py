@@ -1,4 +1,4 @@
-"""Learning-curve and system-metric PNGs from the per-iteration history (matplotlib, Agg backend)."""
+"""Learning-curve and dashboard-metric PNGs from the per-iteration history (matplotlib, Agg backend)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,22 +43,23 @@ def learning_curve(history: list[dict[str, float]], path: Path, eval_mean: float
     return _save(fig, plt, path)
 
 
-def system_metrics(history: list[dict[str, float]], path: Path) -> Path:
-    """One small panel per ``system/*`` metric (throughput, rollout efficiency, gradient delay, CPU/GPU)."""
+def perf_metrics(history: list[dict[str, float]], path: Path) -> Path:
+    """One panel per ``perf/*`` metric: the article's dashboard (rollout efficiency, gradient delay, policy lag,
+    bytes on the wire, CPU/GPU utilisation)."""
     plt = _pyplot()
-    keys = sorted({k for row in history for k in row if k.startswith("system/")}) or ["system/cpu_percent"]
+    keys = sorted({k for row in history for k in row if k.startswith("perf/")}) or ["perf/cpu_percent"]
     cols = 3
     rows = (len(keys) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.8 * rows), squeeze=False)
     for ax, key in zip(axes.flat, keys):
         steps, values = _series(history, key)
         ax.plot(steps, values, color="tab:orange")
-        ax.set_title(key.removeprefix("system/"), fontsize=9)
+        ax.set_title(key.removeprefix("perf/"), fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
-    fig.suptitle("System metrics against global env step")
+    fig.suptitle("Dashboard metrics (perf/) against global env step")
     return _save(fig, plt, path)
 
 

@@ -10,10 +10,24 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from opentinker.tasks.types import RolloutSummary
+
+
+@task(cache_policy=NO_CACHE)
+def start_ray() -> str:
+    """Start local Ray or join the configured cluster: its own step, so the UI shows what Ray's start-up costs."""
+    import ray
+
+    from opentinker.infra.ray_runtime import ensure_ray
+
+    ensure_ray()
+    resources = ray.cluster_resources()
+    summary = f"{len(ray.nodes())} node(s), {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
+    get_run_logger().info("Ray ready: %s", summary)
+    return summary
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
@@ -52,6 +66,7 @@ def collect_rollouts(
 
         configure_mlflow()
         mlflow.MlflowClient().log_metric(run_id, "charts/random_policy_return", mean_return, step=0)
+    get_run_logger().info("random-policy probe: %d episodes, mean return %s", len(finished), mean_return)
     return RolloutSummary(
         steps=n_steps * env.num_envs,
         episodes=len(finished),

@@ -1,14 +1,16 @@
 """One MLflow run per flow run: opened before training with params and provenance tags, closed with a status."""
 from __future__ import annotations
 
+import getpass
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.tracking import configure_mlflow, flatten, git_commit, run_url
+from opentinker.tasks.tracking import configure_mlflow, flatten, git_commit, run_url, ui_url
+from opentinker.tasks.types import EvalOutcome, ModelRef
 
 
 class TrackingRun(BaseModel):
@@ -25,8 +27,14 @@ def start_tracking_run(params: dict[str, Any], run_name: str, experiment: str | 
 
     experiment_id = configure_mlflow(experiment)
     client = mlflow.MlflowClient()
+    prefect_link = f"[Prefect flow run]({flow_run.ui_url})" if flow_run.id and flow_run.ui_url else "Prefect local mode"
     tags = {
         "mlflow.runName": run_name,
+        "mlflow.source.name": f"opentinker {flow_run.flow_name or 'train'} flow",
+        "mlflow.source.type": "JOB",
+        "mlflow.user": getpass.getuser(),
+        "mlflow.note.content": f"{params.get('algorithm', 'ppo')} on `{params.get('env_id')}` for "
+                               f"{params.get('steps')} env steps · {prefect_link}",
         "mlflow.source.git.commit": git_commit(),
         "opentinker.env_id": str(params.get("env_id")),
         "opentinker.algorithm": str(params.get("algorithm", "ppo")),
@@ -47,8 +55,12 @@ def finish_tracking_run(
     tags: dict[str, str] | None = None,
     metrics: dict[str, float] | None = None,
     step: int = 0,
+    model_id: str | None = None,
 ) -> None:
-    """Final tags and summary metrics (evaluation, at the last global step), then close the run."""
+    """Final tags and summary metrics (evaluation, at the last global step), then close the run.
+
+    With ``model_id`` the metrics are also linked to that logged model, so its page shows what it scores.
+    """
     import mlflow
 
     configure_mlflow()
@@ -56,5 +68,34 @@ def finish_tracking_run(
     for key, value in (tags or {}).items():
         client.set_tag(run_id, key, value)
     for key, value in (metrics or {}).items():
-        client.log_metric(run_id, key, float(value), step=step)
+        client.log_metric(run_id, key, float(value), step=step, model_id=model_id or None)
     client.set_terminated(run_id, status=status)
+
+
+@task(cache_policy=NO_CACHE)
+def publish_summary(tracking: TrackingRun, model: ModelRef, evaluation: EvalOutcome) -> None:
+    """Prefect UI artifacts on the flow run: a link to the MLflow run, the evaluation and the gate's decision."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+    model_url = ui_url(f"models/{model.name}/versions/{model.version}")
+    get_run_logger().info("%s v%s: %s; MLflow run %s", model.name, model.version, model.decision, tracking.url)
+    if tracking.url.startswith("http"):
+        create_link_artifact(key="mlflow-run", link=tracking.url, link_text="MLflow run",
+                             description="Metrics, plots and the logged model of this flow run.")
+    episodes = "\n".join(f"| {i} | {value:.1f} |" for i, value in enumerate(evaluation.returns))
+    create_markdown_artifact(key="training-summary", description="Evaluation and release gate", markdown=f"""\
+## {model.name} v{model.version}: {model.decision or "no gate decision"}
+
+- MLflow run: {_link(tracking.url)}
+- Registered model: {_link(model_url)} · aliases **{", ".join(model.aliases) or "none"}**
+- Evaluation: mean return **{evaluation.mean:.2f}** ± {evaluation.std:.2f} over {len(evaluation.returns)} \
+episodes (seeds {evaluation.seed}…{evaluation.seed + len(evaluation.returns) - 1})
+
+| episode | return |
+|---|---|
+{episodes}
+""")
+
+
+def _link(url: str) -> str:
+    return f"[{url}]({url})" if url.startswith("http") else f"`{url}`"

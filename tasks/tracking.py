@@ -24,6 +24,12 @@ FLUSH_EVERY_S = 5.0
 
 _MLFLOW_BATCH_LIMIT = 1000
 
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+"""The tag MLflow 3's UI reads to open an experiment in its machine-learning views (runs, charts, models)
+rather than its GenAI views (traces, latency, tokens)."""
+UI_QUERY = "?workflowType=machine_learning"
+"""The same choice for a link: the UI's workflow switch, read from the URL of the page it opens."""
+
 
 def configure_mlflow(experiment: str | None = None) -> str:
     """Point MLflow at the configured store and return the experiment id (created on demand).
@@ -42,9 +48,11 @@ def configure_mlflow(experiment: str | None = None) -> str:
     client = mlflow.MlflowClient()
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if EXPERIMENT_KIND[0] not in found.tags:
+            client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
         return found.experiment_id
     location = None if settings.tracking_uri.startswith("http") else settings.artifact_root
-    return client.create_experiment(name, artifact_location=location)
+    return client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
 
 
 def export_s3_environment() -> None:
@@ -59,20 +67,25 @@ def export_s3_environment() -> None:
 
 def run_url(run_id: str, experiment_id: str) -> str:
     """A browsable URL for a run when tracking goes to a server, else the ``mlflow ui`` command to open it."""
+    return ui_url(f"experiments/{experiment_id}/runs/{run_id}")
+
+
+def ui_url(page: str) -> str:
+    """A page of the MLflow UI (``experiments/1``, ``models/NAME``) in its machine-learning views."""
     uri = get_settings().tracking_uri
     if uri.startswith("http"):
-        return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-    return f"mlflow ui --backend-store-uri {uri}  (then open http://127.0.0.1:5000/#/experiments/{experiment_id}/runs/{run_id})"
+        return f"{uri.rstrip('/')}/#/{page}{UI_QUERY}"
+    return f"mlflow ui --backend-store-uri {uri}  (then open http://127.0.0.1:5000/#/{page}{UI_QUERY})"
 
 
 def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
-    """Nested config → MLflow's flat string params (``ppo.learning_rate``)."""
+    """Nested config → MLflow's flat string params (``ppo.learning_rate``); unset (None) fields are left out."""
     flat: dict[str, str] = {}
     for key, value in params.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             flat.update(flatten(value, prefix=f"{name}."))
-        else:
+        elif value is not None:
             flat[name] = str(value)[:6000]
     return flat
 
@@ -90,16 +103,16 @@ class SystemSampler:
 
     def sample(self) -> dict[str, float]:
         values = {
-            "system/cpu_percent": self._psutil.cpu_percent(interval=None),
-            "system/memory_rss_mb": self._process.memory_info().rss / 2**20,
+            "perf/cpu_percent": self._psutil.cpu_percent(interval=None),
+            "perf/memory_rss_mb": self._process.memory_info().rss / 2**20,
         }
         if self._gpus:
             import pynvml
 
             util = [pynvml.nvmlDeviceGetUtilizationRates(h) for h in self._gpus]
             mem = [pynvml.nvmlDeviceGetMemoryInfo(h) for h in self._gpus]
-            values["system/gpu_percent"] = sum(u.gpu for u in util) / len(util)
-            values["system/gpu_memory_mb"] = sum(m.used for m in mem) / 2**20
+            values["perf/gpu_percent"] = sum(u.gpu for u in util) / len(util)
+            values["perf/gpu_memory_mb"] = sum(m.used for m in mem) / 2**20
         return values
 
 

@@ -11,18 +11,30 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from opentinker.tasks import progress
 from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 from opentinker.tasks.types import TrainOutcome
+
+def run_log() -> logging.Logger | logging.LoggerAdapter:
+    """Prefect's run logger inside a flow or task run (its lines reach the server's Logs tab), else a plain logger:
+    the SDK's ``train(track=True)`` and training started ahead of its flow run have no run context."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return logging.getLogger("opentinker")
+
 
 def run_dir(data_dir: Path, run_name: str) -> Path:
     """Checkpoints, export, history and reports of one named training run (the resume key)."""
@@ -144,6 +156,8 @@ def _finish(trainer: Any, logger: MetricsLogger, root: Path, start_step: int, tr
     from opentinker.agents.trainer import dashboard_remedies
 
     logger.flush()
+    run_log().info("trained to env step %d in %.1f s (%d iterations)", trainer.global_step, train_seconds,
+                   len(logger.history))
     remedies = dashboard_remedies(logger.history)
     mlflow.MlflowClient().set_tag(logger.run_id, "opentinker.dashboard_remedies", "; ".join(remedies) or "none")
     export_dir = export_policy(trainer, root / "export", metadata={**(metadata or {}), "run_id": logger.run_id})

@@ -45,3 +45,4 @@ class ModelRef(BaseModel):
     run_id: str
     aliases: list[str] = []
     decision: str = ""
+    model_id: str = Field("", description="MLflow 3 logged-model id (``m-…``): metrics linked to it show on its page.")

@@ -57,7 +57,7 @@ def render_reports(
     )
     return [
         ("plots", str(plots.learning_curve(history, out / "learning_curve.png", evaluation.mean if evaluation else None))),
-        ("plots", str(plots.system_metrics(history, out / "system_metrics.png"))),
+        ("plots", str(plots.perf_metrics(history, out / "perf_metrics.png"))),
         ("config", str(config)),
         ("", str(card)),
     ]

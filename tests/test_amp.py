@@ -24,7 +24,7 @@ def test_autocast_dtype_per_mode(mode, dtype):
     metrics = trainer.train(128)
     assert seen and set(seen) == {dtype}
     assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())
-    assert metrics["system/amp_active"] == float(mode != "off")
+    assert metrics["perf/amp_active"] == float(mode != "off")
 
 
 def test_safe_mode_skips_a_nan_step_and_falls_back_to_fp32(caplog):
@@ -44,7 +44,7 @@ def test_safe_mode_skips_a_nan_step_and_falls_back_to_fp32(caplog):
     assert injected
     assert trainer.amp.fallback_reason.startswith("non-finite loss")
     assert "continuing in fp32" in caplog.text
-    assert metrics["system/amp_active"] == 0.0 and metrics["system/amp_skipped_steps"] == 1.0
+    assert metrics["perf/amp_active"] == 0.0 and metrics["perf/amp_skipped_steps"] == 1.0
     assert dtypes[0] == torch.bfloat16 and set(dtypes[1:]) == {torch.float32}
     step_counts = {int(s["step"]) for s in trainer.optimizer.state.values()}
     assert step_counts == {7}  # the poisoned step was not applied

@@ -86,7 +86,7 @@ def test_example_2_subclass_runs_on_ray_workers(ray_session):
         assert (reward, done, info) == (1.0, False, {})
         trainer = PPOTrainer(env, policy="MLP", n_steps=8, device="cpu")
         metrics = trainer.train(steps=64)
-        assert trainer.global_step == 64 and metrics["system/rollout_s"] > 0
+        assert trainer.global_step == 64 and metrics["perf/rollout_s"] > 0
     finally:
         env.close()
 

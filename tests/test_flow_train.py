@@ -24,15 +24,15 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
     assert run.info.status == "FINISHED"
     assert run.data.params["env_id"] == "CartPole-v1" and run.data.params["ppo.n_steps"] == "128"
     assert run.data.tags["prefect.flow_run_id"]
-    for key in ("charts/episodic_return_mean", "charts/sps", "losses/value", "system/cpu_percent",
-                "system/rollout_efficiency", "eval/mean_return"):
+    for key in ("charts/episodic_return_mean", "charts/sps", "losses/value", "perf/cpu_percent",
+                "perf/rollout_efficiency", "eval/mean_return"):
         assert key in run.data.metrics, key
     sps = client.get_metric_history(result.run_id, "charts/sps")
     steps = [m.step for m in sps]
     assert steps == sorted(steps) and len(steps) >= 4 and steps[-1] == result.global_step >= params.steps
 
     artifacts = {a.path for d in ("", "plots", "config", "checkpoint") for a in client.list_artifacts(result.run_id, d or None)}
-    assert {"plots/learning_curve.png", "plots/system_metrics.png", "config/config.json", "model_card.md",
+    assert {"plots/learning_curve.png", "plots/perf_metrics.png", "config/config.json", "model_card.md",
             "checkpoint/checkpoint.pt"} <= artifacts
     card = Path(mlflow.artifacts.download_artifacts(run_id=result.run_id, artifact_path="model_card.md")).read_text()
     assert f"{result.eval_mean:.2f}" in card and "CartPole-v1" in card
@@ -42,6 +42,12 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
     assert str(candidate.version) == str(champion.version) == result.model_version
     assert candidate.run_id == result.run_id
     assert candidate.tags["gate.decision"].startswith("promoted") and float(candidate.tags["eval.mean"]) == pytest.approx(result.eval_mean, abs=1e-3)
+    assert champion.description.startswith("Release gate: promoted")
+    model = client.get_logged_model(champion.source.removeprefix("models:/"))  # eval metrics show on the model's page
+    assert {"eval/mean_return", "eval/std_return"} <= {metric.key for metric in model.metrics}
+    assert "None" not in run.data.params.values() and run.data.tags["mlflow.user"]
+    assert run.data.tags["mlflow.source.name"] == "opentinker train flow"
+    assert client.get_experiment(run.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
 
     pyfunc = mlflow.pyfunc.load_model(f"models:/{result.model_name}@champion")
     actions = np.asarray(pyfunc.predict(np.zeros((3, 4), dtype=np.float32)))

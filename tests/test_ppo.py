@@ -13,7 +13,7 @@ from opentinker.envs import EnvSpecError
 DASHBOARD_METRICS = {
     "charts/episodic_return_mean", "charts/episodic_return_min", "charts/episodic_return_max", "charts/sps",
     "losses/policy", "losses/value", "losses/entropy", "losses/approx_kl", "losses/explained_variance",
-    "system/rollout_efficiency", "system/gradient_delay_ms", "system/policy_lag", "system/rollout_bytes",
+    "perf/rollout_efficiency", "perf/gradient_delay_ms", "perf/policy_lag", "perf/rollout_bytes",
 }
 
 
@@ -72,7 +72,7 @@ def test_metrics_policy_act_and_export_round_trip(tmp_path):
     trainer.train(16 * 32 * 3, callback=lambda m, step: seen.append((step, m)))
     assert [s for s, _ in seen] == [512, 1024, 1536]
     assert DASHBOARD_METRICS <= set(seen[-1][1])
-    assert 0.0 < seen[-1][1]["system/rollout_efficiency"] <= 1.0
+    assert 0.0 < seen[-1][1]["perf/rollout_efficiency"] <= 1.0
     obs = np.random.default_rng(0).uniform(-0.1, 0.1, (5, 4)).astype(np.float32)
     actions = trainer.policy.act(obs)
     assert actions.shape == (5,) and actions.dtype == np.int64

@@ -51,6 +51,12 @@ def test_stack_up_status_down(tmp_path):
         with urllib.request.urlopen(f"{env['OPENTINKER_PREFECT_API_URL']}/health", timeout=10) as response:
             assert json.load(response) is True
         assert (data_dir / "stack" / "stack.env").read_text().count("export OPENTINKER_") == 7
+        secret = env["OPENTINKER_S3_SECRET_KEY"]
+        holders = [path for path in (data_dir / "stack").rglob("*") if path.is_file() and path.suffix != ".log"
+                   and secret in path.read_text(errors="replace")]
+        assert "state.json" not in {path.name for path in holders}
+        assert holders and all(path.stat().st_mode & 0o077 == 0 for path in holders), \
+            [(str(path), oct(path.stat().st_mode)) for path in holders]
 
         table = _cli(data_dir, "stack", "status").stdout
         assert table.count("running") == 3 and services["mlflow"].url in table
@@ -83,6 +89,21 @@ def test_down_never_signals_a_process_it_did_not_start(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_stop_spares_a_stranger_holding_a_dead_leaders_pid(tmp_path):
+    """A recycled pid that leads its own session (any service started by anyone) is not the dead service's group."""
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        started = psutil.Process(stranger.pid).create_time()
+        dead = ServiceProcess(name="prefect", pid=stranger.pid, create_time=started - 100,
+                              url="http://127.0.0.1:1", log=str(tmp_path / "x.log"))
+        assert dead.family() == []
+        dead.stop(timeout=1)
+        assert stranger.poll() is None, "stopping a dead service must not signal the process that reused its pid"
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_a_service_that_dies_reports_its_log_tail(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from opentinker.tasks import tracking
 from opentinker.tasks.model_card import render_model_card
 from opentinker.tasks.package import decide
-from opentinker.tasks.plots import learning_curve, system_metrics
+from opentinker.tasks.plots import learning_curve, perf_metrics
 from opentinker.tasks.retry import is_transient
 
 
@@ -40,15 +40,15 @@ def test_metrics_logger_batches_to_mlflow_against_global_step(run_id, monkeypatc
     assert [(m.step, m.value) for m in history] == [(512 * i, 10.0 * i) for i in range(1, 6)]
     assert seen == [512 * i for i in range(1, 6)]
     assert client.get_metric_history(run_id, "charts/bad") == []  # non-finite values are dropped, not logged
-    cpu = client.get_metric_history(run_id, "system/cpu_percent")
+    cpu = client.get_metric_history(run_id, "perf/cpu_percent")
     assert len(cpu) == 5 and all(0.0 <= m.value <= 100.0 * 64 for m in cpu)
-    assert client.get_metric_history(run_id, "system/memory_rss_mb")[0].value > 10
+    assert client.get_metric_history(run_id, "perf/memory_rss_mb")[0].value > 10
 
 
 def test_history_round_trip_and_plots(tmp_path):
     history = [
         {"step": 100.0 * i, "charts/episodic_return": float(i * i), "charts/episodic_return_min": float(i),
-         "charts/episodic_return_max": float(2 * i * i), "system/cpu_percent": 50.0, "system/rollout_efficiency": 0.8}
+         "charts/episodic_return_max": float(2 * i * i), "perf/cpu_percent": 50.0, "perf/rollout_efficiency": 0.8}
         for i in range(1, 20)
     ]
     path = tmp_path / "history.jsonl"
@@ -57,7 +57,7 @@ def test_history_round_trip_and_plots(tmp_path):
     logger.save_history(path)
     assert tracking.load_history(path) == history
     curve = learning_curve(history, tmp_path / "curve.png", eval_mean=300.0)
-    system = system_metrics(history, tmp_path / "system.png")
+    system = perf_metrics(history, tmp_path / "system.png")
     assert _png_size(curve) == (800, 450)
     width, height = _png_size(system)
     assert width == 1200 and height > 0
