@@ -90,18 +90,26 @@ def _print_result(result) -> None:
 
 @_friendly_errors
 def train(
-    env_id: Annotated[str, typer.Argument(help="Gymnasium id, e.g. CartPole-v1.")],
-    steps: Annotated[int | None, typer.Option(help="Total env steps.")] = None,
-    config: Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")] = None,
+    env_id: Annotated[str, typer.Argument(help="Gymnasium id, e.g. CartPole-v1, or a text task with --algo grpo.")],
+    steps: Annotated[int | None, typer.Option(help="Total env steps (GRPO: optimiser steps).")] = None,
+    config: Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams (or GRPOParams) fields.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
+    algo: Annotated[str | None, typer.Option("--algo", help="Algorithm; 'grpo' trains the agent's language model "
+                                             "on a text task (arithmetic, tool_arithmetic).")] = None,
     verbose: Verbose = False,
 ) -> None:
     """Train a policy through the Prefect train_flow: Ray rollouts, MLflow tracking, registry gate.
 
-    A config file with ``policy_mapping`` trains an agent group instead (one registered model per kind).
+    A config file with ``policy_mapping`` trains an agent group instead (one registered model per kind);
+    ``--algo grpo`` trains an LLM agent's LoRA adapter with GRPO (flows/llm_train.py).
     """
-    params = _load_params(env_id, config, groups=True, steps=steps, seed=seed, resume=resume or None)
+    if algo == "grpo":
+        from opentinker.flows.llm_train import run_grpo_command
+
+        run_grpo_command(env_id, config, steps=steps, seed=seed, resume=resume or None, verbose=verbose)
+        return
+    params = _load_params(env_id, config, groups=True, steps=steps, seed=seed, resume=resume or None, algorithm=algo)
     if hasattr(params, "policy_mapping"):
         _print_group_result(_run_group_training(params, verbose))
     else:
