@@ -37,10 +37,13 @@ def test_grpo_flow_registers_an_adapter_that_the_agent_service_serves(ray_sessio
     tables = {a.path for a in _client().list_artifacts(result.run_id, "episodes")}
     assert {"episodes/eval_step_000000.json", "episodes/heldout_step_000002.json"} <= tables
 
-    # A second run that is no better on the same prompts leaves the champion where it is.
-    again = grpo_train_flow(params.model_copy(update={"run_name": "grpo-tiny-2", "eval_every": None}))
-    assert again.model_version == "2" and "champion" not in again.aliases
-    assert again.champion_success == result.evaluation.success and "kept champion v1" in again.decision
+    # The same adapter registered again is no better on the same prompts: the champion stays where it is.
+    from opentinker.tasks.llm import gate_adapter, register_adapter
+
+    again = register_adapter.fn(result.run_id, result.adapter_dir, "test-grpo-agent", "tiny", "arithmetic")
+    gate = gate_adapter.fn("test-grpo-agent", again, result.evaluation, 0.0, 4, CACHE)
+    assert again == "2" and gate.aliases == ["candidate"] and "kept champion v1" in gate.decision
+    assert gate.champion_success == result.evaluation.success
 
     # Served: base + adapter, no constrained decoding; the held-out answers are the evaluation's.
     from opentinker.envs.text import exact_integer
