@@ -20,14 +20,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
-
-from opentinker.agents.checkpoint import atomic_save, load_checkpoint, restore_rng_state, rng_state
+from opentinker.agents.checkpoint import (
+    atomic_save,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+)
 from opentinker.agents.trainer import check_train_args, train_loop
 
 
@@ -76,7 +81,8 @@ class GRPOConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GRPOConfig.{name}: expected an integer >= 1, got {value!r}")
         if self.group_size < 2:
-            raise ValueError(f"GRPOConfig.group_size: expected >= 2 (a group is its own baseline), got {self.group_size}")
+            raise ValueError(f"GRPOConfig.group_size: expected >= 2 (a group is its own baseline), "
+                             f"got {self.group_size}")
         for name in ("temperature", "kl_coef", "learning_rate", "clip_range", "max_grad_norm"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
@@ -124,7 +130,8 @@ def token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tenso
     return -surrogate + kl_coef * kl, kl
 
 
-def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, norm: str, n_tokens: float, n_sequences: int) -> torch.Tensor:
+def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, norm: str, n_tokens: float,
+                n_sequences: int) -> torch.Tensor:
     """Sum of this micro-batch's share of the batch loss (``n_tokens``/``n_sequences``: whole-batch counts)."""
     per_token = per_token * mask
     if norm == "token":
@@ -316,7 +323,8 @@ class GRPOTrainer:
                 totals["loss"] += float(loss.detach()) / c.update_epochs
                 totals["kl"] += float((kl * mask).sum()) / n_tokens / c.update_epochs
                 ratio = torch.exp(logp.detach() - old_lp)
-                totals["clipped"] += float((((ratio - 1).abs() > c.clip_range) * mask).sum()) / n_tokens / c.update_epochs
+                clipped = ((ratio - 1).abs() > c.clip_range) * mask
+                totals["clipped"] += float(clipped.sum()) / n_tokens / c.update_epochs
             grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.policy.parameters() if p.requires_grad],
                                                        c.max_grad_norm)
             self.optimizer.step()
@@ -356,7 +364,7 @@ class GRPOTrainer:
                             "rng": rng_state(self.trainer_rng)}, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray") -> "GRPOTrainer":
+    def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray") -> GRPOTrainer:
         from opentinker.agents.llm.policy import load_adapter_state
 
         state = load_checkpoint(path)

@@ -46,16 +46,15 @@ def opentinker_run(args) -> dict:
 def trl_run(args) -> dict:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
+    from opentinker.agents.grpo import summarise
     from opentinker.agents.llm.local_weights import converted_checkpoint
     from opentinker.agents.llm.policy import LoraSpec, load_tokenizer
     from opentinker.agents.llm.rollout import evaluate_model
-    from opentinker.agents.grpo import summarise
-    from opentinker.envs.text import exact_integer
+    from opentinker.envs.text import TextExample, exact_integer
     from opentinker.envs.text_tasks import make_text_env, task_examples
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
 
     env = make_text_env("arithmetic")
     train = task_examples("arithmetic", "train")
@@ -63,7 +62,7 @@ def trl_run(args) -> dict:
                                           {"role": "user", "content": e.prompt}], "answer": e.answer} for e in train])
 
     def reward(prompts, completions, answer, **_):
-        return [exact_integer(c[-1]["content"], e) for c, e in zip(completions, (type(train[0])("", a) for a in answer))]
+        return [exact_integer(c[-1]["content"], TextExample("", a)) for c, a in zip(completions, answer)]
 
     spec = LoraSpec()
     tokenizer = load_tokenizer(args.cache_dir)
@@ -141,7 +140,8 @@ def main() -> None:
             "eval_prompts": args.eval_prompts, "machine": "2 cores shared with other engineers' jobs (not quiet)",
             **{f"{n}_{k}": v for n, r in results.items() for k, v in r.items() if k != "curve"}}
     if len(results) == 2:
-        line["completions_per_s_ratio"] = results["opentinker"]["completions_per_s"] / results["trl"]["completions_per_s"]
+        ours, theirs = results["opentinker"]["completions_per_s"], results["trl"]["completions_per_s"]
+        line["completions_per_s_ratio"] = ours / theirs
     line["rerun"] = "python bench/llm_grpo.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
                                                             if v is not None and k not in ("out_dir", "cache_dir"))
     print(json.dumps(line))

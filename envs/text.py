@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, ClassVar
 
 import gymnasium as gym
-
 from opentinker.envs.base import BaseEnv
 
 CHARSET = frozenset(string.printable)
@@ -64,7 +64,7 @@ def printable(text: str, limit: int = MAX_CHARS) -> str:
 class TextEnv(BaseEnv):
     """A prompt set + a verifier, with optional tool use over several turns (see the module docstring)."""
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict] = {"render_modes": []}
 
     def __init__(self, examples: Sequence[TextExample], reward_fn: RewardFn = exact_integer, tools: Sequence[Any] = (),
                  max_turns: int = 1, system_prompt: str = "", invalid_call_reward: float = -0.1,
@@ -91,7 +91,8 @@ class TextEnv(BaseEnv):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
         index = (options or {}).get("index")
-        self.index = int(self.np_random.integers(len(self.examples))) if index is None else int(index) % len(self.examples)
+        n = len(self.examples)
+        self.index = int(self.np_random.integers(n)) if index is None else int(index) % n
         self.example, self.turn = self.examples[self.index], 0
         return printable(self.example.prompt), {"index": self.index}
 

@@ -10,11 +10,11 @@ the ``train`` split and evaluates on ``heldout``. The two splits never share a q
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
-
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.text import RewardFn, TextEnv, TextExample, exact_integer
 
@@ -98,9 +98,11 @@ def task_tools(names: tuple[str, ...]) -> list[Any]:
 
 def make_text_env(name: str, split: str = "train", seed: int = 0, **overrides: Any) -> TextEnv:
     """A ``TextEnv`` over one split of a shipped task (``overrides``: TextEnv arguments, e.g. ``tools``)."""
-    from opentinker.agents.llm.agent import DEFAULT_SYSTEM_PROMPT  # what a served agent sends: same prompt as trained
+    from opentinker.agents.llm.agent import (
+        DEFAULT_SYSTEM_PROMPT,  # what a served agent sends: same prompt as trained
+    )
 
     spec = text_task(name)
-    kwargs = dict(reward_fn=spec.reward_fn, tools=task_tools(spec.tools), max_turns=spec.max_turns,
-                  system_prompt=DEFAULT_SYSTEM_PROMPT)
+    kwargs = {"reward_fn": spec.reward_fn, "tools": task_tools(spec.tools), "max_turns": spec.max_turns,
+              "system_prompt": DEFAULT_SYSTEM_PROMPT}
     return TextEnv(task_examples(name, split, seed), **{**kwargs, **overrides})

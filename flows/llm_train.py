@@ -8,14 +8,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import opentinker.tasks  # noqa: F401  (Prefect defaults first)
-from prefect import flow
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
 from opentinker.infra.settings import get_settings
-from opentinker.tasks.llm import (GateDecision, LLMEvaluation, evaluate_adapter, gate_adapter, probe_text_task,
-                                  register_adapter, train_grpo)
+from opentinker.tasks.llm import (
+    GateDecision,
+    LLMEvaluation,
+    evaluate_adapter,
+    gate_adapter,
+    probe_text_task,
+    register_adapter,
+    train_grpo,
+)
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
 from opentinker.tasks.train import run_dir
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class GRPOParams(BaseModel):

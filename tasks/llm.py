@@ -6,12 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from opentinker.tasks import progress
+from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
-
-from opentinker.tasks import progress
-from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 
 
 class LLMEvaluation(BaseModel):

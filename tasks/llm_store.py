@@ -11,13 +11,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opentinker.tasks.model_store import PolicyRef, PolicyStoreError, _mlflow, resolve_policy
+from opentinker.tasks.model_store import (
+    PolicyRef,
+    PolicyStoreError,
+    _mlflow,
+    resolve_policy,
+)
 
 
 def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str, tags: dict[str, str]) -> str:
     """Log the adapter folder into ``run_id`` and register it as a new version of ``registered_name``."""
     import mlflow
-
     from opentinker.agents.llm.policy import ADAPTER_META
 
     adapter_dir = Path(adapter_dir)

@@ -8,15 +8,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from opentinker.agents.grpo import GRPOConfig, GRPOTrainer, group_advantages, grpo_config, reduce_loss, token_loss
+from opentinker.agents.grpo import (
+    GRPOConfig,
+    GRPOTrainer,
+    group_advantages,
+    grpo_config,
+    reduce_loss,
+    token_loss,
+)
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.text import TextEnv, TextExample
-from opentinker.envs.text_tasks import TEXT_TASKS, TextTaskSpec, make_text_env, task_examples
+from opentinker.envs.text_tasks import (
+    TEXT_TASKS,
+    TextTaskSpec,
+    make_text_env,
+    task_examples,
+)
 
 CACHE = str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache")  # shared with the local_chat_model fixture
-TINY = dict(base_model="tiny", cache_dir=CACHE, group_size=4, prompts_per_step=2, max_new_tokens=6, eval_prompts=4,
-            eval_batch=4)
+TINY = {"base_model": "tiny", "cache_dir": CACHE, "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 6,
+        "eval_prompts": 4, "eval_batch": 4}
 
 
 def test_group_advantages_are_normalised_within_each_group_and_zero_for_equal_rewards():
@@ -138,7 +149,8 @@ def test_rollouts_are_the_same_on_one_and_two_ray_workers(ray_session):
             again = trainer.rollout(3, [5, 9, 11])[0] if workers == 2 else episodes  # a retried rollout
         finally:
             trainer.close()
-        assert [t.completion_ids for e in episodes for t in e.turns] == [t.completion_ids for e in again for t in e.turns]
+        assert [t.completion_ids for e in episodes for t in e.turns] == \
+            [t.completion_ids for e in again for t in e.turns]
         runs.append([(e.group, e.index, [t.completion_ids for t in e.turns]) for e in episodes])
         assert 0 < sent < 10_000_000  # only the adapter crosses, not the model
     assert runs[0] == runs[1]
@@ -164,10 +176,12 @@ def test_tool_calls_run_and_failures_become_observations_or_negative_rewards():
     obs, reward, terminated, truncated, info = env.step(
         '<tool_call>{"name": "python_repl", "arguments": {"code": "print(6*7)"}}</tool_call>')
     assert obs == '<tool_result name="python_repl">42</tool_result>' and reward == 0 and not terminated
-    obs, reward, *_ = env.step('<tool_call>{"name": "python_repl", "arguments": {"code": "while True: pass"}}</tool_call>')
+    loop = '<tool_call>{"name": "python_repl", "arguments": {"code": "while True: pass"}}</tool_call>'
+    obs, reward, *_ = env.step(loop)
     assert "killed" in obs and reward == 0  # a tool that times out is an observation, never a crash
     obs, reward, terminated, truncated, info = env.step('<tool_call>{"name": "python_repl", "argum')
-    assert "invalid tool call" in obs and reward == pytest.approx(-0.1) and truncated and info["invalid_tool_calls"] == 1
+    assert "invalid tool call" in obs and reward == pytest.approx(-0.1) and truncated
+    assert info["invalid_tool_calls"] == 1
     env.reset(seed=0)
     env.step('<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>')  # unknown tool: invalid, not run
     _, reward, terminated, _, info = env.step("It is 42.")

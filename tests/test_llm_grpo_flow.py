@@ -14,13 +14,12 @@ CACHE = str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache")
 
 def test_grpo_flow_registers_an_adapter_that_the_agent_service_serves(ray_session, tmp_path):
     import mlflow
-
     from opentinker.flows.llm_train import GRPOParams, grpo_train_flow
     from opentinker.serving.agent_service import serve_agent
     from opentinker.tasks.model_store import _client
 
-    grpo = dict(base_model="tiny", cache_dir=CACHE, group_size=2, prompts_per_step=2, max_new_tokens=6,
-                eval_prompts=4, eval_batch=4, learning_rate=1e-2)
+    grpo = {"base_model": "tiny", "cache_dir": CACHE, "group_size": 2, "prompts_per_step": 2, "max_new_tokens": 6,
+            "eval_prompts": 4, "eval_batch": 4, "learning_rate": 1e-2}
     params = GRPOParams(task="arithmetic", steps=2, workers=2, grpo=grpo, run_name="grpo-tiny",
                         model_name="test-grpo-agent", eval_every=1)
     result = grpo_train_flow(params)
@@ -54,7 +53,8 @@ def test_grpo_flow_registers_an_adapter_that_the_agent_service_serves(ray_sessio
                                     "tracing": False, "checkpoint_db": str(tmp_path / "threads.sqlite")},
                           log_path=tmp_path / "agent.log")
     try:
-        assert httpx.post(f"{service.url}/chat", json={"thread_id": "t", "message": "hi"}, timeout=30).status_code == 401
+        unauthorised = httpx.post(f"{service.url}/chat", json={"thread_id": "t", "message": "hi"}, timeout=30)
+        assert unauthorised.status_code == 401
         examples = task_examples("arithmetic", "heldout")[:4]
         replies = [service.chat(f"heldout-{i}", e.prompt)["reply"] for i, e in enumerate(examples)]
     finally:

@@ -305,7 +305,7 @@ class AdapterChatModel(LocalChatModel):
     it was trained: the same prompt (no worked examples) and plain greedy decoding — no constrained grammar."""
 
     model_uri: str
-    """``models:/NAME@ALIAS``, ``models:/NAME/VERSION`` or a local adapter folder (``agents.llm.policy.save_adapter``)."""
+    """``models:/NAME@ALIAS``, ``models:/NAME/VERSION`` or a local adapter folder (``policy.save_adapter``)."""
     examples: bool = False
     max_new_tokens: int = 0
     """0: the ``max_new_tokens`` the adapter was trained with."""

@@ -59,7 +59,8 @@ def load_base_model(base: str, cache_dir: str | Path | None = None, tokenizer: A
     elif base == "tiny":
         config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                             tie_word_embeddings=True, initializer_range=INIT_RANGE, bos_token_id=tokenizer.bos_token_id,
+                             tie_word_embeddings=True, initializer_range=INIT_RANGE,
+                             bos_token_id=tokenizer.bos_token_id,
                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
         with torch.random.fork_rng():
             torch.manual_seed(TINY_SEED)
@@ -113,14 +114,16 @@ def save_adapter(model: Any, tokenizer: Any, directory: str | Path, base: str, *
     return directory
 
 
-def load_adapted_model(directory: str | Path, cache_dir: str | Path | None = None, merge: bool = True) -> tuple[Any, Any, dict]:
+def load_adapted_model(directory: str | Path, cache_dir: str | Path | None = None,
+                       merge: bool = True) -> tuple[Any, Any, dict]:
     """(model, tokenizer, meta) for a saved adapter: its base model rebuilt, the adapter loaded (and merged)."""
     from peft import PeftModel
 
     directory = Path(directory)
     meta_path = directory / ADAPTER_META
     if not meta_path.is_file():
-        raise FileNotFoundError(f"{directory}: expected an adapter folder with {ADAPTER_META} (agents.llm.policy.save_adapter)")
+        raise FileNotFoundError(f"{directory}: expected an adapter folder with {ADAPTER_META} "
+                                "(agents.llm.policy.save_adapter)")
     from transformers import AutoTokenizer
 
     meta = json.loads(meta_path.read_text())
