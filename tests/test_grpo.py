@@ -2,6 +2,8 @@
 text envs and their failure modes (bad names, malformed tool calls, tool time-outs)."""
 from __future__ import annotations
 
+import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -146,7 +148,10 @@ def test_rollouts_are_the_same_on_one_and_two_ray_workers(ray_session):
         trainer = GRPOTrainer(config, seed=7, workers=workers, backend="ray")
         try:
             episodes, sent = trainer.rollout(3, [5, 9, 11])
-            again = trainer.rollout(3, [5, 9, 11])[0] if workers == 2 else episodes  # a retried rollout
+            again = episodes
+            if workers == 2:  # a killed worker is restarted by Ray and its retried rollout is the same
+                os.kill(trainer.pool.call("pid")[0], signal.SIGKILL)
+                again = trainer.rollout(3, [5, 9, 11])[0]
         finally:
             trainer.close()
         assert [t.completion_ids for e in episodes for t in e.turns] == \
