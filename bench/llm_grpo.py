@@ -20,6 +20,12 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _point(curve: list, name: str, step: int, reward: float, seconds: float) -> None:
+    """One learning-curve point, kept and printed as it happens (a long run shows progress)."""
+    curve.append({"step": step, "reward": float(reward), "seconds": seconds})
+    print(f"{name} step {step}: train reward {float(reward):.3f} at {seconds:.0f} s", flush=True)
+
+
 def opentinker_run(args) -> dict:
     from opentinker.agents.grpo import GRPOConfig, GRPOTrainer
 
@@ -32,8 +38,8 @@ def opentinker_run(args) -> dict:
         before = trainer.evaluate(base=True).success
         curve: list[dict] = []
         started = time.perf_counter()
-        trainer.train(args.steps, callback=lambda m, step: curve.append(
-            {"step": step, "reward": m["train/reward_mean"], "seconds": time.perf_counter() - started}))
+        trainer.train(args.steps, callback=lambda m, step: _point(curve, "opentinker", step, m["train/reward_mean"],
+                                                                   time.perf_counter() - started))
         seconds = time.perf_counter() - started
         after = trainer.evaluate().success
     finally:
@@ -84,8 +90,7 @@ def trl_run(args) -> dict:
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:
-                curve.append({"step": state.global_step, "reward": logs["reward"],
-                              "seconds": time.perf_counter() - started[0]})
+                _point(curve, "trl", state.global_step, logs["reward"], time.perf_counter() - started[0])
 
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[Curve()],
