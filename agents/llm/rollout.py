@@ -133,6 +133,10 @@ class LLMRolloutWorker:
 
         if threads:
             torch.set_num_threads(threads)
+        try:  # Ray starts workers at niceness 15; a rollout is on the learner's critical path (allowed for root)
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        except OSError:
+            pass
         self.task, self.task_seed = task, task_seed
         self._make_env = lambda s: make_text_env(task, s, task_seed)
         self.envs: dict[str, list[Any]] = {}
