@@ -16,7 +16,8 @@ from opentinker.flows.console import console
 
 QUICKSTART_STEPS = 200_000
 """CartPole PPO with its preset (``presets.PPO_DISCRETE``) passes 475 after ~100–170k steps (docs/pipeline.md)."""
-Algo = Annotated[str | None, typer.Option("--algo", help="Algorithm: ppo or dqn (default ppo).")]
+Algo = Annotated[str | None, typer.Option("--algo", help="Algorithm: ppo or dqn (default ppo); grpo trains an LLM "
+                                         "agent's language model on a text task (arithmetic, tool_arithmetic).")]
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect/MLflow logs and full tracebacks.")]
 
@@ -98,8 +99,9 @@ def _print_result(result) -> None:
 
 @_friendly_errors
 def train(
-    env_id: Annotated[str, typer.Argument(help="Gymnasium id (CartPole-v1) or your env as package.module:Class.")],
-    steps: Annotated[int | None, typer.Option(help="Total env steps.")] = None,
+    env_id: Annotated[str, typer.Argument(help="Gymnasium id (CartPole-v1), your env as package.module:Class, or a "
+                                             "text task with --algo grpo.")],
+    steps: Annotated[int | None, typer.Option(help="Total env steps (GRPO: optimiser steps).")] = None,
     algo: Algo = None,
     config: Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")] = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
@@ -109,8 +111,14 @@ def train(
     """Train a policy through the Prefect train_flow: rollouts, MLflow tracking, registry gate.
 
     Hyper-parameters come from the preset for the env's kind of problem; the ppo or dqn table of a config file
-    overrides any field. A config file with ``policy_mapping`` trains an agent group instead.
+    overrides any field. A config file with ``policy_mapping`` trains an agent group instead (one registered model
+    per kind); ``--algo grpo`` trains an LLM agent's LoRA adapter with GRPO on a text task (flows/llm_train.py).
     """
+    if algo == "grpo":
+        from opentinker.flows.llm_train import run_grpo_command
+
+        run_grpo_command(env_id, config, steps=steps, seed=seed, resume=resume or None, verbose=verbose)
+        return
     params = _load_params(env_id, config, groups=True, steps=steps, seed=seed, resume=resume or None, algorithm=algo)
     if hasattr(params, "policy_mapping"):
         _print_group_result(_run_group_training(params, verbose))

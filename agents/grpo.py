@@ -1,0 +1,398 @@
+"""GRPO (Shao et al. 2024, DeepSeekMath) for a language-model policy on a text task, LoRA adapter only.
+
+Each step: draw ``prompts_per_step`` train prompts; rollout workers sample ``group_size`` episodes per prompt;
+every episode's reward is normalised within its group (the group is the baseline, no value network):
+
+    A_i = (r_i - mean(r_group)) / (std(r_group) + eps)        (``scale_rewards=False``: no division)
+
+and every token the model generated in that episode (all its turns; tool results are context, not trained) gets A_i.
+The loss per token is PPO's clipped surrogate plus a KL penalty towards the frozen base model — the same network
+with the adapter disabled, so no second copy is kept — using the k3 estimator (Schulman 2020):
+
+    L_t = -min(rho_t A, clip(rho_t, 1 - eps, 1 + eps) A) + beta (exp(ref_t - logp_t) - (ref_t - logp_t) - 1)
+
+``loss_norm`` chooses how tokens are averaged: ``"token"`` divides the sum over all tokens of the batch by their
+count (DAPO; long and short completions weigh the same per token; TRL's ``loss_type="bnpo"``), ``"sequence"``
+averages within each completion, then over completions (the paper's 1/|o_i|; TRL's ``"grpo"``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from opentinker.agents.checkpoint import (
+    atomic_save,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+)
+from opentinker.agents.trainer import check_train_args, train_loop
+
+
+@dataclass
+class GRPOConfig:
+    """Everything one GRPO run needs besides the seed (CleanRL style: one flat, typed config)."""
+
+    task: str = "arithmetic"
+    """A shipped text task (``envs.text_tasks.TEXT_TASKS``)."""
+    base_model: str = "smollm2"
+    """``"smollm2"``, ``"tiny"`` or a transformers checkpoint folder (``agents.llm.policy``)."""
+    group_size: int = 8
+    """Completions per prompt; the group's rewards are each other's baseline."""
+    prompts_per_step: int = 4
+    max_new_tokens: int = 24
+    """Per reply (per turn)."""
+    temperature: float = 0.7
+    """SmolLM2-135M at 1.0 rambles (~0% exact answers on ``arithmetic``, no signal); 0.7 gives ~15%."""
+    learning_rate: float = 5e-4
+    """AdamW (no weight decay), adapter parameters only."""
+    clip_range: float = 0.2
+    kl_coef: float = 0.0
+    """beta: weight of the KL penalty towards the base model (0, as in DAPO and TRL's default, skips its pass)."""
+    loss_norm: Literal["token", "sequence"] = "token"
+    scale_rewards: bool = True
+    """Divide advantages by the group's reward std (Dr. GRPO argues for False)."""
+    update_epochs: int = 1
+    """Optimiser passes over each batch; with 1 the ratio is 1 and clipping never binds."""
+    micro_batch: int = 8
+    """Completions per forward/backward (gradients accumulate: memory, not maths)."""
+    max_grad_norm: float = 1.0
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    task_seed: int = 0
+    """Generates the task's examples and its train / held-out split."""
+    eval_prompts: int = 64
+    """Held-out prompts evaluated (greedy), the first ones of the split."""
+    eval_batch: int = 16
+    cache_dir: str | None = None
+    """Where the de-quantised base model is cached (default ``<data_dir>/llm-cache``)."""
+
+    def __post_init__(self) -> None:
+        positive = ("group_size", "prompts_per_step", "max_new_tokens", "update_epochs", "micro_batch", "lora_rank",
+                    "lora_alpha", "eval_prompts", "eval_batch")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"GRPOConfig.{name}: expected an integer >= 1, got {value!r}")
+        if self.group_size < 2:
+            raise ValueError(f"GRPOConfig.group_size: expected >= 2 (a group is its own baseline), "
+                             f"got {self.group_size}")
+        for name in ("temperature", "kl_coef", "learning_rate", "clip_range", "max_grad_norm"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"GRPOConfig.{name}: expected a number >= 0, got {value!r}")
+        if self.temperature == 0:
+            raise ValueError("GRPOConfig.temperature: expected > 0 (a group of greedy completions is all alike)")
+        if self.loss_norm not in ("token", "sequence"):
+            raise ValueError(f"GRPOConfig.loss_norm: expected 'token' or 'sequence', got {self.loss_norm!r}")
+        from opentinker.envs.text_tasks import text_task
+
+        text_task(self.task)
+
+    @property
+    def lora(self):
+        from opentinker.agents.llm.policy import LoraSpec
+
+        return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha)
+
+
+def grpo_config(overrides: dict[str, Any]) -> GRPOConfig:
+    """A config from a dict; an unknown key is an error naming it and the known ones."""
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown GRPOConfig field {unknown[0]!r} (expected one of: {', '.join(sorted(known))})")
+    return GRPOConfig(**overrides)
+
+
+def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:
+    """Rewards shaped (groups, group_size) → advantages of the same shape (zero for a group of equal rewards)."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    return centred / (rewards.std(dim=1, keepdim=True) + eps) if scale else centred
+
+
+def token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, advantages: torch.Tensor,
+               clip_range: float, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token GRPO loss and KL (shapes like ``logp``); ``advantages`` broadcast over tokens."""
+    ratio = torch.exp(logp - old_logp)
+    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_range, 1 + clip_range) * advantages)
+    if ref_logp is None:
+        kl = torch.zeros_like(logp)
+    else:
+        delta = ref_logp - logp
+        kl = torch.exp(delta) - delta - 1
+    return -surrogate + kl_coef * kl, kl
+
+
+def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, norm: str, n_tokens: float,
+                n_sequences: int) -> torch.Tensor:
+    """Sum of this micro-batch's share of the batch loss (``n_tokens``/``n_sequences``: whole-batch counts)."""
+    per_token = per_token * mask
+    if norm == "token":
+        return per_token.sum() / n_tokens
+    return (per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum() / n_sequences
+
+
+def completion_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(completion token | everything before) for a batch: (batch, longest completion) and its mask.
+
+    Prompts are left-padded and completions right-padded, so all completions sit in the last columns and
+    only those columns' logits are computed (``logits_to_keep``)."""
+    width_p = max(len(p) for p in prompts)
+    width_c = max(len(c) for c in completions)
+    ids, attention, mask = [], [], []
+    for p, c in zip(prompts, completions):
+        ids.append([pad] * (width_p - len(p)) + p + c + [pad] * (width_c - len(c)))
+        attention.append([0] * (width_p - len(p)) + [1] * (len(p) + len(c)) + [0] * (width_c - len(c)))
+        mask.append([1.0] * len(c) + [0.0] * (width_c - len(c)))
+    ids_t, attention_t = torch.tensor(ids), torch.tensor(attention)
+    position_ids = (attention_t.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=ids_t, attention_mask=attention_t, position_ids=position_ids,
+                   logits_to_keep=width_c + 1).logits[:, :-1].float()
+    targets = ids_t[:, width_p:]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp, torch.tensor(mask)
+
+
+class PromptSampler:
+    """Train prompt indices without replacement, epoch after epoch, each epoch a seeded permutation.
+
+    Its whole state is (epoch, position): saved in checkpoints, so a resumed run draws the same prompts."""
+
+    def __init__(self, n: int, seed: int, epoch: int = 0, position: int = 0):
+        self.n, self.seed, self.epoch, self.position = n, seed, epoch, position
+
+    def _order(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+
+    def draw(self, k: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < k:
+            order = self._order()
+            take = order[self.position:self.position + k - len(out)].tolist()
+            out += take
+            self.position += len(take)
+            if self.position >= self.n:
+                self.epoch, self.position = self.epoch + 1, 0
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position}
+
+
+@dataclass(frozen=True)
+class LLMEvalResult:
+    """Greedy evaluation on fixed prompts."""
+
+    success: float
+    mean_reward: float
+    valid_tool_call_rate: float
+    mean_response_tokens: float
+    episodes: list
+
+
+Callback = Callable[[dict[str, float], int], Any]
+
+
+class GRPOTrainer:
+    """Learner (this process: base model + LoRA, AdamW) and rollout workers (Ray actors or in-process)."""
+
+    def __init__(self, config: GRPOConfig, seed: int = 0, workers: int = 1, backend: str = "ray"):
+        from opentinker.agents.llm.policy import add_lora, load_base_model
+        from opentinker.envs.text_tasks import task_examples
+
+        if backend not in ("ray", "local"):
+            raise ValueError(f"backend: expected 'ray' or 'local', got {backend!r}")
+        if not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers: expected an integer >= 1, got {workers!r}")
+        self.config, self.seed, self.workers, self.backend = config, seed, workers, backend
+        model, self.tokenizer = load_base_model(config.base_model, config.cache_dir)
+        self.policy = add_lora(model, config.lora, seed)
+        self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
+                                           lr=config.learning_rate, weight_decay=0.0)
+        self.sampler = PromptSampler(len(task_examples(config.task, "train", config.task_seed)), seed)
+        self.trainer_rng = np.random.default_rng(seed)
+        self.iteration = 0
+        self.completions = 0
+        self.pool: Any = None
+
+    @property
+    def global_step(self) -> int:
+        return self.iteration
+
+    # -- workers -------------------------------------------------------------------------------------------------
+    def _pool(self) -> Any:
+        if self.pool is None:
+            from opentinker.agents.llm.rollout import LLMRolloutWorker
+
+            c = self.config
+            args = [(c.task, "train", c.task_seed, c.base_model, c.lora, c.cache_dir)] * self.workers
+            if self.backend == "ray":
+                from opentinker.envs.ray_backend import RayActorPool
+
+                self.pool = RayActorPool(LLMRolloutWorker, args)
+            else:
+                from opentinker.envs.remote_env import LocalActorPool
+
+                self.pool = LocalActorPool(LLMRolloutWorker, args)
+        return self.pool
+
+    def _split(self, items: list) -> list[list]:
+        """Contiguous, near-equal shares of ``items`` per worker (the result does not depend on the split)."""
+        n = len(self._pool_workers())
+        bounds = np.linspace(0, len(items), n + 1).round().astype(int)
+        return [items[bounds[i]:bounds[i + 1]] for i in range(n)]
+
+    def _pool_workers(self) -> list:
+        pool = self._pool()
+        return pool.actors if hasattr(pool, "actors") else pool.workers
+
+    def rollout(self, iteration: int, indices: list[int]) -> tuple[list, int]:
+        """The step's episodes (ordered by group) and the adapter bytes sent to each worker."""
+        from opentinker.agents.llm.policy import adapter_state, state_bytes
+
+        c = self.config
+        adapter = adapter_state(self.policy)
+        groups = list(enumerate(indices))
+        shares = self._split(groups)
+        results = self._pool().call("collect", [(iteration, self.seed, share, c.group_size, c.max_new_tokens,
+                                                 c.temperature) for share in shares], broadcast=(adapter,))
+        return [e for part in results for e in part], state_bytes(adapter)
+
+    # -- learning ------------------------------------------------------------------------------------------------
+    def _iterate(self) -> dict[str, float]:
+        c = self.config
+        started = time.perf_counter()
+        indices = self.sampler.draw(c.prompts_per_step)
+        episodes, sent = self.rollout(self.iteration, indices)
+        rollout_s = time.perf_counter() - started
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32).view(len(indices), c.group_size)
+        advantages = group_advantages(rewards, c.scale_rewards).flatten()
+        stats = self.update(episodes, advantages)
+        elapsed = time.perf_counter() - started
+        self.completions += len(episodes)
+        generated = sum(len(t.completion_ids) for e in episodes for t in e.turns)
+        calls = sum(e.tool_calls + e.invalid_tool_calls for e in episodes)
+        return {
+            "train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std()),
+            "train/success_rate": float(np.mean([e.success for e in episodes])),
+            "train/valid_tool_call_rate": float(sum(e.tool_calls for e in episodes) / calls) if calls else 1.0,
+            "train/tool_calls_per_episode": calls / len(episodes),
+            "train/response_tokens": generated / len(episodes),
+            "train/tokens_per_s": generated / rollout_s, "train/completions_per_s": len(episodes) / elapsed,
+            "train/seconds_per_step": elapsed, "train/rollout_seconds": rollout_s,
+            "train/adapter_bytes_sent": float(sent * len(self._pool_workers())),
+            "train/groups_with_signal": float((rewards.std(dim=1) > 0).float().mean()),
+            **stats,
+        }
+
+    def update(self, episodes: list, advantages: torch.Tensor) -> dict[str, float]:
+        """``update_epochs`` optimiser steps on every generated turn of ``episodes``."""
+        c = self.config
+        pad = self.tokenizer.pad_token_id
+        samples = [(t.prompt_ids, t.completion_ids, float(a)) for e, a in zip(episodes, advantages)
+                   for t in e.turns if t.completion_ids]
+        n_tokens, n_sequences = float(sum(len(s[1]) for s in samples)), len(samples)
+        if c.kl_coef == 0:  # a zero-advantage sample adds nothing to the loss or its gradient: skip its passes
+            samples = [s for s in samples if s[2] != 0.0]
+        if not samples:
+            return {"train/loss": 0.0, "train/kl": 0.0, "train/clip_fraction": 0.0, "train/grad_norm": 0.0}
+        chunks = [samples[i:i + c.micro_batch] for i in range(0, len(samples), c.micro_batch)]
+        self.policy.train()
+        with torch.no_grad():
+            ref = [self._ref_logprobs(ch, pad) if c.kl_coef > 0 else None for ch in chunks]
+            old = [completion_logprobs(self.policy, [s[0] for s in ch], [s[1] for s in ch], pad)[0]
+                   for ch in chunks] if c.update_epochs > 1 else [None] * len(chunks)
+        totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0}
+        for _ in range(c.update_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            for chunk, ref_lp, old_lp in zip(chunks, ref, old):
+                logp, mask = completion_logprobs(self.policy, [s[0] for s in chunk], [s[1] for s in chunk], pad)
+                adv = torch.tensor([s[2] for s in chunk]).unsqueeze(1)
+                old_lp = logp.detach() if old_lp is None else old_lp
+                per_token, kl = token_loss(logp, old_lp, ref_lp, adv, c.clip_range, c.kl_coef)
+                loss = reduce_loss(per_token, mask, c.loss_norm, n_tokens, n_sequences)
+                loss.backward()
+                totals["loss"] += float(loss.detach()) / c.update_epochs
+                totals["kl"] += float((kl * mask).sum()) / n_tokens / c.update_epochs
+                ratio = torch.exp(logp.detach() - old_lp)
+                clipped = ((ratio - 1).abs() > c.clip_range) * mask
+                totals["clipped"] += float(clipped.sum()) / n_tokens / c.update_epochs
+            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.policy.parameters() if p.requires_grad],
+                                                       c.max_grad_norm)
+            self.optimizer.step()
+        self.policy.eval()
+        return {"train/loss": totals["loss"], "train/kl": totals["kl"], "train/clip_fraction": totals["clipped"],
+                "train/grad_norm": float(grad_norm)}
+
+    def _ref_logprobs(self, chunk: list, pad: int) -> torch.Tensor:
+        with self.policy.disable_adapter():
+            return completion_logprobs(self.policy, [s[0] for s in chunk], [s[1] for s in chunk], pad)[0]
+
+    def train(self, steps: int, callback: Callback | None = None, checkpoint_dir: str | os.PathLike | None = None,
+              checkpoint_every: int | None = None) -> dict[str, float]:
+        """Optimiser steps until ``global_step >= steps`` (``agents.trainer.train_loop``: callback, checkpoints)."""
+        check_train_args(steps, checkpoint_dir, checkpoint_every)
+        return train_loop(self, self._iterate, steps, callback, checkpoint_dir, checkpoint_every)
+
+    def evaluate(self, split: str = "heldout", prompts: int | None = None, base: bool = False) -> LLMEvalResult:
+        """Greedy episodes on the first ``prompts`` examples of ``split`` (``base``: adapter disabled)."""
+        from opentinker.agents.llm.policy import adapter_state
+
+        c = self.config
+        indices = list(range(prompts or c.eval_prompts))
+        shares = self._split(indices)
+        adapter = None if base else adapter_state(self.policy)
+        parts = self._pool().call("evaluate", [(split, share, c.max_new_tokens, c.eval_batch) for share in shares],
+                                  broadcast=(adapter,))
+        return summarise([e for part in parts for e in part])
+
+    # -- persistence ---------------------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        from opentinker.agents.llm.policy import adapter_state
+
+        return atomic_save({"config": dataclasses.asdict(self.config), "seed": self.seed, "iteration": self.iteration,
+                            "completions": self.completions, "adapter": adapter_state(self.policy),
+                            "optimizer": self.optimizer.state_dict(), "sampler": self.sampler.state(),
+                            "rng": rng_state(self.trainer_rng)}, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray") -> GRPOTrainer:
+        from opentinker.agents.llm.policy import load_adapter_state
+
+        state = load_checkpoint(path)
+        trainer = cls(GRPOConfig(**state["config"]), seed=state["seed"], workers=workers, backend=backend)
+        load_adapter_state(trainer.policy, state["adapter"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.sampler = PromptSampler(trainer.sampler.n, trainer.seed, **state["sampler"])
+        trainer.iteration, trainer.completions = state["iteration"], state["completions"]
+        restore_rng_state(state["rng"], trainer.trainer_rng)
+        return trainer
+
+    def save_adapter(self, directory: str | os.PathLike, **meta: Any) -> Path:
+        from opentinker.agents.llm.policy import save_adapter
+
+        return save_adapter(self.policy, self.tokenizer, directory, self.config.base_model, task=self.config.task,
+                            task_seed=self.config.task_seed, max_new_tokens=self.config.max_new_tokens, **meta)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+def summarise(episodes: list) -> LLMEvalResult:
+    calls = sum(e.tool_calls + e.invalid_tool_calls for e in episodes)
+    return LLMEvalResult(
+        success=float(np.mean([e.success for e in episodes])), mean_reward=float(np.mean([e.reward for e in episodes])),
+        valid_tool_call_rate=(sum(e.tool_calls for e in episodes) / calls) if calls else 1.0,
+        mean_response_tokens=float(np.mean([sum(len(t.completion_ids) for t in e.turns) for e in episodes])),
+        episodes=episodes)

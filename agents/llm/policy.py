@@ -1,0 +1,136 @@
+"""The trainable language-model policy: a transformers causal LM with a peft LoRA adapter.
+
+Base models: ``"smollm2"`` (the bundled SmolLM2-135M-Instruct, read from its GGUF by transformers and cached as a
+plain checkpoint), ``"tiny"`` (a randomly initialised 2-layer Llama with SmolLM2's tokenizer, built in code from a
+fixed seed: every process builds the same weights — tests use it), or a transformers checkpoint folder.
+Only the adapter is trained, saved, shipped to rollout workers and registered; the base is rebuilt from its name.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BASE_MODELS = ("smollm2", "tiny")
+ADAPTER_META = "opentinker_llm.json"
+"""Written next to the peft adapter files: which base model the adapter belongs to."""
+TINY_SEED = 1234
+INIT_RANGE = 0.5
+"""Wide initial weights give the tiny model a peaked next-token distribution, as a trained LM has, so sampling
+explores a few tokens per context and a reward can move it within seconds (near-uniform over 49k tokens, it cannot)."""
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """LoRA shape (peft ``LoraConfig``)."""
+
+    rank: int = 16
+    alpha: int = 32
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def load_tokenizer(cache_dir: str | Path | None = None) -> Any:
+    """SmolLM2's tokenizer (shared by every base model here)."""
+    from transformers import AutoTokenizer
+
+    from .local_weights import bundled_gguf_path, converted_checkpoint
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    gguf = bundled_gguf_path()
+    folder = converted_checkpoint(gguf, cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_base_model(base: str, cache_dir: str | Path | None = None, tokenizer: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) for a base model name (see the module docstring), fp32, in eval mode."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from .local_weights import converted_checkpoint
+
+    tokenizer = tokenizer or load_tokenizer(cache_dir)
+    if base == "smollm2":
+        model = AutoModelForCausalLM.from_pretrained(converted_checkpoint(None, cache_dir), dtype=torch.float32)
+    elif base == "tiny":
+        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                             tie_word_embeddings=True, initializer_range=INIT_RANGE,
+                             bos_token_id=tokenizer.bos_token_id,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        with torch.random.fork_rng():
+            torch.manual_seed(TINY_SEED)
+            model = LlamaForCausalLM(config)
+    elif Path(base).is_dir():
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    else:
+        raise ValueError(f"base_model: expected one of {BASE_MODELS} or a transformers checkpoint folder, got {base!r}")
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.eval()
+    return model, tokenizer
+
+
+def add_lora(model: Any, spec: LoraSpec, seed: int) -> Any:
+    """Wrap ``model`` in a peft LoRA adapter; A is drawn from ``seed``, B starts at zero (policy = base at first)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets), lora_dropout=0.0,
+                        bias="none", task_type="CAUSAL_LM")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
+
+
+def adapter_state(model: Any) -> dict[str, torch.Tensor]:
+    """The adapter's tensors only (what crosses to rollout workers and into checkpoints)."""
+    from peft import get_peft_model_state_dict
+
+    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def load_adapter_state(model: Any, state: dict[str, torch.Tensor]) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, state)
+    unexpected = getattr(result, "unexpected_keys", [])
+    if unexpected:
+        raise ValueError(f"adapter state: unexpected keys {unexpected[:3]}")
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())
+
+
+def save_adapter(model: Any, tokenizer: Any, directory: str | Path, base: str, **meta: Any) -> Path:
+    """peft's adapter files, the tokenizer, and ``opentinker_llm.json`` naming the base model."""
+    directory = Path(directory)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / ADAPTER_META).write_text(json.dumps({"base_model": base, **meta}, indent=2))
+    return directory
+
+
+def load_adapted_model(directory: str | Path, cache_dir: str | Path | None = None,
+                       merge: bool = True) -> tuple[Any, Any, dict]:
+    """(model, tokenizer, meta) for a saved adapter: its base model rebuilt, the adapter loaded (and merged)."""
+    from peft import PeftModel
+
+    directory = Path(directory)
+    meta_path = directory / ADAPTER_META
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{directory}: expected an adapter folder with {ADAPTER_META} "
+                                "(agents.llm.policy.save_adapter)")
+    from transformers import AutoTokenizer
+
+    meta = json.loads(meta_path.read_text())
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    tokenizer.padding_side = "left"
+    base, tokenizer = load_base_model(meta["base_model"], cache_dir, tokenizer)
+    model = PeftModel.from_pretrained(base, directory)
+    model = model.merge_and_unload() if merge else model
+    model.eval()
+    return model, tokenizer, meta

@@ -1,0 +1,108 @@
+"""Shipped text tasks, generated offline from a seed, with fixed train / held-out splits.
+
+- ``arithmetic``: two-number addition/subtraction; the reward is 1 for the exact answer; ``python_repl`` may be used
+  (a tool call, its result, then the answer: two turns at most).
+- ``tool_arithmetic``: products of two 4-digit numbers — beyond what a small model computes in its head, so the
+  answer needs ``python_repl``'s result (three turns at most).
+
+``make_text_env("arithmetic", split="heldout")`` builds the env; ``opentinker train arithmetic --algo grpo`` trains on
+the ``train`` split and evaluates on ``heldout``. The two splits never share a question.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from opentinker.envs.errors import EnvSpecError
+from opentinker.envs.text import RewardFn, TextEnv, TextExample, exact_integer
+
+SPLITS = ("train", "heldout")
+TOOL_WALL_TIME_S = 5.0
+
+
+@dataclass(frozen=True)
+class TextTaskSpec:
+    """How to build one shipped task."""
+
+    name: str
+    description: str
+    generate: Callable[[np.random.Generator, int], list[TextExample]]
+    """(rng, n) -> n distinct examples."""
+    tools: tuple[str, ...]
+    max_turns: int
+    size: tuple[int, int] = (512, 64)
+    """Examples in the train and held-out splits."""
+    reward_fn: RewardFn = exact_integer
+    """Plain Python, run in the env's process: (final answer, example) -> reward."""
+
+
+def _arithmetic(rng: np.random.Generator, n: int) -> list[TextExample]:
+    seen, out = set(), []
+    while len(out) < n:
+        a, b = (int(x) for x in rng.integers(10, 100, size=2))
+        op = "+" if rng.random() < 0.5 else "-"
+        if (a, op, b) in seen:
+            continue
+        seen.add((a, op, b))
+        out.append(TextExample(f"What is {a} {op} {b}?", str(a + b if op == "+" else a - b)))
+    return out
+
+
+def _tool_arithmetic(rng: np.random.Generator, n: int) -> list[TextExample]:
+    seen, out = set(), []
+    while len(out) < n:
+        a, b = (int(x) for x in rng.integers(1000, 10000, size=2))
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
+        out.append(TextExample(f"Use python_repl to compute {a} * {b}, then give the result.", str(a * b)))
+    return out
+
+
+TEXT_TASKS: dict[str, TextTaskSpec] = {
+    spec.name: spec for spec in (
+        TextTaskSpec("arithmetic", "two-digit addition/subtraction, exact answer; python_repl allowed",
+                     _arithmetic, ("python_repl",), max_turns=2),
+        TextTaskSpec("tool_arithmetic", "4-digit products: the answer needs python_repl's result",
+                     _tool_arithmetic, ("python_repl",), max_turns=3),
+    )
+}
+
+
+def text_task(name: str) -> TextTaskSpec:
+    """The spec of a shipped task; an unknown name is an error listing the known ones."""
+    if name not in TEXT_TASKS:
+        raise EnvSpecError(f"task: unknown text task {name!r} (expected one of: {', '.join(sorted(TEXT_TASKS))})")
+    return TEXT_TASKS[name]
+
+
+def task_examples(name: str, split: str = "train", seed: int = 0) -> list[TextExample]:
+    """The examples of one split: both splits come from one seeded draw, so they never overlap."""
+    spec = text_task(name)
+    if split not in SPLITS:
+        raise EnvSpecError(f"split: expected one of {SPLITS}, got {split!r}")
+    n_train, n_heldout = spec.size
+    examples = spec.generate(np.random.default_rng(seed), n_train + n_heldout)
+    return examples[:n_train] if split == "train" else examples[n_train:]
+
+
+def task_tools(names: tuple[str, ...]) -> list[Any]:
+    from opentinker.agents.llm import PythonREPL, SandboxLimits, WebSearch
+
+    made = {"python_repl": lambda: PythonREPL(limits=SandboxLimits(wall_time_s=TOOL_WALL_TIME_S)),
+            "web_search": WebSearch}
+    return [made[name]() for name in names]
+
+
+def make_text_env(name: str, split: str = "train", seed: int = 0, **overrides: Any) -> TextEnv:
+    """A ``TextEnv`` over one split of a shipped task (``overrides``: TextEnv arguments, e.g. ``tools``)."""
+    from opentinker.agents.llm.agent import (
+        DEFAULT_SYSTEM_PROMPT,  # what a served agent sends: same prompt as trained
+    )
+
+    spec = text_task(name)
+    kwargs = {"reward_fn": spec.reward_fn, "tools": task_tools(spec.tools), "max_turns": spec.max_turns,
+              "system_prompt": DEFAULT_SYSTEM_PROMPT}
+    return TextEnv(task_examples(name, split, seed), **{**kwargs, **overrides})

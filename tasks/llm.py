@@ -1,0 +1,193 @@
+"""GRPO stages for the language-model agent: probe the text task, train (Ray rollouts, MLflow metrics per step),
+evaluate the adapter on held-out prompts (with a table of sample episodes), register it, gate the champion."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from opentinker.tasks import progress
+from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel
+
+
+class LLMEvaluation(BaseModel):
+    """Greedy episodes on the first ``prompts`` held-out examples."""
+
+    success: float
+    mean_reward: float
+    valid_tool_call_rate: float
+    response_tokens: float
+    prompts: int
+
+
+class GRPOTrainOutcome(BaseModel):
+    run_id: str
+    checkpoint_path: str
+    adapter_dir: str
+    start_step: int
+    global_step: int
+    train_seconds: float
+    completions: int
+    completions_per_s: float
+    base_eval: LLMEvaluation | None
+
+
+def _evaluation(result: Any, prompts: int) -> LLMEvaluation:
+    return LLMEvaluation(success=result.success, mean_reward=result.mean_reward,
+                         valid_tool_call_rate=result.valid_tool_call_rate,
+                         response_tokens=result.mean_response_tokens, prompts=prompts)
+
+
+def log_episode_table(run_id: str, episodes: list, step: int, name: str = "eval") -> None:
+    """A table of sample episodes (prompt, tool calls and results, answer, reward) as an MLflow artifact."""
+    import json
+
+    import mlflow
+
+    rows: dict[str, list] = {"prompt": [], "tool_calls": [], "tool_results": [], "answer": [], "reward": [],
+                             "success": []}
+    for episode in episodes:
+        assistant = [t["content"] for t in episode.transcript if t["role"] == "assistant"]
+        results = [t["content"] for t in episode.transcript[1:] if t["role"] == "user"]
+        rows["prompt"].append(episode.prompt)
+        rows["tool_calls"].append(json.dumps(assistant[:-1]))
+        rows["tool_results"].append(json.dumps(results))
+        rows["answer"].append(assistant[-1] if assistant else "")
+        rows["reward"].append(episode.reward)
+        rows["success"].append(bool(episode.success))
+    mlflow.MlflowClient().log_table(run_id, data=rows, artifact_file=f"episodes/{name}_step_{step:06d}.json")
+
+
+def log_evaluation(run_id: str, result: Any, step: int, name: str = "eval") -> None:
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    for key, value in (("success_rate", result.success), ("reward_mean", result.mean_reward),
+                       ("valid_tool_call_rate", result.valid_tool_call_rate),
+                       ("response_tokens", result.mean_response_tokens)):
+        client.log_metric(run_id, f"{name}/{key}", float(value), step=step)
+    log_episode_table(run_id, result.episodes, step, name)
+
+
+@task(cache_policy=NO_CACHE)
+def probe_text_task(task_name: str, task_seed: int) -> int:
+    """``validate_env`` on both splits before any service or model starts; returns the train split's size."""
+    from opentinker.envs.text_tasks import SPLITS, make_text_env
+    from opentinker.envs.validation import validate_env
+
+    for split in SPLITS:
+        validate_env(make_text_env(task_name, split, task_seed))
+    return len(make_text_env(task_name, "train", task_seed).examples)
+
+
+@task(cache_policy=NO_CACHE)
+def train_grpo(run_id: str, directory: str, config: dict[str, Any], steps: int, seed: int = 0, workers: int = 1,
+               backend: str = "ray", resume: bool = False, checkpoint_every: int | None = None,
+               eval_every: int | None = None) -> GRPOTrainOutcome:
+    """GRPO until ``steps`` optimiser steps; held-out success of the base first (step 0) and every ``eval_every``."""
+    from opentinker.agents.checkpoint import CHECKPOINT_NAME
+    from opentinker.agents.grpo import GRPOTrainer, grpo_config
+
+    root = Path(directory)
+    checkpoint = root / "checkpoints" / CHECKPOINT_NAME
+    configure_mlflow()
+    if resume and checkpoint.exists():
+        trainer = GRPOTrainer.load(checkpoint, workers=workers, backend=backend)
+    else:
+        trainer = GRPOTrainer(grpo_config(config), seed=seed, workers=workers, backend=backend)
+    try:
+        start_step, start_completions = trainer.global_step, trainer.completions
+        base_eval = None
+        if start_step == 0:
+            result = trainer.evaluate(base=True)
+            log_evaluation(run_id, result, 0)
+            base_eval = _evaluation(result, trainer.config.eval_prompts)
+        logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
+
+        def callback(metrics: dict[str, float], step: int) -> None:
+            logger(metrics, step)
+            if eval_every and step % eval_every == 0 and step < steps:
+                log_evaluation(run_id, trainer.evaluate(), step)
+
+        started = time.perf_counter()
+        trainer.train(steps, callback=callback, checkpoint_dir=checkpoint.parent, checkpoint_every=checkpoint_every)
+        train_seconds = time.perf_counter() - started
+        logger.flush()
+        adapter_dir = trainer.save_adapter(root / "adapter", run_id=run_id)
+        done = trainer.completions - start_completions
+        return GRPOTrainOutcome(run_id=run_id, checkpoint_path=str(checkpoint), adapter_dir=str(adapter_dir),
+                                start_step=start_step, global_step=trainer.global_step, train_seconds=train_seconds,
+                                completions=done, completions_per_s=done / max(train_seconds, 1e-9),
+                                base_eval=base_eval)
+    finally:
+        trainer.close()
+
+
+@task(cache_policy=NO_CACHE)
+def evaluate_adapter(adapter_dir: str, prompts: int, eval_batch: int = 16, cache_dir: str | None = None,
+                     run_id: str | None = None, step: int = 0) -> LLMEvaluation:
+    """Base + merged adapter, greedy, on the first ``prompts`` held-out examples of the adapter's own task —
+    the model and decoding the agent service runs. Logged (metrics + episode table) when ``run_id`` is given."""
+    from opentinker.agents.grpo import summarise
+    from opentinker.agents.llm.policy import load_adapted_model
+    from opentinker.agents.llm.rollout import evaluate_model
+
+    model, tokenizer, meta = load_adapted_model(adapter_dir, cache_dir)
+    episodes = evaluate_model(model, tokenizer, meta["task"], meta["task_seed"], list(range(prompts)),
+                              meta["max_new_tokens"], eval_batch)
+    result = summarise(episodes)
+    if run_id:
+        configure_mlflow()
+        log_evaluation(run_id, result, step, "heldout")
+    return _evaluation(result, prompts)
+
+
+@task(cache_policy=NO_CACHE)
+def register_adapter(run_id: str, adapter_dir: str, model_name: str, base_model: str, task_name: str) -> str:
+    """A new version of ``model_name`` holding the adapter, tagged with its base model; alias ``candidate``."""
+    from opentinker.tasks.llm_store import log_adapter_model
+    from opentinker.tasks.model_store import set_alias
+
+    version = log_adapter_model(adapter_dir, run_id, model_name,
+                                {"base_model": base_model, "task": task_name, "algorithm": "grpo"})
+    set_alias(model_name, "candidate", version)
+    return version
+
+
+class GateDecision(BaseModel):
+    version: str
+    aliases: list[str]
+    decision: str
+    champion_success: float | None
+
+
+@task(cache_policy=NO_CACHE)
+def gate_adapter(model_name: str, version: str, candidate: LLMEvaluation, threshold: float = 0.0,
+                 eval_batch: int = 16, cache_dir: str | None = None) -> GateDecision:
+    """Move ``champion`` to ``version`` only if its held-out success beats the current champion's on the same
+    prompts (the champion is re-evaluated here, not trusted from its run) and reaches ``threshold``."""
+    from opentinker.tasks.llm_store import download_adapter
+    from opentinker.tasks.model_store import PolicyStoreError, set_alias
+
+    champion_success = None
+    try:
+        ref, folder = download_adapter(f"models:/{model_name}@champion")
+    except PolicyStoreError:
+        ref = None
+    if ref is not None and ref.version != version:
+        champion_success = evaluate_adapter.fn(str(folder), candidate.prompts, eval_batch, cache_dir).success
+    if candidate.success < threshold:
+        decision = f"kept champion: success {candidate.success:.3f} below threshold {threshold:.3f}"
+    elif champion_success is not None and candidate.success <= champion_success:
+        decision = (f"kept champion v{ref.version}: success {candidate.success:.3f} does not beat "
+                    f"{champion_success:.3f} on the same {candidate.prompts} prompts")
+    else:
+        set_alias(model_name, "champion", version)
+        decision = (f"promoted v{version} to champion" +
+                    (f" (success {candidate.success:.3f} > {champion_success:.3f})" if champion_success is not None
+                     else " (first champion)"))
+    aliases = ["candidate"] + (["champion"] if decision.startswith("promoted") else [])
+    return GateDecision(version=version, aliases=aliases, decision=decision, champion_success=champion_success)
