@@ -3,34 +3,25 @@
 # uv resolves nothing here: requirements.lock pins every package, so users and CI get the same set.
 set -euo pipefail
 cd "$(dirname "$0")"
-# Debian packages: headless Chromium and its WebDriver for the dashboard browser test (tests/test_dashboards.py).
-apt_packages=(chromium chromium-driver)
+# Debian packages: bubblewrap isolates the agents' Python tool (agents/llm/sandbox.py) and libseccomp2 backs its
+# seccomp filter (both required); chromium and chromium-driver run the dashboard browser test (tests/test_dashboards.py).
 missing=()
-for pkg in "${apt_packages[@]}"; do
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+{ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)
+for pkg in chromium chromium-driver; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
-    echo "note: Debian packages ${missing[*]} are missing (needed by the browser test only):" \
-         "sudo apt-get install ${missing[*]}" >&2
+    echo "install.sh: missing Debian packages: ${missing[*]} (sudo apt-get install ${missing[*]}); bubblewrap and" \
+      "libseccomp2 are required (the Python tool's sandbox refuses to run without them), chromium only by the" \
+      "browser test" >&2
+    case " ${missing[*]} " in *" bubblewrap "* | *" libseccomp2 "*) exit 1 ;; esac
   fi
 fi
 PY=${PYTHON:-python3.11}
-# bubblewrap isolates the agents' Python tool (agents/llm/sandbox.py), libseccomp2 backs its seccomp filter.
-missing=()
-command -v bwrap >/dev/null || missing+=(bubblewrap)
-{ ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)
-if [ ${#missing[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-  else
-    echo "install.sh: missing system packages: ${missing[*]} (Debian/Ubuntu: sudo apt-get install ${missing[*]});" \
-      "the Python tool's sandbox refuses to run without them" >&2
-    exit 1
-  fi
-fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check uv
 # uv does not read pip's config: pass on a local wheel folder (e.g. a CPU torch wheel) if pip knows one.
