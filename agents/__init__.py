@@ -2,6 +2,7 @@
 
 Names resolve lazily so that rollout workers importing ``opentinker.agents.numpy_policy`` never load torch.
 """
+
 from __future__ import annotations
 
 import importlib

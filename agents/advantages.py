@@ -1,11 +1,19 @@
 """Generalised Advantage Estimation over a NEXT_STEP-autoreset rollout (see envs/rollout.py)."""
+
 from __future__ import annotations
 
 import numpy as np
 
 
-def compute_gae(rewards: np.ndarray, values: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                last_values: np.ndarray, gamma: float, gae_lambda: float) -> tuple[np.ndarray, np.ndarray]:
+def compute_gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    last_values: np.ndarray,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[np.ndarray, np.ndarray]:
     """Advantages and returns, arrays of shape (T, N).
 
     ``values[t + 1]`` (``last_values`` at the end) is the value of the observation that followed step ``t``;

@@ -3,6 +3,7 @@
 ``safe`` runs bf16 autocast (fp16 with loss scaling on GPUs without bf16) and checks every loss and gradient;
 the first non-finite one skips that optimiser step and switches the rest of the run to fp32, recording why.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,12 +46,19 @@ class AmpController:
         return False
 
     def _conflict(self, what: str) -> AmpNaNError:
-        return AmpNaNError(f"{what} under amp_mode={self.mode!r} ({self.dtype}): a mixed-precision conflict. "
-                           "Set amp_mode='safe' (checks every step, skips a non-finite one and continues in fp32) "
-                           "or amp_mode='off'")
+        return AmpNaNError(
+            f"{what} under amp_mode={self.mode!r} ({self.dtype}): a mixed-precision conflict. "
+            "Set amp_mode='safe' (checks every step, skips a non-finite one and continues in fp32) "
+            "or amp_mode='off'"
+        )
 
-    def step(self, loss: torch.Tensor, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-             max_grad_norm: float) -> bool:
+    def step(
+        self,
+        loss: torch.Tensor,
+        optimizer: torch.optim.Optimizer,
+        params: list[torch.nn.Parameter],
+        max_grad_norm: float,
+    ) -> bool:
         """Backward, clip and apply one update; False when the step was skipped (safe mode fallback).
 
         Under bf16/fp16 a non-finite loss, or non-finite gradients that loss scaling cannot explain (bf16 has
@@ -68,7 +76,11 @@ class AmpController:
         if guard and not all(torch.isfinite(p.grad).all().item() for p in params if p.grad is not None):
             return self._fall_back(f"non-finite gradients under {self.dtype}", optimizer)
         norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        if strict and not torch.isfinite(norm).item() and (not self.scaler.is_enabled() or self.scaler.get_scale() <= 1.0):
+        if (
+            strict
+            and not torch.isfinite(norm).item()
+            and (not self.scaler.is_enabled() or self.scaler.get_scale() <= 1.0)
+        ):
             raise self._conflict("non-finite gradient")
         self.scaler.step(optimizer)
         self.scaler.update()
@@ -78,7 +90,11 @@ class AmpController:
         return {"perf/amp_active": float(self.active), "perf/amp_skipped_steps": float(self.skipped_steps)}
 
     def state_dict(self) -> dict:
-        return {"fallback_reason": self.fallback_reason, "skipped_steps": self.skipped_steps, "scaler": self.scaler.state_dict()}
+        return {
+            "fallback_reason": self.fallback_reason,
+            "skipped_steps": self.skipped_steps,
+            "scaler": self.scaler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.fallback_reason, self.skipped_steps = state["fallback_reason"], state["skipped_steps"]

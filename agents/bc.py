@@ -5,14 +5,16 @@ A dataset is a ``.npz`` file or a mapping of arrays with at least ``obs`` and ``
 the policy's spaces and names the offending field; ``behaviour_cloning`` runs a few epochs of cross-entropy
 (Discrete actions) or mean-squared error / Gaussian NLL (Box actions) on the actor head only.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -95,7 +97,9 @@ def read_arrays(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, np.n
         raise DatasetError(f"dataset must be an .npz path or a mapping of arrays, got {type(source).__name__}")
     unknown = sorted(set(arrays) - set(REQUIRED_FIELDS) - set(OPTIONAL_FIELDS))
     if unknown:
-        raise DatasetError(f"dataset: unknown field(s) {unknown}; expected {REQUIRED_FIELDS} and optionally {OPTIONAL_FIELDS}")
+        raise DatasetError(
+            f"dataset: unknown field(s) {unknown}; expected {REQUIRED_FIELDS} and optionally {OPTIONAL_FIELDS}"
+        )
     missing = [key for key in REQUIRED_FIELDS if key not in arrays]
     if missing:
         raise DatasetError(f"dataset: missing field(s) {missing}; a transition dataset needs {REQUIRED_FIELDS}")
@@ -112,21 +116,29 @@ def read_arrays(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, np.n
             raise DatasetError(f"dataset: {key!r} has a NaN or infinite value (first at row {bad})")
     for key in ("rewards", "terminated", "truncated"):
         if key in arrays and arrays[key].ndim != 1:
-            raise DatasetError(f"dataset: {key!r} must be 1-D (one value per transition), got shape {arrays[key].shape}")
+            raise DatasetError(
+                f"dataset: {key!r} must be 1-D (one value per transition), got shape {arrays[key].shape}"
+            )
     return arrays
 
 
 def _check_obs(obs: np.ndarray, space: gym.Space, key: str = "obs") -> np.ndarray:
     if isinstance(space, gym.spaces.Discrete):
         if obs.ndim != 1 or not np.issubdtype(obs.dtype, np.integer):
-            raise DatasetError(f"dataset: {key!r} must be 1-D integers for observation space {space}, got {obs.dtype} {obs.shape}")
+            raise DatasetError(
+                f"dataset: {key!r} must be 1-D integers for observation space {space}, got {obs.dtype} {obs.shape}"
+            )
         if obs.min() < space.start or obs.max() >= space.start + space.n:
-            raise DatasetError(f"dataset: {key!r} values must lie in [{space.start}, {space.start + space.n}) for {space}")
+            raise DatasetError(
+                f"dataset: {key!r} values must lie in [{space.start}, {space.start + space.n}) for {space}"
+            )
         return obs.astype(np.int64) - int(space.start)
     if not isinstance(space, gym.spaces.Box):
         raise DatasetError(f"dataset: observation space {space} is not supported (expected Box or Discrete)")
     if obs.shape[1:] != space.shape:
-        raise DatasetError(f"dataset: {key!r} rows have shape {obs.shape[1:]}, the observation space expects {space.shape}")
+        raise DatasetError(
+            f"dataset: {key!r} rows have shape {obs.shape[1:]}, the observation space expects {space.shape}"
+        )
     outside = (obs < space.low) | (obs > space.high)
     if outside.any():
         row = int(np.argwhere(outside.reshape(len(obs), -1).any(axis=1))[0, 0])
@@ -153,7 +165,9 @@ def _check_actions(actions: np.ndarray, space: gym.Space) -> np.ndarray:
         if actions.ndim == 1 and dim == 1:
             actions = actions[:, None]
         if actions.shape[1:] != (dim,):
-            raise DatasetError(f"dataset: 'actions' rows have shape {actions.shape[1:]}, the action space expects {(dim,)}")
+            raise DatasetError(
+                f"dataset: 'actions' rows have shape {actions.shape[1:]}, the action space expects {(dim,)}"
+            )
         low, high = space.low - 1e-6, space.high + 1e-6
         if np.any(actions < low) or np.any(actions > high):
             raise DatasetError(
@@ -164,8 +178,9 @@ def _check_actions(actions: np.ndarray, space: gym.Space) -> np.ndarray:
     raise DatasetError(f"dataset: action space {space} is not supported (expected Discrete or a 1-D Box)")
 
 
-def load_transitions(source: str | os.PathLike | Mapping[str, Any], observation_space: gym.Space,
-                     action_space: gym.Space) -> Transitions:
+def load_transitions(
+    source: str | os.PathLike | Mapping[str, Any], observation_space: gym.Space, action_space: gym.Space
+) -> Transitions:
     """Read and validate a dataset against the policy's spaces; raise ``DatasetError`` naming the field."""
     arrays = read_arrays(source)
     obs = _check_obs(arrays["obs"], observation_space)
@@ -184,22 +199,34 @@ def _loss(policy: ActorCritic, obs: torch.Tensor, actions: torch.Tensor, box_los
     return (0.5 * ((actions - out) / log_std.exp()) ** 2 + log_std + 0.5 * math.log(2 * math.pi)).sum(-1).mean()
 
 
-def behaviour_cloning(policy: ActorCritic, data: Transitions, config: BCConfig, rng: np.random.Generator,
-                      deadline: float | None = None, anchor: Mapping[str, np.ndarray] | None = None,
-                      proximal_mu: float = 0.0) -> BCStats:
+def behaviour_cloning(
+    policy: ActorCritic,
+    data: Transitions,
+    config: BCConfig,
+    rng: np.random.Generator,
+    deadline: float | None = None,
+    anchor: Mapping[str, np.ndarray] | None = None,
+    proximal_mu: float = 0.0,
+) -> BCStats:
     """Fit the actor head of ``policy`` to ``data`` in place; the critic is left untouched.
 
     Stops after ``config.epochs`` or at ``deadline`` (``time.monotonic()``), whichever is first, after at least one
     gradient step. With ``proximal_mu > 0`` the loss adds (mu/2)·||w - anchor||² over the trained tensors (FedProx).
     """
     if policy.spec["kind"] not in ("categorical", "gaussian"):
-        raise ValueError(f"behaviour cloning needs an actor with a categorical or Gaussian head, got {policy.spec['kind']!r}")
+        raise ValueError(
+            f"behaviour cloning needs an actor with a categorical or Gaussian head, got {policy.spec['kind']!r}"
+        )
     device = next(policy.parameters()).device
     named = [(f"actor.{name}", p) for name, p in policy.actor.named_parameters()]
     if policy.spec["kind"] == "gaussian" and config.box_loss == "nll":
         named.append(("log_std", policy.log_std))
     params = [p for _, p in named]
-    anchors = [torch.as_tensor(np.asarray(anchor[name]), device=device) for name, _ in named] if anchor and proximal_mu > 0 else []
+    anchors = (
+        [torch.as_tensor(np.asarray(anchor[name]), device=device) for name, _ in named]
+        if anchor and proximal_mu > 0
+        else []
+    )
     optimizer = torch.optim.Adam(params, lr=config.learning_rate)
     obs = torch.as_tensor(data.obs, device=device)
     actions = torch.as_tensor(data.actions, device=device)
@@ -213,7 +240,7 @@ def behaviour_cloning(policy: ActorCritic, data: Transitions, config: BCConfig, 
         for _ in range(config.epochs):
             order, epoch_losses = torch.as_tensor(rng.permutation(n), device=device), []
             for start in range(0, n, batch):
-                idx = order[start:start + batch]
+                idx = order[start : start + batch]
                 loss = _loss(policy, obs[idx], actions[idx], config.box_loss)
                 epoch_losses.append(float(loss.detach()))
                 if anchors:
@@ -229,5 +256,9 @@ def behaviour_cloning(policy: ActorCritic, data: Transitions, config: BCConfig, 
                 break
     finally:
         torch.set_num_threads(threads)
-    return BCStats(num_samples=n, epochs=steps / steps_per_epoch, loss=float(np.mean(epoch_losses)),
-                   seconds=time.monotonic() - started)
+    return BCStats(
+        num_samples=n,
+        epochs=steps / steps_per_epoch,
+        loss=float(np.mean(epoch_losses)),
+        seconds=time.monotonic() - started,
+    )

@@ -1,4 +1,5 @@
 """Replay buffer: fixed-size numpy ring of transitions, sampled with the trainer's Generator."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,8 +12,9 @@ class ReplayBuffer:
         self.capacity, self.pos, self.size = capacity, 0, 0
         self.data: dict[str, np.ndarray] = {}
 
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-            terminated: np.ndarray) -> None:
+    def add(
+        self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray
+    ) -> None:
         """Append a batch of transitions (first axis), overwriting the oldest when full."""
         batch = dict(zip(_FIELDS, (obs, next_obs, actions, rewards, terminated)))
         if not self.data:

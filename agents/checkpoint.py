@@ -1,4 +1,5 @@
 """Atomic checkpoint files and capture/restore of every random number generator in play."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Typed hyper-parameters for PPO and DQN (CleanRL style: one docstring per field)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,7 +37,12 @@ class EnvConfig:
         self.hidden_sizes = tuple(self.hidden_sizes)
         _check("num_envs", isinstance(self.num_envs, int) and self.num_envs >= 1, "an int >= 1", self.num_envs)
         _check("activation", self.activation in ("tanh", "relu"), '"tanh" or "relu"', self.activation)
-        _check("hidden_sizes", all(isinstance(h, int) and h > 0 for h in self.hidden_sizes), "positive ints", self.hidden_sizes)
+        _check(
+            "hidden_sizes",
+            all(isinstance(h, int) and h > 0 for h in self.hidden_sizes),
+            "positive ints",
+            self.hidden_sizes,
+        )
         _check("total_steps", self.total_steps is None or self.total_steps > 0, "None or > 0", self.total_steps)
         for name in (f.name for f in dataclasses.fields(self) if f.type == "float"):
             _check(name, getattr(self, name) >= 0, ">= 0", getattr(self, name))
@@ -135,11 +141,17 @@ class DQNConfig(EnvConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check("n_steps", isinstance(self.n_steps, int) and self.n_steps >= 1, "an int >= 1", self.n_steps)
-        _check("buffer_size", self.buffer_size >= self.batch_size, f">= batch_size ({self.batch_size})", self.buffer_size)
+        _check(
+            "buffer_size", self.buffer_size >= self.batch_size, f">= batch_size ({self.batch_size})", self.buffer_size
+        )
         _check("train_frequency", self.train_frequency >= 1, "an int >= 1", self.train_frequency)
         _check("tau", 0 < self.tau <= 1, "in (0, 1]", self.tau)
-        _check("epsilon_decay", self.epsilon_decay is None or 0 < self.epsilon_decay <= 1,
-               "in (0, 1] or None (linear schedule)", self.epsilon_decay)
+        _check(
+            "epsilon_decay",
+            self.epsilon_decay is None or 0 < self.epsilon_decay <= 1,
+            "in (0, 1] or None (linear schedule)",
+            self.epsilon_decay,
+        )
         _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
 
 

@@ -1,5 +1,6 @@
 """DQN trainer: epsilon-greedy rollouts with the numpy Q network (``collect``), then ``update(rollout)``: replay,
 TD updates, target network."""
+
 from __future__ import annotations
 
 import copy
@@ -58,15 +59,23 @@ class DQNTrainer(Trainer):
         # 2. Store real transitions; the observation after step t is obs[t + 1] (final obs at episode ends).
         next_obs = np.concatenate([rollout.obs[1:], rollout.last_obs[None]], axis=0)
         keep = rollout.valid
-        self.buffer.add(rollout.obs[keep], next_obs[keep], rollout.actions[keep], rollout.rewards[keep],
-                        rollout.terminated[keep].astype(np.float32))
+        self.buffer.add(
+            rollout.obs[keep],
+            next_obs[keep],
+            rollout.actions[keep],
+            rollout.rewards[keep],
+            rollout.terminated[keep].astype(np.float32),
+        )
         # 3. One gradient step per ``train_frequency`` env steps once learning has started.
         losses, q_values = [], []
         if self.global_step >= c.learning_starts:
             self.pending_updates += rollout.num_steps / c.train_frequency
             while self.pending_updates >= 1.0:
                 self.pending_updates -= 1.0
-                batch = {k: torch.as_tensor(v, device=self.device) for k, v in self.buffer.sample(c.batch_size, self.rng).items()}
+                batch = {
+                    k: torch.as_tensor(v, device=self.device)
+                    for k, v in self.buffer.sample(c.batch_size, self.rng).items()
+                }
                 with torch.no_grad():
                     target_max = self.target(self.target.preprocess(batch["next_obs"])).float().max(dim=1).values
                     td_target = batch["rewards"] + c.gamma * target_max * (1.0 - batch["terminated"])
@@ -81,8 +90,11 @@ class DQNTrainer(Trainer):
         while self.global_step >= self.next_target_update:
             self.next_target_update += c.target_network_frequency
             self.update_target()
-        metrics = {"charts/epsilon": epsilon, "charts/buffer_size": float(len(self.buffer)),
-                   "perf/update_ms": (time.perf_counter() - rollout_end) * 1000.0}
+        metrics = {
+            "charts/epsilon": epsilon,
+            "charts/buffer_size": float(len(self.buffer)),
+            "perf/update_ms": (time.perf_counter() - rollout_end) * 1000.0,
+        }
         if losses:
             metrics.update({"losses/td_loss": float(np.mean(losses)), "losses/q_values": float(np.mean(q_values))})
         metrics.update(self.rollout_metrics(rollout, updated=bool(losses)))
@@ -97,8 +109,12 @@ class DQNTrainer(Trainer):
                 target_param.copy_(tau * param + (1.0 - tau) * target_param)
 
     def _extra_state(self) -> dict:
-        return {"target": self.target.state_dict(), "buffer": self.buffer.state_dict(),
-                "next_target_update": self.next_target_update, "pending_updates": self.pending_updates}
+        return {
+            "target": self.target.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "next_target_update": self.next_target_update,
+            "pending_updates": self.pending_updates,
+        }
 
     def _load_extra_state(self, state: dict) -> None:
         self.target.load_state_dict(state["target"])

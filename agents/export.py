@@ -3,6 +3,7 @@
 The export needs neither torch nor the training code to run: serving, federated clients and MLflow pyfunc
 models all load it with ``load_policy``.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,13 @@ def space_to_json(space: gym.Space) -> dict[str, Any]:
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, gym.spaces.Box):
-        return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(), "shape": list(space.shape),
-                "dtype": str(space.dtype)}
+        return {
+            "type": "Box",
+            "low": space.low.tolist(),
+            "high": space.high.tolist(),
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+        }
     raise ValueError(f"cannot export space {space}: only Box and Discrete are supported")
 
 
@@ -51,8 +57,11 @@ class InferencePolicy:
         obs = np.asarray(obs_batch, dtype=self.observation_space.dtype)
         shape = self.observation_space.shape
         if obs.shape[1:] != shape:
-            raise ValueError(f"observation batch has shape {obs.shape}; expected (batch, {', '.join(map(str, shape))})"
-                             if shape else f"observation batch has shape {obs.shape}; expected (batch,)")
+            raise ValueError(
+                f"observation batch has shape {obs.shape}; expected (batch, {', '.join(map(str, shape))})"
+                if shape
+                else f"observation batch has shape {obs.shape}; expected (batch,)"
+            )
         return obs
 
     def act(self, obs_batch: Any) -> np.ndarray:
@@ -99,12 +108,20 @@ def export_policy(trainer_or_policy: Any, directory: str | os.PathLike, metadata
     policy, algorithm, env_id, obs_space, act_space = _policy_parts(trainer_or_policy)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    spec = {"format_version": FORMAT_VERSION, "algorithm": algorithm, "env_id": env_id, "architecture": policy.spec,
-            "observation_space": space_to_json(obs_space), "action_space": space_to_json(act_space),
-            "metadata": dict(metadata or {})}
+    spec = {
+        "format_version": FORMAT_VERSION,
+        "algorithm": algorithm,
+        "env_id": env_id,
+        "architecture": policy.spec,
+        "observation_space": space_to_json(obs_space),
+        "action_space": space_to_json(act_space),
+        "metadata": dict(metadata or {}),
+    }
     json.dumps(spec)  # fail here, before writing, if metadata is not JSON-able
-    for name, write in ((WEIGHTS_FILE, lambda fh: np.savez(fh, **policy.numpy_weights())),
-                        (SPEC_FILE, lambda fh: fh.write(json.dumps(spec, indent=2).encode()))):
+    for name, write in (
+        (WEIGHTS_FILE, lambda fh: np.savez(fh, **policy.numpy_weights())),
+        (SPEC_FILE, lambda fh: fh.write(json.dumps(spec, indent=2).encode())),
+    ):
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
         with os.fdopen(fd, "wb") as fh:
             write(fh)

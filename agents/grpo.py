@@ -15,6 +15,7 @@ with the adapter disabled, so no second copy is kept — using the k3 estimator 
 count (DAPO; long and short completions weigh the same per token; TRL's ``loss_type="bnpo"``), ``"sequence"``
 averages within each completion, then over completions (the paper's 1/|o_i|; TRL's ``"grpo"``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,6 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+
 from opentinker.agents.checkpoint import (
     atomic_save,
     load_checkpoint,
@@ -75,15 +77,25 @@ class GRPOConfig:
     """Where the de-quantised base model is cached (default ``<data_dir>/llm-cache``)."""
 
     def __post_init__(self) -> None:
-        positive = ("group_size", "prompts_per_step", "max_new_tokens", "update_epochs", "micro_batch", "lora_rank",
-                    "lora_alpha", "eval_prompts", "eval_batch")
+        positive = (
+            "group_size",
+            "prompts_per_step",
+            "max_new_tokens",
+            "update_epochs",
+            "micro_batch",
+            "lora_rank",
+            "lora_alpha",
+            "eval_prompts",
+            "eval_batch",
+        )
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GRPOConfig.{name}: expected an integer >= 1, got {value!r}")
         if self.group_size < 2:
-            raise ValueError(f"GRPOConfig.group_size: expected >= 2 (a group is its own baseline), "
-                             f"got {self.group_size}")
+            raise ValueError(
+                f"GRPOConfig.group_size: expected >= 2 (a group is its own baseline), got {self.group_size}"
+            )
         for name in ("temperature", "kl_coef", "learning_rate", "clip_range", "max_grad_norm"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0:
@@ -118,8 +130,14 @@ def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-
     return centred / (rewards.std(dim=1, keepdim=True) + eps) if scale else centred
 
 
-def token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tensor | None, advantages: torch.Tensor,
-               clip_range: float, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    clip_range: float,
+    kl_coef: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token GRPO loss and KL (shapes like ``logp``); ``advantages`` broadcast over tokens."""
     ratio = torch.exp(logp - old_logp)
     surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_range, 1 + clip_range) * advantages)
@@ -131,8 +149,9 @@ def token_loss(logp: torch.Tensor, old_logp: torch.Tensor, ref_logp: torch.Tenso
     return -surrogate + kl_coef * kl, kl
 
 
-def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, norm: str, n_tokens: float,
-                n_sequences: int) -> torch.Tensor:
+def reduce_loss(
+    per_token: torch.Tensor, mask: torch.Tensor, norm: str, n_tokens: float, n_sequences: int
+) -> torch.Tensor:
     """Sum of this micro-batch's share of the batch loss (``n_tokens``/``n_sequences``: whole-batch counts)."""
     per_token = per_token * mask
     if norm == "token":
@@ -140,8 +159,9 @@ def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, norm: str, n_tokens
     return (per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)).sum() / n_sequences
 
 
-def completion_logprobs(model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_logprobs(
+    model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(completion token | everything before) for a batch: (batch, longest completion) and its mask.
 
     Prompts are left-padded and completions right-padded, so all completions sit in the last columns and
@@ -155,8 +175,11 @@ def completion_logprobs(model: Any, prompts: list[list[int]], completions: list[
         mask.append([1.0] * len(c) + [0.0] * (width_c - len(c)))
     ids_t, attention_t = torch.tensor(ids), torch.tensor(attention)
     position_ids = (attention_t.cumsum(dim=1) - 1).clamp(min=0)
-    logits = model(input_ids=ids_t, attention_mask=attention_t, position_ids=position_ids,
-                   logits_to_keep=width_c + 1).logits[:, :-1].float()
+    logits = (
+        model(input_ids=ids_t, attention_mask=attention_t, position_ids=position_ids, logits_to_keep=width_c + 1)
+        .logits[:, :-1]
+        .float()
+    )
     targets = ids_t[:, width_p:]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return logp, torch.tensor(mask)
@@ -177,7 +200,7 @@ class PromptSampler:
         out: list[int] = []
         while len(out) < k:
             order = self._order()
-            take = order[self.position:self.position + k - len(out)].tolist()
+            take = order[self.position : self.position + k - len(out)].tolist()
             out += take
             self.position += len(take)
             if self.position >= self.n:
@@ -216,8 +239,9 @@ class GRPOTrainer:
         self.config, self.seed, self.workers, self.backend = config, seed, workers, backend
         model, self.tokenizer = load_base_model(config.base_model, config.cache_dir)
         self.policy = add_lora(model, config.lora, seed)
-        self.optimizer = torch.optim.AdamW([p for p in self.policy.parameters() if p.requires_grad],
-                                           lr=config.learning_rate, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.policy.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0
+        )
         self.sampler = PromptSampler(len(task_examples(config.task, "train", config.task_seed)), seed)
         self.trainer_rng = np.random.default_rng(seed)
         self.iteration = 0
@@ -249,7 +273,7 @@ class GRPOTrainer:
         """Contiguous, near-equal shares of ``items`` per worker (the result does not depend on the split)."""
         n = len(self._pool_workers())
         bounds = np.linspace(0, len(items), n + 1).round().astype(int)
-        return [items[bounds[i]:bounds[i + 1]] for i in range(n)]
+        return [items[bounds[i] : bounds[i + 1]] for i in range(n)]
 
     def _pool_workers(self) -> list:
         pool = self._pool()
@@ -263,8 +287,11 @@ class GRPOTrainer:
         adapter = adapter_state(self.policy)
         groups = list(enumerate(indices))
         shares = self._split(groups)
-        results = self._pool().call("collect", [(iteration, self.seed, share, c.group_size, c.max_new_tokens,
-                                                 c.temperature) for share in shares], broadcast=(adapter,))
+        results = self._pool().call(
+            "collect",
+            [(iteration, self.seed, share, c.group_size, c.max_new_tokens, c.temperature) for share in shares],
+            broadcast=(adapter,),
+        )
         return [e for part in results for e in part], state_bytes(adapter)
 
     # -- learning ------------------------------------------------------------------------------------------------
@@ -282,13 +309,16 @@ class GRPOTrainer:
         generated = sum(len(t.completion_ids) for e in episodes for t in e.turns)
         calls = sum(e.tool_calls + e.invalid_tool_calls for e in episodes)
         return {
-            "train/reward_mean": float(rewards.mean()), "train/reward_std": float(rewards.std()),
+            "train/reward_mean": float(rewards.mean()),
+            "train/reward_std": float(rewards.std()),
             "train/success_rate": float(np.mean([e.success for e in episodes])),
             "train/valid_tool_call_rate": float(sum(e.tool_calls for e in episodes) / calls) if calls else 1.0,
             "train/tool_calls_per_episode": calls / len(episodes),
             "train/response_tokens": generated / len(episodes),
-            "train/tokens_per_s": generated / rollout_s, "train/completions_per_s": len(episodes) / elapsed,
-            "train/seconds_per_step": elapsed, "train/rollout_seconds": rollout_s,
+            "train/tokens_per_s": generated / rollout_s,
+            "train/completions_per_s": len(episodes) / elapsed,
+            "train/seconds_per_step": elapsed,
+            "train/rollout_seconds": rollout_s,
             "train/adapter_bytes_sent": float(sent * len(self._pool_workers())),
             "train/groups_with_signal": float((rewards.std(dim=1) > 0).float().mean()),
             **stats,
@@ -298,19 +328,26 @@ class GRPOTrainer:
         """``update_epochs`` optimiser steps on every generated turn of ``episodes``."""
         c = self.config
         pad = self.tokenizer.pad_token_id
-        samples = [(t.prompt_ids, t.completion_ids, float(a)) for e, a in zip(episodes, advantages)
-                   for t in e.turns if t.completion_ids]
+        samples = [
+            (t.prompt_ids, t.completion_ids, float(a))
+            for e, a in zip(episodes, advantages)
+            for t in e.turns
+            if t.completion_ids
+        ]
         n_tokens, n_sequences = float(sum(len(s[1]) for s in samples)), len(samples)
         if c.kl_coef == 0:  # a zero-advantage sample adds nothing to the loss or its gradient: skip its passes
             samples = [s for s in samples if s[2] != 0.0]
         if not samples:
             return {"train/loss": 0.0, "train/kl": 0.0, "train/clip_fraction": 0.0, "train/grad_norm": 0.0}
-        chunks = [samples[i:i + c.micro_batch] for i in range(0, len(samples), c.micro_batch)]
+        chunks = [samples[i : i + c.micro_batch] for i in range(0, len(samples), c.micro_batch)]
         self.policy.train()
         with torch.no_grad():
             ref = [self._ref_logprobs(ch, pad) if c.kl_coef > 0 else None for ch in chunks]
-            old = [completion_logprobs(self.policy, [s[0] for s in ch], [s[1] for s in ch], pad)[0]
-                   for ch in chunks] if c.update_epochs > 1 else [None] * len(chunks)
+            old = (
+                [completion_logprobs(self.policy, [s[0] for s in ch], [s[1] for s in ch], pad)[0] for ch in chunks]
+                if c.update_epochs > 1
+                else [None] * len(chunks)
+            )
         totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0}
         for _ in range(c.update_epochs):
             self.optimizer.zero_grad(set_to_none=True)
@@ -326,19 +363,29 @@ class GRPOTrainer:
                 ratio = torch.exp(logp.detach() - old_lp)
                 clipped = ((ratio - 1).abs() > c.clip_range) * mask
                 totals["clipped"] += float(clipped.sum()) / n_tokens / c.update_epochs
-            grad_norm = torch.nn.utils.clip_grad_norm_([p for p in self.policy.parameters() if p.requires_grad],
-                                                       c.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in self.policy.parameters() if p.requires_grad], c.max_grad_norm
+            )
             self.optimizer.step()
         self.policy.eval()
-        return {"train/loss": totals["loss"], "train/kl": totals["kl"], "train/clip_fraction": totals["clipped"],
-                "train/grad_norm": float(grad_norm)}
+        return {
+            "train/loss": totals["loss"],
+            "train/kl": totals["kl"],
+            "train/clip_fraction": totals["clipped"],
+            "train/grad_norm": float(grad_norm),
+        }
 
     def _ref_logprobs(self, chunk: list, pad: int) -> torch.Tensor:
         with self.policy.disable_adapter():
             return completion_logprobs(self.policy, [s[0] for s in chunk], [s[1] for s in chunk], pad)[0]
 
-    def train(self, steps: int, callback: Callback | None = None, checkpoint_dir: str | os.PathLike | None = None,
-              checkpoint_every: int | None = None) -> dict[str, float]:
+    def train(
+        self,
+        steps: int,
+        callback: Callback | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+    ) -> dict[str, float]:
         """Optimiser steps until ``global_step >= steps`` (``agents.trainer.train_loop``: callback, checkpoints)."""
         check_train_args(steps, checkpoint_dir, checkpoint_every)
         return train_loop(self, self._iterate, steps, callback, checkpoint_dir, checkpoint_every)
@@ -351,18 +398,28 @@ class GRPOTrainer:
         indices = list(range(prompts or c.eval_prompts))
         shares = self._split(indices)
         adapter = None if base else adapter_state(self.policy)
-        parts = self._pool().call("evaluate", [(split, share, c.max_new_tokens, c.eval_batch) for share in shares],
-                                  broadcast=(adapter,))
+        parts = self._pool().call(
+            "evaluate", [(split, share, c.max_new_tokens, c.eval_batch) for share in shares], broadcast=(adapter,)
+        )
         return summarise([e for part in parts for e in part])
 
     # -- persistence ---------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
         from opentinker.agents.llm.policy import adapter_state
 
-        return atomic_save({"config": dataclasses.asdict(self.config), "seed": self.seed, "iteration": self.iteration,
-                            "completions": self.completions, "adapter": adapter_state(self.policy),
-                            "optimizer": self.optimizer.state_dict(), "sampler": self.sampler.state(),
-                            "rng": rng_state(self.trainer_rng)}, path)
+        return atomic_save(
+            {
+                "config": dataclasses.asdict(self.config),
+                "seed": self.seed,
+                "iteration": self.iteration,
+                "completions": self.completions,
+                "adapter": adapter_state(self.policy),
+                "optimizer": self.optimizer.state_dict(),
+                "sampler": self.sampler.state(),
+                "rng": rng_state(self.trainer_rng),
+            },
+            path,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray") -> GRPOTrainer:
@@ -380,8 +437,16 @@ class GRPOTrainer:
     def save_adapter(self, directory: str | os.PathLike, **meta: Any) -> Path:
         from opentinker.agents.llm.policy import save_adapter
 
-        return save_adapter(self.policy, self.tokenizer, directory, self.config.base_model, task=self.config.task,
-                            task_seed=self.config.task_seed, max_new_tokens=self.config.max_new_tokens, **meta)
+        return save_adapter(
+            self.policy,
+            self.tokenizer,
+            directory,
+            self.config.base_model,
+            task=self.config.task,
+            task_seed=self.config.task_seed,
+            max_new_tokens=self.config.max_new_tokens,
+            **meta,
+        )
 
     def close(self) -> None:
         if self.pool is not None:
@@ -392,7 +457,9 @@ class GRPOTrainer:
 def summarise(episodes: list) -> LLMEvalResult:
     calls = sum(e.tool_calls + e.invalid_tool_calls for e in episodes)
     return LLMEvalResult(
-        success=float(np.mean([e.success for e in episodes])), mean_reward=float(np.mean([e.reward for e in episodes])),
+        success=float(np.mean([e.success for e in episodes])),
+        mean_reward=float(np.mean([e.reward for e in episodes])),
         valid_tool_call_rate=(sum(e.tool_calls for e in episodes) / calls) if calls else 1.0,
         mean_response_tokens=float(np.mean([sum(len(t.completion_ids) for t in e.turns) for e in episodes])),
-        episodes=episodes)
+        episodes=episodes,
+    )

@@ -4,6 +4,7 @@ Observation statistics live in the policy as buffers (``obs_mean``/``obs_var``),
 into rollout workers, checkpoints, exports and serving; the trainer updates them after each rollout. Reward
 normalisation divides each reward by the running std of the discounted return and only matters to the learner.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,9 @@ class ReturnNormalizer:
         for t in range(rewards.shape[0]):
             self.returns = np.where(valid[t], self.returns * self.gamma + rewards[t], self.returns)
             if valid[t].any():
-                self.mean, self.var, self.count = update_moments(self.mean, self.var, self.count,
-                                                                 self.returns[valid[t]])
+                self.mean, self.var, self.count = update_moments(
+                    self.mean, self.var, self.count, self.returns[valid[t]]
+                )
             self.returns[dones[t]] = 0.0
         scaled = rewards / np.sqrt(self.var + EPS)
         return np.clip(scaled, -self.clip, self.clip).astype(np.float32)

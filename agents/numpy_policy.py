@@ -3,6 +3,7 @@
 A policy is fully described by a JSON-able ``spec`` plus a dict of float32 arrays named like the torch
 ``state_dict`` (``actor.0.weight`` ...). Workers and servers need neither torch nor the training code.
 """
+
 from __future__ import annotations
 
 import math

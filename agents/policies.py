@@ -1,4 +1,5 @@
 """Torch MLP policies, built from the same JSON-able spec as their numpy twins in ``numpy_policy``."""
+
 from __future__ import annotations
 
 import math
@@ -10,12 +11,19 @@ import torch
 from torch import nn
 
 from opentinker.envs.errors import EnvSpecError
+import itertools
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
-def policy_spec(obs_space: gym.Space, action_space: gym.Space, value_based: bool, hidden: tuple[int, ...],
-                activation: str, obs_norm_clip: float | None = None) -> dict[str, Any]:
+def policy_spec(
+    obs_space: gym.Space,
+    action_space: gym.Space,
+    value_based: bool,
+    hidden: tuple[int, ...],
+    activation: str,
+    obs_norm_clip: float | None = None,
+) -> dict[str, Any]:
     """Describe the network for these spaces; unsupported spaces raise ``EnvSpecError`` naming the field.
 
     ``obs_norm_clip``: normalise Box observations by the policy's running statistics, clipped to this bound.
@@ -28,7 +36,9 @@ def policy_spec(obs_space: gym.Space, action_space: gym.Space, value_based: bool
     elif isinstance(obs_space, gym.spaces.Discrete):
         spec.update(obs_kind="discrete", obs_shape=[], obs_dim=int(obs_space.n))
     else:
-        raise EnvSpecError(f"observation_space {obs_space} is not supported by the MLP policies: expected Box or Discrete")
+        raise EnvSpecError(
+            f"observation_space {obs_space} is not supported by the MLP policies: expected Box or Discrete"
+        )
     if isinstance(action_space, gym.spaces.Discrete):
         if int(action_space.start) != 0:
             raise EnvSpecError(f"action_space {action_space}: Discrete actions must start at 0")
@@ -36,8 +46,12 @@ def policy_spec(obs_space: gym.Space, action_space: gym.Space, value_based: bool
     elif isinstance(action_space, gym.spaces.Box) and not value_based and len(action_space.shape) == 1:
         if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
             raise EnvSpecError(f"action_space {action_space}: continuous actions need finite low/high bounds")
-        spec.update(kind="gaussian", action_dim=int(action_space.shape[0]),
-                    action_low=action_space.low.tolist(), action_high=action_space.high.tolist())
+        spec.update(
+            kind="gaussian",
+            action_dim=int(action_space.shape[0]),
+            action_low=action_space.low.tolist(),
+            action_high=action_space.high.tolist(),
+        )
     else:
         expected = "Discrete" if value_based else "Discrete or a 1-D Box"
         raise EnvSpecError(f"action_space {action_space} is not supported by this algorithm: expected {expected}")
@@ -47,7 +61,7 @@ def policy_spec(obs_space: gym.Space, action_space: gym.Space, value_based: bool
 def _mlp(sizes: list[int], activation: str, last_std: float) -> nn.Sequential:
     act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         linear = nn.Linear(a, b)
         last = i == len(sizes) - 2
         nn.init.orthogonal_(linear.weight, last_std if last else math.sqrt(2))
@@ -86,8 +100,9 @@ class SpecPolicy(nn.Module):
         from opentinker.agents.normalize import update_moments
 
         batch = np.asarray(obs, np.float64).reshape(-1, self.spec["obs_dim"])
-        mean, var, count = update_moments(self.obs_mean.double().cpu().numpy(), self.obs_var.double().cpu().numpy(),
-                                          float(self.obs_count), batch)
+        mean, var, count = update_moments(
+            self.obs_mean.double().cpu().numpy(), self.obs_var.double().cpu().numpy(), float(self.obs_count), batch
+        )
         self.obs_mean.copy_(torch.as_tensor(mean))
         self.obs_var.copy_(torch.as_tensor(var))
         self.obs_count.fill_(count)

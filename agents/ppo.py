@@ -1,5 +1,6 @@
 """PPO trainer: ``collect()`` a rollout with the numpy policy (the base trainer), then ``update(rollout)``:
 GAE and the clipped update (CleanRL order)."""
+
 from __future__ import annotations
 
 import time
@@ -20,8 +21,9 @@ def clipped_policy_loss(advantages: torch.Tensor, ratio: torch.Tensor, clip_coef
     return torch.max(-advantages * ratio, -advantages * ratio.clamp(1 - clip_coef, 1 + clip_coef)).mean()
 
 
-def value_loss(new_values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               clip_coef: float | None) -> torch.Tensor:
+def value_loss(
+    new_values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip_coef: float | None
+) -> torch.Tensor:
     """0.5 * squared error; with ``clip_coef`` the pessimistic max over the clipped and unclipped update."""
     unclipped = (new_values - returns) ** 2
     if clip_coef is None:
@@ -47,8 +49,14 @@ class PPOTrainer(Trainer):
 
     def _build(self) -> None:
         c = self.config
-        self.spec = policy_spec(self.observation_space, self.action_space, False, c.hidden_sizes, c.activation,
-                                c.norm_clip if c.norm_obs else None)
+        self.spec = policy_spec(
+            self.observation_space,
+            self.action_space,
+            False,
+            c.hidden_sizes,
+            c.activation,
+            c.norm_clip if c.norm_obs else None,
+        )
         self.policy = ActorCritic(self.spec).to(self.device)
         self.reward_norm = ReturnNormalizer(c.num_envs, c.gamma, c.norm_clip) if c.norm_reward else None
         self.params = list(self.policy.parameters())
@@ -68,9 +76,15 @@ class PPOTrainer(Trainer):
         rewards = rollout.rewards
         if self.reward_norm is not None:
             rewards = self.reward_norm(rewards, rollout.terminated | rollout.truncated, rollout.valid)
-        advantages, returns = compute_gae(rewards * c.reward_scale, rollout.values, rollout.terminated,
-                                          rollout.truncated,
-                                          rollout.last_values, c.gamma, c.gae_lambda)
+        advantages, returns = compute_gae(
+            rewards * c.reward_scale,
+            rollout.values,
+            rollout.terminated,
+            rollout.truncated,
+            rollout.last_values,
+            c.gamma,
+            c.gae_lambda,
+        )
         keep = rollout.valid
         as_tensor = lambda a: torch.as_tensor(a[keep], device=self.device)  # noqa: E731
         b_obs, b_actions, b_logprobs = as_tensor(rollout.obs), as_tensor(rollout.actions), as_tensor(rollout.logprobs)
@@ -97,7 +111,12 @@ class PPOTrainer(Trainer):
                 entropy_loss = entropy.mean()
                 loss = pg_loss - c.ent_coef * entropy_loss + v_loss * c.vf_coef
                 self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm)
-                for key, value in (("policy", pg_loss), ("value", v_loss), ("entropy", entropy_loss), ("approx_kl", approx_kl)):
+                for key, value in (
+                    ("policy", pg_loss),
+                    ("value", v_loss),
+                    ("entropy", entropy_loss),
+                    ("approx_kl", approx_kl),
+                ):
                     stats[key].append(value.detach().float())
             if c.target_kl is not None and stats["approx_kl"][-1].item() > c.target_kl:
                 break

@@ -5,16 +5,18 @@ An iteration is two steps: ``collect()`` (a numpy ``Rollout`` from the env copie
 algorithm's learning step, returning its metrics). ``GroupTrainer`` (agents/multiagent) collects joint rollouts
 itself and calls each kind's ``update`` on its slice; it runs the same ``train_loop``.
 """
+
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
 import os
 import pickle
-import contextlib
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -36,23 +38,31 @@ def dashboard_remedies(history: list[dict[str, float]]) -> list[str]:
     """The article's remedy for each dashboard figure that misses its target over ``history`` (one metrics dict per
     iteration; medians, so one slow iteration does not count); empty when all targets hold."""
     remedies = []
-    metrics = {key: float(np.median([row[key] for row in history if key in row])) for key in
-               ("perf/rollout_efficiency", "perf/rollout_worker_share", "perf/gradient_delay_ms")
-               if any(key in row for row in history)}
+    metrics = {
+        key: float(np.median([row[key] for row in history if key in row]))
+        for key in ("perf/rollout_efficiency", "perf/rollout_worker_share", "perf/gradient_delay_ms")
+        if any(key in row for row in history)
+    }
     efficiency = metrics.get("perf/rollout_efficiency")
     if efficiency is not None and efficiency < ROLLOUT_EFFICIENCY_TARGET:
         if metrics.get("perf/rollout_worker_share", 1.0) < ROLLOUT_EFFICIENCY_TARGET:
-            where = ("most of the rest is outside the workers (dispatch, transfer, scheduling): raise parallel so each "
-                     "call carries more transitions, or step cheap envs in-process (backend='local', which "
-                     "backend='auto' picks for them)")
+            where = (
+                "most of the rest is outside the workers (dispatch, transfer, scheduling): raise parallel so each "
+                "call carries more transitions, or step cheap envs in-process (backend='local', which "
+                "backend='auto' picks for them)"
+            )
         else:
-            where = ("the rest is the workers' own per-step bookkeeping (and state_diff encoding): raise parallel so "
-                     "each vectorised step carries more transitions")
+            where = (
+                "the rest is the workers' own per-step bookkeeping (and state_diff encoding): raise parallel so "
+                "each vectorised step carries more transitions"
+            )
         remedies.append(f"rollout efficiency {efficiency:.0%} < {ROLLOUT_EFFICIENCY_TARGET:.0%}; {where}")
     delay = metrics.get("perf/gradient_delay_ms")
     if delay is not None and delay > GRADIENT_DELAY_TARGET_MS:
-        remedies.append(f"gradient delay {delay:.0f} ms > {GRADIENT_DELAY_TARGET_MS:.0f} ms: check the network latency "
-                        "between the learner and the rollout workers (and time spent in per-iteration callbacks)")
+        remedies.append(
+            f"gradient delay {delay:.0f} ms > {GRADIENT_DELAY_TARGET_MS:.0f} ms: check the network latency "
+            "between the learner and the rollout workers (and time spent in per-iteration callbacks)"
+        )
     return remedies
 
 
@@ -73,8 +83,7 @@ class Loopable(Protocol):
     def save(self, path: str | os.PathLike) -> Path: ...
 
 
-def check_train_args(steps: int | float, checkpoint_dir: str | os.PathLike | None,
-                     checkpoint_every: int | None) -> int:
+def check_train_args(steps: int | float, checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None) -> int:
     """``steps`` as an int; integral floats (``1e6``, as written in the quickstart article) are accepted."""
     integral = isinstance(steps, numbers.Integral) or (isinstance(steps, numbers.Real) and float(steps).is_integer())
     if isinstance(steps, bool) or not integral or steps < 1:
@@ -84,15 +93,23 @@ def check_train_args(steps: int | float, checkpoint_dir: str | os.PathLike | Non
     return int(steps)
 
 
-def train_loop(owner: Loopable, iterate: Callable[[], dict[str, float]], steps: int, callback: Callback | None,
-               checkpoint_dir: str | os.PathLike | None, checkpoint_every: int | None) -> dict[str, float]:
+def train_loop(
+    owner: Loopable,
+    iterate: Callable[[], dict[str, float]],
+    steps: int,
+    callback: Callback | None,
+    checkpoint_dir: str | os.PathLike | None,
+    checkpoint_every: int | None,
+) -> dict[str, float]:
     """Iterate until ``owner.global_step >= steps``; metrics of the last iteration.
 
     ``callback(metrics, global_step)`` runs once per iteration; returning False stops. With ``checkpoint_dir``,
     ``checkpoint.pt`` there is rewritten every ``checkpoint_every`` env steps and at the end.
     """
     metrics: dict[str, float] = {}
-    next_checkpoint = None if checkpoint_every is None else (owner.global_step // checkpoint_every + 1) * checkpoint_every
+    next_checkpoint = (
+        None if checkpoint_every is None else (owner.global_step // checkpoint_every + 1) * checkpoint_every
+    )
     while owner.global_step < steps:
         metrics = iterate()
         owner.iteration += 1
@@ -144,8 +161,9 @@ class Trainer:
     config_cls: type[EnvConfig]
     value_based: bool
 
-    def __init__(self, env: Any, policy: str = "MLP", seed: int = 0, device: str = "auto", amp_mode: str = "off",
-                 **config: Any):
+    def __init__(
+        self, env: Any, policy: str = "MLP", seed: int = 0, device: str = "auto", amp_mode: str = "off", **config: Any
+    ):
         if policy != "MLP":
             raise ValueError(f"policy must be 'MLP' (the only architecture so far), got {policy!r}")
         fields = {f.name for f in dataclasses.fields(self.config_cls)}
@@ -161,13 +179,21 @@ class Trainer:
         else:
             if isinstance(env, RemoteEnv):
                 if "num_envs" in config and config["num_envs"] != env.num_envs:
-                    raise ValueError(f"num_envs={config['num_envs']} conflicts with the RemoteEnv's num_envs="
-                                     f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only")
+                    raise ValueError(
+                        f"num_envs={config['num_envs']} conflicts with the RemoteEnv's num_envs="
+                        f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only"
+                    )
                 self.env = env
                 self.config.num_envs = env.num_envs  # the default follows the env copies it was given
             else:
-                self.env = RemoteEnv(env, parallel=self.config.num_envs, workers=self.config.workers,
-                                     backend=self.config.backend, state_diff=self.config.state_diff, seed=seed)
+                self.env = RemoteEnv(
+                    env,
+                    parallel=self.config.num_envs,
+                    workers=self.config.workers,
+                    backend=self.config.backend,
+                    state_diff=self.config.state_diff,
+                    seed=seed,
+                )
             self.env_id = self.env.env_id
             self._spaces = (self.env.single_observation_space, self.env.single_action_space)
         torch.manual_seed(seed)
@@ -191,16 +217,19 @@ class Trainer:
 
     def collect(self) -> Rollout:
         """One rollout of ``n_steps`` per env copy with a numpy copy of the current weights."""
-        return self._own_env("collect").collect(self.policy.numpy_weights(), self.rollout_spec(), self.config.n_steps,
-                                                self.iteration)
+        return self._own_env("collect").collect(
+            self.policy.numpy_weights(), self.rollout_spec(), self.config.n_steps, self.iteration
+        )
 
     def _iterate(self) -> dict[str, float]:
         return self.update(self.collect())
 
     def _own_env(self, action: str) -> RemoteEnv:
         if self.env is None:
-            raise RuntimeError(f"{type(self).__name__} was built from EnvSpaces (no env copies) and cannot {action}: "
-                               "its owner collects rollouts and calls update(rollout)")
+            raise RuntimeError(
+                f"{type(self).__name__} was built from EnvSpaces (no env copies) and cannot {action}: "
+                "its owner collects rollouts and calls update(rollout)"
+            )
         return self.env
 
     def _extra_state(self) -> dict[str, Any]:
@@ -210,8 +239,13 @@ class Trainer:
         pass
 
     # -- training ---------------------------------------------------------------------------------------------
-    def train(self, steps: int | float, callback: Callback | None = None, checkpoint_dir: str | os.PathLike | None = None,
-              checkpoint_every: int | None = None) -> dict[str, float]:
+    def train(
+        self,
+        steps: int | float,
+        callback: Callback | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+    ) -> dict[str, float]:
         """Train until ``global_step >= steps`` (so a resumed trainer continues); metrics of the last iteration.
 
         ``callback(metrics, global_step)`` runs once per iteration; returning False stops. With
@@ -235,9 +269,13 @@ class Trainer:
     def episode_metrics(returns: np.ndarray, lengths: np.ndarray) -> dict[str, float]:
         if len(returns) == 0:
             return {}
-        return {"charts/episodic_return_mean": float(returns.mean()), "charts/episodic_return_min": float(returns.min()),
-                "charts/episodic_return_max": float(returns.max()), "charts/episodic_length": float(lengths.mean()),
-                "charts/episodes": float(len(returns))}
+        return {
+            "charts/episodic_return_mean": float(returns.mean()),
+            "charts/episodic_return_min": float(returns.min()),
+            "charts/episodic_return_max": float(returns.max()),
+            "charts/episodic_length": float(lengths.mean()),
+            "charts/episodes": float(len(returns)),
+        }
 
     def rollout_metrics(self, rollout: Rollout, updated: bool = True) -> dict[str, float]:
         """The rollout's ``perf/`` metrics; call at the end of ``update`` (``updated``: the weights changed).
@@ -249,11 +287,14 @@ class Trainer:
         those weights (absent on the first iteration). ``update_ms`` (set by ``update``) is the learner's compute.
         """
         occupied = rollout.occupied_s or rollout.worker_wall_s
-        metrics = {"perf/rollout_efficiency": (rollout.env_step_s + rollout.policy_s) / max(occupied, 1e-9),
-                   "perf/rollout_worker_share": min(rollout.worker_wall_s / max(occupied, 1e-9), 1.0),
-                   "perf/rollout_bytes": float(rollout.bytes_sent),
-                   "perf/rollout_bytes_raw": float(rollout.bytes_raw),
-                   "perf/rollout_s": rollout.wall_s, "perf/policy_lag": 0.0}
+        metrics = {
+            "perf/rollout_efficiency": (rollout.env_step_s + rollout.policy_s) / max(occupied, 1e-9),
+            "perf/rollout_worker_share": min(rollout.worker_wall_s / max(occupied, 1e-9), 1.0),
+            "perf/rollout_bytes": float(rollout.bytes_sent),
+            "perf/rollout_bytes_raw": float(rollout.bytes_raw),
+            "perf/rollout_s": rollout.wall_s,
+            "perf/policy_lag": 0.0,
+        }
         if self.weights_applied_at is not None and rollout.started_at:
             metrics["perf/gradient_delay_ms"] = max(rollout.started_at - self.weights_applied_at, 0.0) * 1000.0
         if updated:
@@ -293,34 +334,56 @@ class Trainer:
             except Exception:  # a lambda or local class: ``load`` then needs ``env=``
                 env_ref = None
         state = {
-            "format": 1, "algorithm": self.algorithm, "config": dataclasses.asdict(self.config), "seed": self.seed,
-            "amp_mode": self.amp.mode, "env": env_ref,
-            "env_args": None if self.env is None else {
-                "parallel": self.env.num_envs, "workers": self.env.num_workers, "backend": self.env.backend,
-                "state_diff": self.env.state_diff, "seed": self.env.seed, **self.env.env_kwargs},
-            "policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "global_step": self.global_step, "iteration": self.iteration, "horizon": self.horizon,
-            "rng": rng_state(self.rng), "env_state": [] if self.env is None else self.env.get_state(), "amp": self.amp.state_dict(),
+            "format": 1,
+            "algorithm": self.algorithm,
+            "config": dataclasses.asdict(self.config),
+            "seed": self.seed,
+            "amp_mode": self.amp.mode,
+            "env": env_ref,
+            "env_args": None
+            if self.env is None
+            else {
+                "parallel": self.env.num_envs,
+                "workers": self.env.num_workers,
+                "backend": self.env.backend,
+                "state_diff": self.env.state_diff,
+                "seed": self.env.seed,
+                **self.env.env_kwargs,
+            },
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "horizon": self.horizon,
+            "rng": rng_state(self.rng),
+            "env_state": [] if self.env is None else self.env.get_state(),
+            "amp": self.amp.state_dict(),
             "extra": self._extra_state(),
         }
         return atomic_save(state, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, env: Any = None, device: str = "auto") -> "Trainer":
+    def load(cls, path: str | os.PathLike, env: Any = None, device: str = "auto") -> Trainer:
         """Rebuild a trainer from ``save``; ``env`` (id, class, RemoteEnv or EnvSpaces) overrides the saved env."""
         state = load_checkpoint(path)
         if state["algorithm"] != cls.algorithm:
             raise ValueError(f"{path} holds a {state['algorithm']} checkpoint, not {cls.algorithm}")
         if env is None:
             if state["env"] is None:
-                raise ValueError(f"{path}: no env was saved (not picklable, or the trainer had none); pass env= to load()")
+                raise ValueError(
+                    f"{path}: no env was saved (not picklable, or the trainer had none); pass env= to load()"
+                )
             ref = state["env"] if isinstance(state["env"], str) else pickle.loads(state["env"])
             env = RemoteEnv(ref, validate=False, **state["env_args"])
         config = dict(state["config"])
         trainer = cls(env, seed=state["seed"], device=device, amp_mode=state["amp_mode"], **config)
         trainer.policy.load_state_dict(state["policy"])
         trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.global_step, trainer.iteration, trainer.horizon = state["global_step"], state["iteration"], state["horizon"]
+        trainer.global_step, trainer.iteration, trainer.horizon = (
+            state["global_step"],
+            state["iteration"],
+            state["horizon"],
+        )
         trainer.amp.load_state_dict(state["amp"])
         trainer._load_extra_state(state["extra"])
         if trainer.env is not None and trainer.env.num_workers == len(state["env_state"]):

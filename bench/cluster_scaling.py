@@ -8,6 +8,7 @@ Final line: {"sps_1node": ..., "sps_2node": ..., "efficiency": sps_2node / (2 * 
 
     .venv/bin/python bench/cluster_scaling.py [--step-cost-ms 0.5] [--envs-per-node 8] [--seconds 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,11 +37,22 @@ def measure(nodes: int, args: argparse.Namespace, progress: Progress) -> float:
     try:
         os.environ["OPENTINKER_RAY_ADDRESS"] = cluster.up(nodes=nodes, cpus_per_node=1, object_store_mb=256)
         get_settings.cache_clear()
-        envs = RemoteEnv(CostlyCartPole, parallel=args.envs_per_node * nodes, workers=nodes, backend="ray",
-                         validate=False, cost_ms=args.step_cost_ms)
+        envs = RemoteEnv(
+            CostlyCartPole,
+            parallel=args.envs_per_node * nodes,
+            workers=nodes,
+            backend="ray",
+            validate=False,
+            cost_ms=args.step_cost_ms,
+        )
         try:
-            spec = policy_spec(envs.single_observation_space, envs.single_action_space, value_based=False,
-                               hidden=(64, 64), activation="tanh")
+            spec = policy_spec(
+                envs.single_observation_space,
+                envs.single_action_space,
+                value_based=False,
+                hidden=(64, 64),
+                activation="tanh",
+            )
             weights = ActorCritic(spec).numpy_weights()
             envs.collect(weights, spec, n_steps=args.n_steps, iteration=0)  # warm-up: actors started, policy shipped
             progress.update(task, description=f"{nodes} node(s): collecting")
@@ -64,16 +76,29 @@ def measure(nodes: int, args: argparse.Namespace, progress: Progress) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step-cost-ms", type=float, default=0.5, help="CPU burned per env step (ms).")
-    parser.add_argument("--envs-per-node", type=int, default=8, help="Env copies per node (one rollout worker per node).")
+    parser.add_argument(
+        "--envs-per-node", type=int, default=8, help="Env copies per node (one rollout worker per node)."
+    )
     parser.add_argument("--seconds", type=float, default=20.0, help="Measured stepping time per cluster size.")
     parser.add_argument("--n-steps", type=int, default=64, help="Steps per env copy in each collect call.")
     args = parser.parse_args()
     with Progress() as progress:
         sps_1 = measure(1, args, progress)
         sps_2 = measure(2, args, progress)
-    print(json.dumps({"sps_1node": round(sps_1, 1), "sps_2node": round(sps_2, 1), "efficiency": round(sps_2 / (2 * sps_1), 3),
-                      "step_cost_ms": args.step_cost_ms, "envs_per_node": args.envs_per_node, "n_steps": args.n_steps, "cpus_per_node": 1,
-                      "machine_cpus": os.cpu_count()}))
+    print(
+        json.dumps(
+            {
+                "sps_1node": round(sps_1, 1),
+                "sps_2node": round(sps_2, 1),
+                "efficiency": round(sps_2 / (2 * sps_1), 3),
+                "step_cost_ms": args.step_cost_ms,
+                "envs_per_node": args.envs_per_node,
+                "n_steps": args.n_steps,
+                "cpus_per_node": 1,
+                "machine_cpus": os.cpu_count(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

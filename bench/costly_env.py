@@ -1,4 +1,5 @@
 """A CPU-heavy env for scaling benches, in its own module so Ray workers can import (and unpickle) it by name."""
+
 from __future__ import annotations
 
 import time

@@ -7,6 +7,7 @@ Same PPO defaults and ``parallel`` (the quickstart's 8 CartPole copies) on the i
 and on Ray actors (what the quickstart's train task uses today); medians over the iterations after the first three.
 The last line is JSON; ``sps_ratio`` is Ray's throughput over the reference's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,16 @@ def main() -> None:
     local = measure("local", args.parallel, args.steps)
     ray = measure("ray", args.parallel, args.steps)
     print(f"local: {local}\nray:   {ray}")
-    print(json.dumps({"local": local, "ray": ray, "sps_ratio": round(ray["sps"] / local["sps"], 3),
-                      "load_average": os.getloadavg()[0]}))
+    print(
+        json.dumps(
+            {
+                "local": local,
+                "ray": ray,
+                "sps_ratio": round(ray["sps"] / local["sps"], 3),
+                "load_average": os.getloadavg()[0],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

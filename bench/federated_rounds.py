@@ -7,6 +7,7 @@ env steps + evaluate), so `*_over_local` says how much a round costs beyond the 
 
 Ends with one JSON line: {"round_s_median", "bytes_per_round", "sim_round_s", "deploy_round_s", ...}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,16 @@ def main() -> None:
     from opentinker.federated.config import FedConfig
     from opentinker.federated.simulation import simulate
 
-    config = dict(num_server_rounds=args.rounds, num_sites=args.sites, local_steps=args.local_steps,
-                  aggregation_interval=600.0, eval_episodes=3, min_completion_rate=1.0, register_as="", resume=False)
+    config = dict(
+        num_server_rounds=args.rounds,
+        num_sites=args.sites,
+        local_steps=args.local_steps,
+        aggregation_interval=600.0,
+        eval_episodes=3,
+        min_completion_rate=1.0,
+        register_as="",
+        resume=False,
+    )
     figures: dict[str, float] = {}
     with Progress() as progress:
         phases = progress.add_task("federated rounds bench", total=3)
@@ -75,7 +84,9 @@ def main() -> None:
         "sim_over_local": round(figures["sim_round_s"] / figures["local_round_s"], 2),
         "deploy_over_sim": round(figures["deploy_round_s"] / figures["sim_round_s"], 2),
         "deploy_bytes_per_round": deploy_bytes,
-        "sites": args.sites, "rounds": args.rounds, "local_steps": args.local_steps,
+        "sites": args.sites,
+        "rounds": args.rounds,
+        "local_steps": args.local_steps,
     }
     print(json.dumps(line))
 

@@ -12,6 +12,7 @@ Without CUDA it prints {"cuda": false, ...} and exits 0. Exit 1 when a check fai
 
     .venv/bin/python bench/gpu_check.py [--steps 150000] [--seed 1] [--device cuda]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,17 @@ import time
 import torch
 
 MODES = ("off", "bf16", "fp16", "safe")
-PPO = dict(num_envs=128, n_steps=32, learning_rate=1.5e-3, gamma=0.98, gae_lambda=0.8, ent_coef=0.0,
-           num_minibatches=4, update_epochs=4, backend="local")
+PPO = dict(
+    num_envs=128,
+    n_steps=32,
+    learning_rate=1.5e-3,
+    gamma=0.98,
+    gae_lambda=0.8,
+    ent_coef=0.0,
+    num_minibatches=4,
+    update_epochs=4,
+    backend="local",
+)
 """The lean CartPole settings of bench/ppo_throughput.py (solves in ~100-200k steps), envs stepped in-process."""
 FIRST_LOSS_RTOL, FINAL_LOSS_FACTOR, EVAL_RTOL, EVAL_ATOL = 0.1, 3.0, 0.15, 50.0
 EVAL_EPISODES, EVAL_SEED = 10, 10_000
@@ -70,7 +80,11 @@ def check(mode: dict, ref: dict) -> list[str]:
     if abs(mode["first_loss"] - ref["first_loss"]) > FIRST_LOSS_RTOL * abs(ref["first_loss"]) + 0.01:
         failed.append("first_loss")
     final, ref_final = abs(mode["final_loss"]), abs(ref["final_loss"])
-    if not math.isfinite(final) or final > FINAL_LOSS_FACTOR * ref_final + 0.01 or final < ref_final / FINAL_LOSS_FACTOR - 0.01:
+    if (
+        not math.isfinite(final)
+        or final > FINAL_LOSS_FACTOR * ref_final + 0.01
+        or final < ref_final / FINAL_LOSS_FACTOR - 0.01
+    ):
         failed.append("final_loss")
     if abs(mode["eval_return"] - ref["eval_return"]) > max(EVAL_RTOL * ref["eval_return"], EVAL_ATOL):
         failed.append("eval_return")
@@ -84,8 +98,15 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="'cuda' (the check); 'cpu' only to try the script itself.")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(json.dumps({"cuda": False, "torch": torch.__version__,
-                          "reason": "torch.cuda.is_available() is false: no CUDA GPU/driver here, nothing checked"}))
+        print(
+            json.dumps(
+                {
+                    "cuda": False,
+                    "torch": torch.__version__,
+                    "reason": "torch.cuda.is_available() is false: no CUDA GPU/driver here, nothing checked",
+                }
+            )
+        )
         return 0
     from rich.progress import Progress
 
@@ -102,9 +123,12 @@ def main() -> int:
     for mode, result in results.items():
         result["failed"] = check(result, ref)
         result["speedup"] = result["sps"] / ref["sps"]
-        print(f"{mode:>4}: {result['sps']:9.0f} steps/s (x{result['speedup']:.2f})  eval {result['eval_return']:6.1f}  "
-              f"first loss {result['first_loss']:.4f}  final loss {result['final_loss']:.4f}  "
-              f"{'ok' if not result['failed'] else 'FAILED ' + ','.join(result['failed'])}", file=sys.stderr)
+        print(
+            f"{mode:>4}: {result['sps']:9.0f} steps/s (x{result['speedup']:.2f})  eval {result['eval_return']:6.1f}  "
+            f"first loss {result['first_loss']:.4f}  final loss {result['final_loss']:.4f}  "
+            f"{'ok' if not result['failed'] else 'FAILED ' + ','.join(result['failed'])}",
+            file=sys.stderr,
+        )
     summary = {
         "cuda": args.device == "cuda",
         "device": args.device,

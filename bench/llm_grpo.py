@@ -10,6 +10,7 @@ same way: greedy, the first ``--eval-prompts`` held-out prompts, base + merged a
 Differences: OpenTinker's env allows a ``python_repl`` call (two turns), TRL sees one turn; TRL draws its own
 prompt order from the same train split.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,43 +30,69 @@ def _point(curve: list, name: str, step: int, reward: float, seconds: float) -> 
 def opentinker_run(args) -> dict:
     from opentinker.agents.grpo import GRPOConfig, GRPOTrainer
 
-    config = GRPOConfig(task="arithmetic", base_model="smollm2", group_size=args.group_size,
-                        prompts_per_step=args.prompts_per_step, max_new_tokens=args.max_new_tokens,
-                        temperature=args.temperature, learning_rate=args.lr, kl_coef=0.0, loss_norm="token",
-                        eval_prompts=args.eval_prompts, cache_dir=args.cache_dir)
+    config = GRPOConfig(
+        task="arithmetic",
+        base_model="smollm2",
+        group_size=args.group_size,
+        prompts_per_step=args.prompts_per_step,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        learning_rate=args.lr,
+        kl_coef=0.0,
+        loss_norm="token",
+        eval_prompts=args.eval_prompts,
+        cache_dir=args.cache_dir,
+    )
     trainer = GRPOTrainer(config, seed=args.seed, workers=args.workers, backend="ray")
     try:
         before = trainer.evaluate(base=True).success
         curve: list[dict] = []
         started = time.perf_counter()
-        trainer.train(args.steps, callback=lambda m, step: _point(curve, "opentinker", step, m["train/reward_mean"],
-                                                                   time.perf_counter() - started))
+        trainer.train(
+            args.steps,
+            callback=lambda m, step: _point(
+                curve, "opentinker", step, m["train/reward_mean"], time.perf_counter() - started
+            ),
+        )
         seconds = time.perf_counter() - started
         after = trainer.evaluate().success
     finally:
         trainer.close()
     completions = args.steps * args.group_size * args.prompts_per_step
-    return {"completions_per_s": completions / seconds, "s_per_step": seconds / args.steps,
-            "heldout_before": before, "heldout_after": after, "curve": curve}
+    return {
+        "completions_per_s": completions / seconds,
+        "s_per_step": seconds / args.steps,
+        "heldout_before": before,
+        "heldout_after": after,
+        "curve": curve,
+    }
 
 
 def trl_run(args) -> dict:
     import torch
     from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
     from opentinker.agents.grpo import summarise
     from opentinker.agents.llm.local_weights import converted_checkpoint
     from opentinker.agents.llm.policy import LoraSpec, load_tokenizer
     from opentinker.agents.llm.rollout import evaluate_model
     from opentinker.envs.text import TextExample, exact_integer
     from opentinker.envs.text_tasks import make_text_env, task_examples
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
 
     env = make_text_env("arithmetic")
     train = task_examples("arithmetic", "train")
-    data = Dataset.from_list([{"prompt": [{"role": "system", "content": env.system_prompt},
-                                          {"role": "user", "content": e.prompt}], "answer": e.answer} for e in train])
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "system", "content": env.system_prompt}, {"role": "user", "content": e.prompt}],
+                "answer": e.answer,
+            }
+            for e in train
+        ]
+    )
 
     def reward(prompts, completions, answer, **_):
         return [exact_integer(c[-1]["content"], TextExample("", a)) for c, a in zip(completions, answer)]
@@ -73,14 +100,33 @@ def trl_run(args) -> dict:
     spec = LoraSpec()
     tokenizer = load_tokenizer(args.cache_dir)
     model = AutoModelForCausalLM.from_pretrained(converted_checkpoint(None, args.cache_dir), dtype=torch.float32)
-    config = GRPOConfig(output_dir=os.path.join(args.out_dir, "trl"), max_steps=args.steps, learning_rate=args.lr,
-                        per_device_train_batch_size=args.group_size * args.prompts_per_step,
-                        num_generations=args.group_size, max_completion_length=args.max_new_tokens,
-                        temperature=args.temperature, top_k=0, top_p=1.0, beta=0.0, loss_type="dapo",
-                        scale_rewards="group", epsilon=0.2, num_iterations=1, use_cpu=True, bf16=False,
-                        gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1,
-                        seed=args.seed, weight_decay=0.0, max_grad_norm=1.0, lr_scheduler_type="constant",
-                        warmup_steps=0)
+    config = GRPOConfig(
+        output_dir=os.path.join(args.out_dir, "trl"),
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        per_device_train_batch_size=args.group_size * args.prompts_per_step,
+        num_generations=args.group_size,
+        max_completion_length=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=0,
+        top_p=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        epsilon=0.2,
+        num_iterations=1,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        seed=args.seed,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+    )
     curve: list[dict] = []
     started: list[float] = []
 
@@ -92,10 +138,22 @@ def trl_run(args) -> dict:
             if logs and "reward" in logs:
                 _point(curve, "trl", state.global_step, logs["reward"], time.perf_counter() - started[0])
 
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[Curve()],
-                          peft_config=LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets),
-                                                 lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[Curve()],
+        peft_config=LoraConfig(
+            r=spec.rank,
+            lora_alpha=spec.alpha,
+            target_modules=list(spec.targets),
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        ),
+    )
     began = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - (started[0] if started else began)
@@ -103,8 +161,12 @@ def trl_run(args) -> dict:
     indices = list(range(args.eval_prompts))
     after = summarise(evaluate_model(merged, tokenizer, "arithmetic", 0, indices, args.max_new_tokens, 16)).success
     completions = args.steps * args.group_size * args.prompts_per_step
-    return {"completions_per_s": completions / seconds, "s_per_step": seconds / args.steps, "heldout_after": after,
-            "curve": curve}
+    return {
+        "completions_per_s": completions / seconds,
+        "s_per_step": seconds / args.steps,
+        "heldout_after": after,
+        "curve": curve,
+    }
 
 
 def main() -> None:
@@ -140,15 +202,25 @@ def main() -> None:
     for name, r in results.items():
         before = "n/a" if r.get("heldout_before") is None else f"{r['heldout_before']:.3f}"
         print(f"{name:12} {r['completions_per_s']:14.3f} {r['s_per_step']:8.1f} {before:>16} {r['heldout_after']:7.3f}")
-    line = {"bench": "llm_grpo", "steps": args.steps, "group_size": args.group_size,
-            "prompts_per_step": args.prompts_per_step, "max_new_tokens": args.max_new_tokens, "lr": args.lr,
-            "eval_prompts": args.eval_prompts, "machine": "2 cores shared with other engineers' jobs (not quiet)",
-            **{f"{n}_{k}": v for n, r in results.items() for k, v in r.items() if k != "curve"}}
+    line = {
+        "bench": "llm_grpo",
+        "steps": args.steps,
+        "group_size": args.group_size,
+        "prompts_per_step": args.prompts_per_step,
+        "max_new_tokens": args.max_new_tokens,
+        "lr": args.lr,
+        "eval_prompts": args.eval_prompts,
+        "machine": "2 cores shared with other engineers' jobs (not quiet)",
+        **{f"{n}_{k}": v for n, r in results.items() for k, v in r.items() if k != "curve"},
+    }
     if len(results) == 2:
         ours, theirs = results["opentinker"]["completions_per_s"], results["trl"]["completions_per_s"]
         line["completions_per_s_ratio"] = ours / theirs
-    line["rerun"] = "python bench/llm_grpo.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-                                                            if v is not None and k not in ("out_dir", "cache_dir"))
+    line["rerun"] = "python bench/llm_grpo.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in vars(args).items()
+        if v is not None and k not in ("out_dir", "cache_dir")
+    )
     print(json.dumps(line))
 
 

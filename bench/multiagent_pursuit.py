@@ -11,6 +11,7 @@ Final line: ``{"agents": 50, "agent_steps_per_s": â€¦, "time_to_threshold_s": â€
 
     .venv/bin/python bench/multiagent_pursuit.py [--budget-s 300] [--threshold 0.95] [--backend ray --workers 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,37 +60,64 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300.0)
     parser.add_argument("--reference-s", type=float, default=10.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backend", choices=("local", "ray", "auto"), default="local",
-                        help="where the env copies run (ray: split over --workers actors; same rollouts)")
+    parser.add_argument(
+        "--backend",
+        choices=("local", "ray", "auto"),
+        default="local",
+        help="where the env copies run (ray: split over --workers actors; same rollouts)",
+    )
     parser.add_argument("--workers", type=int, default=None)
     args = parser.parse_args()
-    env_kwargs = dict(n_predators=args.predators, n_prey=args.prey, grid_size=args.grid, max_cycles=args.max_cycles,
-                      capture_radius=0)
+    env_kwargs = dict(
+        n_predators=args.predators, n_prey=args.prey, grid_size=args.grid, max_cycles=args.max_cycles, capture_radius=0
+    )
     agents = args.predators + args.prey
 
     ref_sps, random_capture = random_reference(env_kwargs, args.reference_s, args.seed)
     threshold = args.threshold
-    print(f"reference (random actions): {ref_sps:,.0f} agent-steps/s, capture rate {random_capture:.3f}; "
-          f"threshold {threshold:.3f}")
+    print(
+        f"reference (random actions): {ref_sps:,.0f} agent-steps/s, capture rate {random_capture:.3f}; "
+        f"threshold {threshold:.3f}"
+    )
 
     group = AgentGroup({"predator": "PPO", "prey": "DQN"}).configure(
         predator={"lr": 3e-3, "gamma": 0.95, "update_epochs": 8, "num_minibatches": 4, "ent_coef": 0.003},
-        prey={"lr": 1e-3, "gamma": 0.95, "learning_starts": 2_000, "train_frequency": 32, "batch_size": 128,
-              "buffer_size": 50_000, "target_network_frequency": 2_000,
-              "epsilon_decay": 0.97 ** (1 / args.n_steps)})  # 0.97 per iteration, as a per-step factor
-    trainer = group.build("pursuit", num_envs=args.num_envs, n_steps=args.n_steps, seed=args.seed, device="cpu",
-                          backend=args.backend, workers=args.workers, **env_kwargs)
+        prey={
+            "lr": 1e-3,
+            "gamma": 0.95,
+            "learning_starts": 2_000,
+            "train_frequency": 32,
+            "batch_size": 128,
+            "buffer_size": 50_000,
+            "target_network_frequency": 2_000,
+            "epsilon_decay": 0.97 ** (1 / args.n_steps),
+        },
+    )  # 0.97 per iteration, as a per-step factor
+    trainer = group.build(
+        "pursuit",
+        num_envs=args.num_envs,
+        n_steps=args.n_steps,
+        seed=args.seed,
+        device="cpu",
+        backend=args.backend,
+        workers=args.workers,
+        **env_kwargs,
+    )
     # (prey episodes, caught) per iteration; early iterations are skipped because before the first time limit
     # only episodes that ended in a capture can have ended, which would overstate the rate.
     counts: list[tuple[float, float]] = []
     warmup_steps = 2 * args.max_cycles * args.num_envs
     reached: dict[str, float] = {}
     start = time.perf_counter()
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[status]}"),
-               TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+    )
 
     def capture_rate() -> float:
-        episodes, caught = np.sum(counts[-args.window:], axis=0) if counts else (0.0, 0.0)
+        episodes, caught = np.sum(counts[-args.window :], axis=0) if counts else (0.0, 0.0)
         return caught / episodes if episodes else float("nan")
 
     with Progress(*columns) as progress:
@@ -101,8 +129,9 @@ def main() -> None:
                 episodes = metrics["prey/charts/episodes"]
                 counts.append((episodes, episodes * metrics["prey/charts/terminated_fraction"]))
             rate = capture_rate()
-            progress.update(task, completed=min(elapsed, args.budget_s),
-                            status=f"step {step:,}  capture {rate:.3f}/{threshold:.3f}")
+            progress.update(
+                task, completed=min(elapsed, args.budget_s), status=f"step {step:,}  capture {rate:.3f}/{threshold:.3f}"
+            )
             if len(counts) >= args.window and rate >= threshold and not reached:
                 reached.update(time_s=elapsed, env_steps=step, capture_rate=rate)
                 return False
@@ -113,17 +142,27 @@ def main() -> None:
     trainer.close()
     train_sps = trainer.agent_steps / wall
     time_to_threshold = reached.get("time_s")
-    print(json.dumps({
-        "agents": agents, "backend": trainer.backend, "workers": trainer.workers,
-        "agent_steps_per_s": round(train_sps, 1),
-        "time_to_threshold_s": None if time_to_threshold is None else round(time_to_threshold, 1),
-        "threshold_capture_rate": round(threshold, 3), "random_capture_rate": round(random_capture, 3),
-        "final_capture_rate": round(capture_rate(), 3) if counts else None,
-        "env_steps": trainer.global_step, "wall_s": round(wall, 1),
-        "reference_random_agent_steps_per_s": round(ref_sps, 1),
-        "train_vs_random_env_ratio": round(train_sps / ref_sps, 3),
-        "speedup_vs_seed_claim_1_5h": None if time_to_threshold is None else round(SEED_CLAIM_S / time_to_threshold, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "agents": agents,
+                "backend": trainer.backend,
+                "workers": trainer.workers,
+                "agent_steps_per_s": round(train_sps, 1),
+                "time_to_threshold_s": None if time_to_threshold is None else round(time_to_threshold, 1),
+                "threshold_capture_rate": round(threshold, 3),
+                "random_capture_rate": round(random_capture, 3),
+                "final_capture_rate": round(capture_rate(), 3) if counts else None,
+                "env_steps": trainer.global_step,
+                "wall_s": round(wall, 1),
+                "reference_random_agent_steps_per_s": round(ref_sps, 1),
+                "train_vs_random_env_ratio": round(train_sps / ref_sps, 3),
+                "speedup_vs_seed_claim_1_5h": None
+                if time_to_threshold is None
+                else round(SEED_CLAIM_S / time_to_threshold, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

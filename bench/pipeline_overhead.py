@@ -10,6 +10,7 @@ result, fixed start-up and wrap-up included (Prefect's API server, the MLflow ru
 evaluation, registration, gate, plots, uploads). ``ratio = flow_s / bare_s``; the floor is 1.25. ``bare_s`` is the
 mean of a bare run before and one after the flow, so a change in machine load hits both sides; the last line is JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,20 +34,24 @@ def main() -> None:
     from opentinker.flows.params import TrainParams
     from opentinker.flows.presets import resolve_params
 
-    params = TrainParams(env_id="CartPole-v1", steps=args.steps, seed=args.seed, run_name="bench",
-                         model_name="bench-cartpole")
+    params = TrainParams(
+        env_id="CartPole-v1", steps=args.steps, seed=args.seed, run_name="bench", model_name="bench-cartpole"
+    )
     resolved = resolve_params(params)
 
     def bare() -> tuple[float, float]:
         started = time.perf_counter()
-        trainer = PPOTrainer("CartPole-v1", seed=args.seed, backend=resolved.backend, num_envs=resolved.num_envs,
-                             **resolved.ppo)
+        trainer = PPOTrainer(
+            "CartPole-v1", seed=args.seed, backend=resolved.backend, num_envs=resolved.num_envs, **resolved.ppo
+        )
         trainer.train(args.steps)
         mean = trainer.evaluate(params.eval_episodes, params.eval_seed).mean
         trainer.env.close()
         seconds = time.perf_counter() - started
-        print(f"bare engine ({resolved.backend}, {resolved.num_envs} envs): {seconds:.1f} s, eval {mean:.1f}",
-              file=sys.stderr)
+        print(
+            f"bare engine ({resolved.backend}, {resolved.num_envs} envs): {seconds:.1f} s, eval {mean:.1f}",
+            file=sys.stderr,
+        )
         return seconds, mean
 
     before_s, bare_eval = bare()
@@ -59,20 +64,24 @@ def main() -> None:
     print(f"train_flow: {flow_s:.1f} s in total, {result.train_seconds:.1f} s in the training loop", file=sys.stderr)
     after_s, _ = bare()
     bare_s = (before_s + after_s) / 2  # bare runs on both sides of the flow: load drift hits both alike
-    print(json.dumps({
-        "steps": args.steps,
-        "backend": resolved.backend,
-        "num_envs": resolved.num_envs,
-        "bare_s": round(bare_s, 2),
-        "bare_runs_s": [round(before_s, 2), round(after_s, 2)],
-        "flow_s": round(flow_s, 2),
-        "ratio": round(flow_s / bare_s, 4),
-        "flow_train_loop_s": round(result.train_seconds, 2),
-        "flow_fixed_s": round(flow_s - result.train_seconds, 2),
-        "bare_eval_mean": bare_eval,
-        "flow_eval_mean": result.eval_mean,
-        "rerun": "python bench/pipeline_overhead.py --steps " + str(args.steps),
-    }))
+    print(
+        json.dumps(
+            {
+                "steps": args.steps,
+                "backend": resolved.backend,
+                "num_envs": resolved.num_envs,
+                "bare_s": round(bare_s, 2),
+                "bare_runs_s": [round(before_s, 2), round(after_s, 2)],
+                "flow_s": round(flow_s, 2),
+                "ratio": round(flow_s / bare_s, 4),
+                "flow_train_loop_s": round(result.train_seconds, 2),
+                "flow_fixed_s": round(flow_s - result.train_seconds, 2),
+                "bare_eval_mean": bare_eval,
+                "flow_eval_mean": result.eval_mean,
+                "rerun": "python bench/pipeline_overhead.py --steps " + str(args.steps),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -9,13 +9,13 @@ Final line: {"ours_sps", "sb3_sps", "sps_ratio", "ours_solve_s_median", "sb3_sol
 
     .venv/bin/python bench/ppo_throughput.py [--seeds 3] [--threads 1] [--ours-budget 60] [--sb3-budget 240]
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 import gymnasium as gym
@@ -25,8 +25,17 @@ from rich.progress import Progress
 SOLVED, EVAL_EPISODES, EVAL_SEED = 475.0, 10, 10_000
 # Ours: many vectorised envs (gymnasium's CartPoleVectorEnv), large batches, numpy rollouts.
 # The LR anneals over total_steps, so it is set well past the ~0.1-0.4 M steps a solve takes.
-OURS = dict(num_envs=256, n_steps=16, learning_rate=2e-3, gamma=0.99, gae_lambda=0.95, ent_coef=0.0,
-            num_minibatches=2, update_epochs=3, total_steps=2_000_000)
+OURS = dict(
+    num_envs=256,
+    n_steps=16,
+    learning_rate=2e-3,
+    gamma=0.99,
+    gae_lambda=0.95,
+    ent_coef=0.0,
+    num_minibatches=2,
+    update_epochs=3,
+    total_steps=2_000_000,
+)
 # RL-Zoo's CartPole-v1 PPO hyper-parameters (rl-baselines3-zoo hyperparams/ppo.yml).
 ZOO = dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0)
 ZOO_ENVS, ZOO_TIMESTEPS = 8, 100_000
@@ -49,7 +58,13 @@ class SolveClock:
     """Wall clock of one run; evaluation time is kept apart so throughput excludes it."""
 
     def __init__(self, budget: float):
-        self.budget, self.start, self.eval_s, self.solved_s, self.last_return = budget, time.perf_counter(), 0.0, None, 0.0
+        self.budget, self.start, self.eval_s, self.solved_s, self.last_return = (
+            budget,
+            time.perf_counter(),
+            0.0,
+            None,
+            0.0,
+        )
 
     def check(self, act) -> bool:
         """Evaluate now; True when solved or out of budget (the caller stops training)."""
@@ -91,9 +106,17 @@ def run_sb3(seed: int, budget: float, threads: int) -> dict:
     from stable_baselines3.common.env_util import make_vec_env
 
     torch.set_num_threads(threads)
-    linear = lambda start: (lambda progress: progress * start)  # noqa: E731
-    model = PPO("MlpPolicy", make_vec_env("CartPole-v1", n_envs=ZOO_ENVS, seed=seed), learning_rate=linear(1e-3),
-                clip_range=linear(0.2), seed=seed, device="cpu", verbose=0, **ZOO)
+    linear = lambda start: lambda progress: progress * start  # noqa: E731
+    model = PPO(
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=ZOO_ENVS, seed=seed),
+        learning_rate=linear(1e-3),
+        clip_range=linear(0.2),
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        **ZOO,
+    )
     clock = SolveClock(budget)
 
     class Solve(BaseCallback):
@@ -102,7 +125,11 @@ def run_sb3(seed: int, budget: float, threads: int) -> dict:
 
         def _on_rollout_end(self) -> None:
             returns = [e["r"] for e in self.model.ep_info_buffer]
-            if returns and np.mean(returns) >= 150 and clock.check(lambda o: self.model.predict(o, deterministic=True)[0]):
+            if (
+                returns
+                and np.mean(returns) >= 150
+                and clock.check(lambda o: self.model.predict(o, deterministic=True)[0])
+            ):
                 self.model._stop = True
 
         def _on_rollout_start(self) -> None:
@@ -139,20 +166,35 @@ def main() -> None:
     with Progress() as progress:
         task = progress.add_task("runs", total=2 * args.seeds)
         for seed in range(args.seeds):
-            for name, runs, fn in (("ours", ours, lambda: run_ours(seed, args.ours_budget, args.threads, config)),
-                                   ("sb3", sb3, lambda: run_sb3(seed, args.sb3_budget, args.threads))):
+            for name, runs, fn in (
+                ("ours", ours, lambda: run_ours(seed, args.ours_budget, args.threads, config)),
+                ("sb3", sb3, lambda: run_sb3(seed, args.sb3_budget, args.threads)),
+            ):
                 progress.update(task, description=f"{name} seed {seed}")
                 runs.append(fn())
-                progress.console.print(f"{name} seed {seed}: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()})}")
+                progress.console.print(
+                    f"{name} seed {seed}: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()})}"
+                )
                 progress.advance(task)
     ours_sps, sb3_sps = statistics.median(r["sps"] for r in ours), statistics.median(r["sps"] for r in sb3)
-    print(json.dumps({
-        "ours_sps": round(ours_sps), "sb3_sps": round(sb3_sps), "sps_ratio": round(ours_sps / sb3_sps, 2),
-        "ours_solve_s_median": median_solve(ours), "sb3_solve_s_median": median_solve(sb3),
-        "ours_eval_return": statistics.median(r["eval_return"] for r in ours),
-        "ours_solved": sum(r["solve_s"] is not None for r in ours), "sb3_solved": sum(r["solve_s"] is not None for r in sb3),
-        "seeds": args.seeds, "threads": args.threads, "load_avg_1m": round(os.getloadavg()[0], 2), "ours_config": config,
-    }))
+    print(
+        json.dumps(
+            {
+                "ours_sps": round(ours_sps),
+                "sb3_sps": round(sb3_sps),
+                "sps_ratio": round(ours_sps / sb3_sps, 2),
+                "ours_solve_s_median": median_solve(ours),
+                "sb3_solve_s_median": median_solve(sb3),
+                "ours_eval_return": statistics.median(r["eval_return"] for r in ours),
+                "ours_solved": sum(r["solve_s"] is not None for r in ours),
+                "sb3_solved": sum(r["solve_s"] is not None for r in sb3),
+                "seeds": args.seeds,
+                "threads": args.threads,
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+                "ours_config": config,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

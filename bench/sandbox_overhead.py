@@ -9,6 +9,7 @@ Final line: {"bwrap_median_s", "guard_median_s", "bare_median_s", "bwrap_overhea
 
     .venv/bin/python bench/sandbox_overhead.py [--calls 40]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ CODE = "print(17*23)"
 
 
 def bare() -> str:
-    return subprocess.run([os.path.realpath(sys.executable), "-I", "-S", "-c", CODE], capture_output=True,
-                          text=True, check=True).stdout
+    return subprocess.run(
+        [os.path.realpath(sys.executable), "-I", "-S", "-c", CODE], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def sandboxed(mode: str) -> str:
@@ -61,12 +63,22 @@ def main() -> None:
             progress.advance(task)
     median = {name: statistics.median(t) for name, t in times.items()}
     p90 = {name: statistics.quantiles(t, n=10)[-1] for name, t in times.items()}
-    print(json.dumps({
-        "bwrap_median_s": round(median["bwrap"], 4), "guard_median_s": round(median["guard"], 4),
-        "bare_median_s": round(median["bare"], 4), "bwrap_overhead_s": round(median["bwrap"] - median["bare"], 4),
-        "bwrap_vs_guard": round(median["bwrap"] / median["guard"], 2), "bwrap_p90_s": round(p90["bwrap"], 4),
-        "first_call_s": round(first_s, 4), "calls": args.calls, "load_avg_1m": round(os.getloadavg()[0], 2),
-        "command": f"python bench/sandbox_overhead.py --calls {args.calls}"}))
+    print(
+        json.dumps(
+            {
+                "bwrap_median_s": round(median["bwrap"], 4),
+                "guard_median_s": round(median["guard"], 4),
+                "bare_median_s": round(median["bare"], 4),
+                "bwrap_overhead_s": round(median["bwrap"] - median["bare"], 4),
+                "bwrap_vs_guard": round(median["bwrap"] / median["guard"], 2),
+                "bwrap_p90_s": round(p90["bwrap"], 4),
+                "first_call_s": round(first_s, 4),
+                "calls": args.calls,
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+                "command": f"python bench/sandbox_overhead.py --calls {args.calls}",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

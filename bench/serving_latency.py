@@ -14,6 +14,7 @@ plain numpy forward of the same MLP. Ends with one JSON line
 
     .venv/bin/python bench/serving_latency.py [--requests 3000] [--seconds 20] [--concurrency 16] [--lean]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,13 @@ def make_export(directory: Path) -> Path:
     env = gym.make("CartPole-v1")
     torch.manual_seed(0)
     policy = ActorCritic(policy_spec(env.observation_space, env.action_space, False, (64, 64), "tanh"))
-    trainer_like = types.SimpleNamespace(policy=policy, algorithm="ppo", env_id="CartPole-v1",
-                                         observation_space=env.observation_space, action_space=env.action_space)
+    trainer_like = types.SimpleNamespace(
+        policy=policy,
+        algorithm="ppo",
+        env_id="CartPole-v1",
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+    )
     return export_policy(trainer_like, directory)
 
 
@@ -82,8 +88,10 @@ def in_process_reference(export: Path) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------- driver process
 def _request(host: str, port: int, path: str, body: dict) -> bytes:
     payload = json.dumps(body).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {KEY}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n")
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
     return head.encode() + payload
 
 
@@ -96,7 +104,9 @@ async def _connection(host, port, request: bytes, budget: dict, latencies: list,
             writer.write(request)
             head = await reader.readuntil(b"\r\n\r\n")
             status = int(head[9:12])
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+            length = next(
+                int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+            )
             await reader.readexactly(length)
             latencies.append(time.perf_counter() - start)
             statuses[status] = statuses.get(status, 0) + 1
@@ -113,8 +123,14 @@ async def _phase(host, port, path, body, requests, seconds, concurrency) -> dict
     await asyncio.gather(*(_connection(host, port, request, budget, latencies, statuses) for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
     lat = np.asarray(latencies) * 1e3
-    return {"requests": len(lat), "seconds": elapsed, "rps": len(lat) / elapsed, "statuses": statuses,
-            "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99))}
+    return {
+        "requests": len(lat),
+        "seconds": elapsed,
+        "rps": len(lat) / elapsed,
+        "statuses": statuses,
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+    }
 
 
 PHASES = {  # name -> (path, observations per request or None for one, share of --requests, connections)
@@ -134,8 +150,15 @@ def drive(config: dict) -> dict:
 
     async def run():
         await _phase(config["host"], config["port"], path, body, 100, 5, 1)
-        return await _phase(config["host"], config["port"], path, body, max(int(config["requests"] * share), 1),
-                            config["seconds"], concurrency)
+        return await _phase(
+            config["host"],
+            config["port"],
+            path,
+            body,
+            max(int(config["requests"] * share), 1),
+            config["seconds"],
+            concurrency,
+        )
 
     return asyncio.run(run())
 
@@ -171,21 +194,39 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="opentinker-bench-serving-") as tmp:
         export = make_export(Path(tmp) / "export")
         reference = in_process_reference(export)
-        console.print(f"in-process act {reference['inprocess_us']:.1f} µs, plain numpy MLP {reference['numpy_mlp_us']:.1f} µs")
-        settings = {"workers": args.workers, "max_concurrency": max(64, 4 * args.concurrency), "reload_interval_s": 0,
-                    "access_log": not args.lean, "metrics": not args.lean}
+        console.print(
+            f"in-process act {reference['inprocess_us']:.1f} µs, plain numpy MLP {reference['numpy_mlp_us']:.1f} µs"
+        )
+        settings = {
+            "workers": args.workers,
+            "max_concurrency": max(64, 4 * args.concurrency),
+            "reload_interval_s": 0,
+            "access_log": not args.lean,
+            "metrics": not args.lean,
+        }
         with console.status("starting bentoml serve…"):
             service = deploy(export, KEY, settings=settings, log_path=Path(tmp) / "server.log")
         try:
             host, port = service.url.removeprefix("http://").split(":")
             phases = {}
             for phase in PHASES:
-                config = {"phase": phase, "host": host, "port": int(port), "requests": args.requests,
-                          "seconds": args.seconds, "concurrency": args.concurrency, "batch": args.batch}
+                config = {
+                    "phase": phase,
+                    "host": host,
+                    "port": int(port),
+                    "requests": args.requests,
+                    "seconds": args.seconds,
+                    "concurrency": args.concurrency,
+                    "batch": args.batch,
+                }
                 cpu_before = server_cpu_seconds(service.process.pid)
                 with console.status(f"{phase}: driving the service from a separate process…"):
-                    done = subprocess.run([sys.executable, __file__, "--drive", json.dumps(config)],
-                                          capture_output=True, text=True, timeout=args.seconds * 3 + 120)
+                    done = subprocess.run(
+                        [sys.executable, __file__, "--drive", json.dumps(config)],
+                        capture_output=True,
+                        text=True,
+                        timeout=args.seconds * 3 + 120,
+                    )
                 if done.returncode != 0:
                     raise SystemExit(f"driver failed: {done.stderr[-2000:]}")
                 phases[phase] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -194,24 +235,35 @@ def main() -> None:
         finally:
             service.stop()
     for name, phase in phases.items():
-        console.print(f"{name:22s} {phase['requests']:6d} req in {phase['seconds']:5.1f} s  {phase['rps']:8.0f} req/s  "
-                      f"p50 {phase['p50_ms']:6.2f} ms  p99 {phase['p99_ms']:6.2f} ms  "
-                      f"server CPU {phase['server_cpu_ms_per_req']:.2f} ms/req  statuses {phase['statuses']}")
+        console.print(
+            f"{name:22s} {phase['requests']:6d} req in {phase['seconds']:5.1f} s  {phase['rps']:8.0f} req/s  "
+            f"p50 {phase['p50_ms']:6.2f} ms  p99 {phase['p99_ms']:6.2f} ms  "
+            f"server CPU {phase['server_cpu_ms_per_req']:.2f} ms/req  statuses {phase['statuses']}"
+        )
     seq, conc, batch = phases["act_sequential"], phases["act_concurrent"], phases["act_batch_concurrent"]
     result = {
-        "p50_ms": round(seq["p50_ms"], 3), "p99_ms": round(seq["p99_ms"], 3), "rps": round(conc["rps"], 1),
+        "p50_ms": round(seq["p50_ms"], 3),
+        "p99_ms": round(seq["p99_ms"], 3),
+        "rps": round(conc["rps"], 1),
         "inprocess_us": round(reference["inprocess_us"], 2),
         "numpy_mlp_us": round(reference["numpy_mlp_us"], 2),
         "inprocess_vs_numpy": round(reference["inprocess_vs_numpy"], 2),
         "http_p50_vs_inprocess": round(seq["p50_ms"] * 1e3 / reference["inprocess_us"], 1),
-        "concurrent_p50_ms": round(conc["p50_ms"], 3), "concurrent_p99_ms": round(conc["p99_ms"], 3),
-        "batch_rps": round(batch["rps"], 1), "batch_obs_per_s": round(batch["rps"] * args.batch, 1),
-        "batch_p50_ms": round(batch["p50_ms"], 3), "batch_p99_ms": round(batch["p99_ms"], 3),
+        "concurrent_p50_ms": round(conc["p50_ms"], 3),
+        "concurrent_p99_ms": round(conc["p99_ms"], 3),
+        "batch_rps": round(batch["rps"], 1),
+        "batch_obs_per_s": round(batch["rps"] * args.batch, 1),
+        "batch_p50_ms": round(batch["p50_ms"], 3),
+        "batch_p99_ms": round(batch["p99_ms"], 3),
         "server_cpu_ms_per_act": round(seq["server_cpu_ms_per_req"], 3),
         "server_cpu_ms_per_batch": round(batch["server_cpu_ms_per_req"], 3),
-        "load_avg_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
         "non_200": sum(v for p in phases.values() for k, v in p["statuses"].items() if str(k) != "200"),
-        "concurrency": args.concurrency, "batch": args.batch, "workers": args.workers, "lean": args.lean,
+        "concurrency": args.concurrency,
+        "batch": args.batch,
+        "workers": args.workers,
+        "lean": args.lean,
     }
     print(json.dumps(result))
 

@@ -13,6 +13,7 @@ where ``*_saving`` = 1 - sent/raw and ``*_vs_zstd`` = plain-zstd bytes / state_d
 
     .venv/bin/python bench/state_diff_bytes.py [--envs 16] [--steps 128] [--pixel-envs 4] [--pixel-steps 64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ def codec_figures(obs: np.ndarray) -> dict:
     if decode_observations(encoded).tobytes() != obs.tobytes():
         raise AssertionError("state_diff round trip is not bit-exact")
     plain = len(zstandard.ZstdCompressor(level=LEVEL).compress(obs.tobytes()))
-    return {"raw": obs.nbytes, "zstd": plain, "state_diff": len(encoded),
-            "encode_mb_per_s": round(obs.nbytes / 1e6 / encode_s, 1)}
+    return {
+        "raw": obs.nbytes,
+        "zstd": plain,
+        "state_diff": len(encoded),
+        "encode_mb_per_s": round(obs.nbytes / 1e6 / encode_s, 1),
+    }
 
 
 def vector_rollout(envs: int, steps: int, state_diff: bool):
@@ -90,15 +95,20 @@ def main() -> None:
         progress.update(task, advance=1, description="pixel codec")
         pixels = codec_figures(frames)
         progress.update(task, advance=1)
-    print(json.dumps({
-        "vector_saving": round(1 - diffed.bytes_sent / plain.bytes_sent, 3),
-        "pixel_saving": round(1 - pixels["state_diff"] / pixels["raw"], 4),
-        "vector_vs_zstd": round(vector["zstd"] / vector["state_diff"], 2),
-        "pixel_vs_zstd": round(pixels["zstd"] / pixels["state_diff"], 2),
-        "vector_rollout_bytes": {"off": plain.bytes_sent, "on": diffed.bytes_sent},
-        "vector_obs": vector, "pixel_obs": pixels,
-        "shapes": {"vector": list(plain.obs.shape), "pixel": list(frames.shape)},
-    }))
+    print(
+        json.dumps(
+            {
+                "vector_saving": round(1 - diffed.bytes_sent / plain.bytes_sent, 3),
+                "pixel_saving": round(1 - pixels["state_diff"] / pixels["raw"], 4),
+                "vector_vs_zstd": round(vector["zstd"] / vector["state_diff"], 2),
+                "pixel_vs_zstd": round(pixels["zstd"] / pixels["state_diff"], 2),
+                "vector_rollout_bytes": {"off": plain.bytes_sent, "on": diffed.bytes_sent},
+                "vector_obs": vector,
+                "pixel_obs": pixels,
+                "shapes": {"vector": list(plain.obs.shape), "pixel": list(frames.shape)},
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

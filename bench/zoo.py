@@ -11,6 +11,7 @@ deterministic evaluation (10 episodes, seeds 10000..10009, one shared evaluator,
 none), evaluations included. A run that does not reach it within its budget counts as never reaching it. Steps/s
 excludes evaluation time. Prints a table and, last, one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,9 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -47,22 +49,93 @@ class Case:
 
 # RL-Zoo hyper-parameters (rl-baselines3-zoo hyperparams/{ppo,dqn}.yml) and reported scores (benchmark.md).
 CASES = {
-    "cartpole-ppo": Case("cartpole-ppo", "CartPole-v1", "ppo", 475.0, "reward_threshold", 120.0,
-                         dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
-                              learning_rate=("lin", 1e-3), clip_range=("lin", 0.2)), 8, 100_000),
-    "cartpole-dqn": Case("cartpole-dqn", "CartPole-v1", "dqn", 475.0, "reward_threshold", 240.0,
-                         dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learning_starts=1000,
-                              gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
-                              exploration_fraction=0.16, exploration_final_eps=0.04,
-                              policy_kwargs=dict(net_arch=[256, 256])), 1, 50_000),
-    "mountaincar-dqn": Case("mountaincar-dqn", "MountainCar-v0", "dqn", -110.0, "reward_threshold", 420.0,
-                            dict(learning_rate=4e-3, batch_size=128, buffer_size=10_000, learning_starts=1000,
-                                 gamma=0.98, target_update_interval=600, train_freq=16, gradient_steps=8,
-                                 exploration_fraction=0.2, exploration_final_eps=0.07,
-                                 policy_kwargs=dict(net_arch=[256, 256])), 1, 120_000),
-    "pendulum-ppo": Case("pendulum-ppo", "Pendulum-v1", "ppo", -172.225, "RL-Zoo score", 360.0,
-                         dict(n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0,
-                              learning_rate=1e-3, clip_range=0.2, use_sde=True, sde_sample_freq=4), 4, 100_000),
+    "cartpole-ppo": Case(
+        "cartpole-ppo",
+        "CartPole-v1",
+        "ppo",
+        475.0,
+        "reward_threshold",
+        120.0,
+        dict(
+            n_steps=32,
+            batch_size=256,
+            gae_lambda=0.8,
+            gamma=0.98,
+            n_epochs=20,
+            ent_coef=0.0,
+            learning_rate=("lin", 1e-3),
+            clip_range=("lin", 0.2),
+        ),
+        8,
+        100_000,
+    ),
+    "cartpole-dqn": Case(
+        "cartpole-dqn",
+        "CartPole-v1",
+        "dqn",
+        475.0,
+        "reward_threshold",
+        240.0,
+        dict(
+            learning_rate=2.3e-3,
+            batch_size=64,
+            buffer_size=100_000,
+            learning_starts=1000,
+            gamma=0.99,
+            target_update_interval=10,
+            train_freq=256,
+            gradient_steps=128,
+            exploration_fraction=0.16,
+            exploration_final_eps=0.04,
+            policy_kwargs=dict(net_arch=[256, 256]),
+        ),
+        1,
+        50_000,
+    ),
+    "mountaincar-dqn": Case(
+        "mountaincar-dqn",
+        "MountainCar-v0",
+        "dqn",
+        -110.0,
+        "reward_threshold",
+        420.0,
+        dict(
+            learning_rate=4e-3,
+            batch_size=128,
+            buffer_size=10_000,
+            learning_starts=1000,
+            gamma=0.98,
+            target_update_interval=600,
+            train_freq=16,
+            gradient_steps=8,
+            exploration_fraction=0.2,
+            exploration_final_eps=0.07,
+            policy_kwargs=dict(net_arch=[256, 256]),
+        ),
+        1,
+        120_000,
+    ),
+    "pendulum-ppo": Case(
+        "pendulum-ppo",
+        "Pendulum-v1",
+        "ppo",
+        -172.225,
+        "RL-Zoo score",
+        360.0,
+        dict(
+            n_steps=1024,
+            gae_lambda=0.95,
+            gamma=0.9,
+            n_epochs=10,
+            ent_coef=0.0,
+            learning_rate=1e-3,
+            clip_range=0.2,
+            use_sde=True,
+            sde_sample_freq=4,
+        ),
+        4,
+        100_000,
+    ),
 }
 
 
@@ -115,7 +188,8 @@ def run_ours(case: Case, seed: int, threads: int) -> dict:
     steps = TrainParams.model_fields["steps"].default  # the pipeline's default horizon
     clock = Clock(case)
     trainer = {"ppo": PPOTrainer, "dqn": DQNTrainer}[case.algorithm](
-        case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local", **config)
+        case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local", **config
+    )
     act = lambda obs: trainer.numpy_policy().act(obs)  # noqa: E731
 
     def callback(metrics: dict, step: int) -> bool:
@@ -138,8 +212,14 @@ def run_sb3(case: Case, seed: int, threads: int) -> dict:
     kwargs = {k: _linear(v[1]) if isinstance(v, tuple) else v for k, v in case.sb3.items()}
     algo = getattr(stable_baselines3, case.algorithm.upper())
     clock = Clock(case)
-    model = algo("MlpPolicy", make_vec_env(case.env_id, n_envs=case.sb3_envs, seed=seed), seed=seed, device="cpu",
-                 verbose=0, **kwargs)
+    model = algo(
+        "MlpPolicy",
+        make_vec_env(case.env_id, n_envs=case.sb3_envs, seed=seed),
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        **kwargs,
+    )
     act = lambda obs: model.predict(obs, deterministic=True)[0]  # noqa: E731
 
     class Stop(BaseCallback):
@@ -151,8 +231,12 @@ def run_sb3(case: Case, seed: int, threads: int) -> dict:
 
     model.learn(case.sb3_steps, callback=Stop())
     sps = model.num_timesteps / clock.train_seconds()
-    return {"reached_s": clock.reached_s, "final_eval": evaluate(case.env_id, act), "sps": sps,
-            "steps": model.num_timesteps}
+    return {
+        "reached_s": clock.reached_s,
+        "final_eval": evaluate(case.env_id, act),
+        "sps": sps,
+        "steps": model.num_timesteps,
+    }
 
 
 def median_time(runs: list[dict]) -> float:
@@ -175,11 +259,15 @@ def main() -> None:
         for seed in range(args.seeds):
             for side, runs, fn in (("ours", ours, run_ours), ("sb3", sb3, run_sb3)):
                 runs.append(fn(case, seed, args.threads))
-                console.print(f"{name} {side} seed {seed}: " + json.dumps(
-                    {k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()}))
+                console.print(
+                    f"{name} {side} seed {seed}: "
+                    + json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()})
+                )
         ours_t, sb3_t = median_time(ours), median_time(sb3)
         rows[name] = {
-            "env_id": case.env_id, "algorithm": case.algorithm, "target": case.target,
+            "env_id": case.env_id,
+            "algorithm": case.algorithm,
+            "target": case.target,
             "target_source": case.target_source,
             "ours_time_s": None if math.isinf(ours_t) else round(ours_t, 2),
             "sb3_time_s": None if math.isinf(sb3_t) else round(sb3_t, 2),
@@ -197,17 +285,30 @@ def main() -> None:
     for column in columns:
         table.add_column(column)
     for name, r in rows.items():
-        table.add_row(name, f"{r['target']:g} ({r['target_source']})", str(r["ours_time_s"]), str(r["sb3_time_s"]),
-                      str(r["time_ratio"]), f"{r['ours_reached']}/{r['sb3_reached']} of {args.seeds}",
-                      f"{r['ours_final_eval']} / {r['sb3_final_eval']}", f"{r['ours_sps']} / {r['sb3_sps']}")
+        table.add_row(
+            name,
+            f"{r['target']:g} ({r['target_source']})",
+            str(r["ours_time_s"]),
+            str(r["sb3_time_s"]),
+            str(r["time_ratio"]),
+            f"{r['ours_reached']}/{r['sb3_reached']} of {args.seeds}",
+            f"{r['ours_final_eval']} / {r['sb3_final_eval']}",
+            f"{r['ours_sps']} / {r['sb3_sps']}",
+        )
     console.print(table)
     ratios = [r["time_ratio"] for r in rows.values()]
-    print(json.dumps({
-        "cases": rows, "seeds": args.seeds, "threads": args.threads,
-        "median_time_ratio": None if None in ratios else statistics.median(ratios),
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-        "rerun": f"python bench/zoo.py --seeds {args.seeds} --threads {args.threads} --cases {args.cases}",
-    }))
+    print(
+        json.dumps(
+            {
+                "cases": rows,
+                "seeds": args.seeds,
+                "threads": args.threads,
+                "median_time_ratio": None if None in ratios else statistics.median(ratios),
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+                "rerun": f"python bench/zoo.py --seeds {args.seeds} --threads {args.threads} --cases {args.cases}",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """``BaseEnv`` (spaces checked at construction) and ``make_env`` (one way to build an env from anything)."""
+
 from __future__ import annotations
 
 import copy
 import functools
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 
@@ -54,14 +56,16 @@ def import_env(ref: str) -> EnvLike:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise EnvSpecError(f"env {ref!r}: cannot import module {module_name!r} ({exc}); install the package or put "
-                           "it on PYTHONPATH") from exc
+        raise EnvSpecError(
+            f"env {ref!r}: cannot import module {module_name!r} ({exc}); install the package or put it on PYTHONPATH"
+        ) from exc
     found = getattr(module, attr, None)
     if found is None:
         return ref  # gymnasium's "module:EnvId" (the import registered the id)
     if not callable(found):
-        raise EnvSpecError(f"env {ref!r}: {attr} is a {type(found).__name__}, expected a gymnasium.Env class or "
-                           "factory")
+        raise EnvSpecError(
+            f"env {ref!r}: {attr} is a {type(found).__name__}, expected a gymnasium.Env class or factory"
+        )
     return found
 
 
@@ -77,14 +81,20 @@ def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
             raise EnvSpecError(f"env id {env!r} is not a registered gymnasium env: {exc}") from exc
     elif isinstance(env, gym.Env):
         if kwargs:
-            raise EnvSpecError(f"env instance {type(env).__name__} given with kwargs {sorted(kwargs)}: pass the class instead")
+            raise EnvSpecError(
+                f"env instance {type(env).__name__} given with kwargs {sorted(kwargs)}: pass the class instead"
+            )
         made = copy.deepcopy(env)
     elif callable(env):
         made = env(**kwargs)
         if not isinstance(made, gym.Env):
-            raise EnvSpecError(f"env factory {getattr(env, '__name__', env)!r} returned {type(made).__name__}, expected a gymnasium.Env")
+            raise EnvSpecError(
+                f"env factory {getattr(env, '__name__', env)!r} returned {type(made).__name__}, expected a gymnasium.Env"
+            )
     else:
-        raise EnvSpecError(f"env must be an id, a gymnasium.Env class, a factory or an instance; got {type(env).__name__}")
+        raise EnvSpecError(
+            f"env must be an id, a gymnasium.Env class, a factory or an instance; got {type(env).__name__}"
+        )
     check_spaces(made)
     return made
 

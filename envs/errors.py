@@ -1,4 +1,5 @@
 """Errors raised by the env SDK; each message names the env class or id and the field at fault."""
+
 from __future__ import annotations
 
 

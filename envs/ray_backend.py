@@ -5,6 +5,7 @@ A live worker ignores it; a restarted one (fresh process, fresh envs) restores i
 produces the same data the dead worker would have. Weights go into the object store once per iteration and
 all workers read that one copy.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,8 +21,10 @@ MAX_RESTARTS = 4  # a worker process may die this many times before the job fail
 START_TIMEOUT_S = 300.0  # placing and starting the actors (Ray start-up on a loaded machine included)
 
 
-OOM_HINT = ("enable state_diff=True (observations cross the wire delta-encoded and compressed, and workers keep "
-            "less per step) and/or lower parallel (fewer env copies per worker process), or give workers more memory")
+OOM_HINT = (
+    "enable state_diff=True (observations cross the wire delta-encoded and compressed, and workers keep "
+    "less per step) and/or lower parallel (fewer env copies per worker process), or give workers more memory"
+)
 
 
 def gather(refs: list, what: str) -> list:
@@ -51,8 +54,14 @@ def worker_cpus(workers: int, resources: dict | None = None) -> float:
     With ``resources`` only the CPUs of nodes advertising them count, since the actors can only go there."""
     free = ray.available_resources().get("CPU", 0.0)
     if resources:
-        free = min(free, sum(n["Resources"].get("CPU", 0.0) for n in ray.nodes()
-                             if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in resources.items())))
+        free = min(
+            free,
+            sum(
+                n["Resources"].get("CPU", 0.0)
+                for n in ray.nodes()
+                if n["Alive"] and all(n["Resources"].get(k, 0) >= v for k, v in resources.items())
+            ),
+        )
     share = free / workers
     return min(1.0, share) if share >= 0.01 else 0.0
 
@@ -70,14 +79,19 @@ class RayActorPool:
             raise ValueError(f"ray_options: unknown option {unknown[0]!r} (expected any of {ACTOR_OPTIONS})")
         options.setdefault("num_cpus", worker_cpus(len(per_worker_args), options.get("resources")))
         actor_cls = ray.remote(worker_cls).options(
-            max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS, scheduling_strategy="SPREAD", **options)
+            max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS, scheduling_strategy="SPREAD", **options
+        )
         self.actors = [actor_cls.remote(*args) for args in per_worker_args]
-        ready, _ = ray.wait([a.pid.remote() for a in self.actors], num_returns=len(self.actors), timeout=START_TIMEOUT_S)
+        ready, _ = ray.wait(
+            [a.pid.remote() for a in self.actors], num_returns=len(self.actors), timeout=START_TIMEOUT_S
+        )
         if len(ready) < len(self.actors):
             self.close()
-            raise TimeoutError(f"only {len(ready)} of {len(per_worker_args)} Ray workers of {worker_cls.__name__} started "
-                               f"within {START_TIMEOUT_S:.0f} s ({options['num_cpus']:.2f} CPU each; "
-                               f"cluster: {ray.cluster_resources()})")
+            raise TimeoutError(
+                f"only {len(ready)} of {len(per_worker_args)} Ray workers of {worker_cls.__name__} started "
+                f"within {START_TIMEOUT_S:.0f} s ({options['num_cpus']:.2f} CPU each; "
+                f"cluster: {ray.cluster_resources()})"
+            )
         ray.get(ready)  # a worker whose constructor (e.g. its env) fails raises here, with its own error
 
     def call(self, method: str, per_worker_args: list[tuple] | None = None, broadcast: tuple = ()) -> list:
@@ -116,12 +130,13 @@ class RayPool(RayActorPool):
 
     def collect(self, weights, spec, n_steps, iteration, state_diff) -> list[tuple[Rollout, bytes | None]]:
         weights_ref = ray.put(weights)
-        refs = [a.collect.remote(weights_ref, spec, n_steps, iteration, snap, state_diff)
-                for a, snap in zip(self.actors, self.snapshots)]
+        refs = [
+            a.collect.remote(weights_ref, spec, n_steps, iteration, snap, state_diff)
+            for a, snap in zip(self.actors, self.snapshots)
+        ]
         results = gather(refs, "collect")
         self.snapshots = [snap for _, snap in results]
         return results
-
 
 
 def env_runtime_env(env: EnvLike) -> dict | None:

@@ -5,6 +5,7 @@ are in flight than the cluster has CPUs, highest priority first (then first come
 ``priority="high"`` evaluation submitted behind a hundred ``"low"`` rollouts starts at the next free slot.
 Ray's own scheduler has no task priorities; this queue is where they live.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,9 +17,10 @@ import site
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 
@@ -121,7 +123,8 @@ class RemoteFunction:
             ensure_ray()
             ship_by_value(self.fn.__module__, ray.cloudpickle)
             self._task = ray.remote(self.fn).options(
-                num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=self.max_retries)
+                num_cpus=self.num_cpus, num_gpus=self.num_gpus, max_retries=self.max_retries
+            )
         return self._task
 
     def remote_call(self, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
@@ -160,8 +163,14 @@ class _BoundRemote:
         return self._function.fn(self._instance, *args, **kwargs)
 
 
-def remote(fn: Callable | None = None, *, priority: str | int = "normal", num_cpus: float = 1,
-           num_gpus: float = 0, max_retries: int = 3):
+def remote(
+    fn: Callable | None = None,
+    *,
+    priority: str | int = "normal",
+    num_cpus: float = 1,
+    num_gpus: float = 0,
+    max_retries: int = 3,
+):
     """Decorator (bare or with options) turning ``fn`` into a ``RemoteFunction``; see the module docstring."""
     if num_cpus < 0 or num_gpus < 0:
         raise ValueError(f"remote num_cpus/num_gpus must be >= 0, got num_cpus={num_cpus}, num_gpus={num_gpus}")

@@ -6,6 +6,7 @@ subclass it and write the env in the subclass (``super().__init__(parallel=4)``,
 of its copies: when its ``__init__`` returns, the instance (driver state left out) is cloudpickled, its class by
 value when workers could not import it, and every copy is that snapshot behind ``SubclassEnv``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,6 +22,7 @@ from opentinker.envs.base import EnvLike, check_spaces, env_name, make_env
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
 from opentinker.envs.remote import RemoteFunction, ship_by_value
 from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed
+import itertools
 
 BACKENDS = ("auto", "local", "ray")
 # "auto" picks Ray only when it can pay off: at least AUTO_RAY_MIN_PARALLEL copies of an env that has no
@@ -62,7 +64,7 @@ class SubclassEnv(gym.Env):
     """One copy of a ``RemoteEnv`` subclass as a gymnasium env: the subclass's own ``reset``/``step`` run here
     (in the worker, never as nested Ray tasks); the old gym 4-tuple is converted to gymnasium's 5-tuple."""
 
-    def __init__(self, instance: "RemoteEnv"):
+    def __init__(self, instance: RemoteEnv):
         self.instance = instance
         self.observation_space, self.action_space = instance.observation_space, instance.action_space
         self.metadata = getattr(instance, "metadata", {})
@@ -74,8 +76,12 @@ class SubclassEnv(gym.Env):
         super().reset(seed=seed)
         cls = type(self.instance)
         if self._reset is None:
-            warn_once(cls, "reset", f"{cls.__name__} defines no reset(): each episode starts from an observation "
-                      "sampled from observation_space; define reset(self, seed=None, options=None) -> (obs, info)")
+            warn_once(
+                cls,
+                "reset",
+                f"{cls.__name__} defines no reset(): each episode starts from an observation "
+                "sampled from observation_space; define reset(self, seed=None, options=None) -> (obs, info)",
+            )
             self.observation_space.seed(int(self.np_random.integers(2**31)))
             return self.observation_space.sample(), {}
         params = inspect.signature(self._reset).parameters
@@ -83,17 +89,24 @@ class SubclassEnv(gym.Env):
         out = self._reset(self.instance, **kwargs)
         if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
             return out
-        warn_once(cls, "reset-old", f"{cls.__name__}.reset returned the observation alone (old gym API); "
-                  "return (obs, info) as gymnasium does")
+        warn_once(
+            cls,
+            "reset-old",
+            f"{cls.__name__}.reset returned the observation alone (old gym API); return (obs, info) as gymnasium does",
+        )
         return out, {}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         out = self._step(self.instance, action)
         if isinstance(out, tuple) and len(out) == 4:
             cls = type(self.instance)
-            warn_once(cls, "step-4", f"{cls.__name__}.step returned the old gym 4-tuple (obs, reward, done, info); "
-                      "converted (done with info['TimeLimit.truncated'] -> truncated, else terminated). Return "
-                      "gymnasium's 5-tuple (obs, reward, terminated, truncated, info) instead")
+            warn_once(
+                cls,
+                "step-4",
+                f"{cls.__name__}.step returned the old gym 4-tuple (obs, reward, done, info); "
+                "converted (done with info['TimeLimit.truncated'] -> truncated, else terminated). Return "
+                "gymnasium's 5-tuple (obs, reward, terminated, truncated, info) instead",
+            )
             obs, reward, done, info = out
             truncated = bool(done) and bool(info.get("TimeLimit.truncated", False))
             return obs, reward, bool(done) and not truncated, truncated, info
@@ -207,9 +220,18 @@ class RemoteEnv:
 
         cls.__init__ = init_then_start  # type: ignore[method-assign]
 
-    def __init__(self, env: EnvLike | None = None, parallel: int = 8, workers: int | None = None,
-                 backend: str = "auto", state_diff: bool = False, seed: int = 0, validate: bool = True,
-                 ray_options: dict | None = None, **env_kwargs: Any):
+    def __init__(
+        self,
+        env: EnvLike | None = None,
+        parallel: int = 8,
+        workers: int | None = None,
+        backend: str = "auto",
+        state_diff: bool = False,
+        seed: int = 0,
+        validate: bool = True,
+        ray_options: dict | None = None,
+        **env_kwargs: Any,
+    ):
         if not isinstance(parallel, int) or parallel < 1:
             raise EnvSpecError(f"RemoteEnv parallel must be an int >= 1, got {parallel!r}")
         if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= parallel):
@@ -219,11 +241,15 @@ class RemoteEnv:
         if env is not None:
             self._start(env, env_kwargs)
         elif type(self) is RemoteEnv:
-            raise EnvSpecError("RemoteEnv env is missing: pass a gymnasium id, env class, factory or instance "
-                               "(RemoteEnv('CartPole-v1')), or subclass RemoteEnv and define the env in the subclass")
+            raise EnvSpecError(
+                "RemoteEnv env is missing: pass a gymnasium id, env class, factory or instance "
+                "(RemoteEnv('CartPole-v1')), or subclass RemoteEnv and define the env in the subclass"
+            )
         elif env_kwargs:
-            raise EnvSpecError(f"{type(self).__name__}: env kwargs {sorted(env_kwargs)} need env=; a RemoteEnv "
-                               "subclass sets its own attributes in __init__")
+            raise EnvSpecError(
+                f"{type(self).__name__}: env kwargs {sorted(env_kwargs)} need env=; a RemoteEnv "
+                "subclass sets its own attributes in __init__"
+            )
 
     def _start_subclass(self) -> None:
         """The subclass's ``__init__`` has returned: check its spaces, snapshot it, start its copies."""
@@ -242,7 +268,10 @@ class RemoteEnv:
                 f"(over {ENV_PICKLE_WARN_BYTES / 2**20:.0f} MiB): "
                 f"every one of its {self.num_envs} copies carries that. Keep large in-memory objects out of the env "
                 "class: load them where the copy runs (in reset, or lazily on first use) or put them in the Ray "
-                "object store and keep the reference", UserWarning, stacklevel=3)
+                "object store and keep the reference",
+                UserWarning,
+                stacklevel=3,
+            )
         if self._options["backend"] == "auto" and isinstance(_attr(cls, "step"), RemoteFunction):
             self._options["backend"] = "ray"  # @remote on step: the author marked it heavy
         if any(isinstance(_attr(cls, name), RemoteFunction) for name in dir(cls)):
@@ -270,6 +299,7 @@ class RemoteEnv:
     def __getstate__(self) -> dict:
         """Pickled (e.g. into a ``@remote`` method's task) without the driver-side pool."""
         return {k: v for k, v in self.__dict__.items() if k != "_pool"}
+
     @property
     def num_workers(self) -> int:
         return len(self.sizes)
@@ -284,7 +314,7 @@ class RemoteEnv:
         if actions.shape[0] != self.num_envs:
             raise ValueError(f"RemoteEnv.step: actions has {actions.shape[0]} rows, expected num_envs={self.num_envs}")
         bounds = np.cumsum([0, *self.sizes])
-        parts = self._pool.call("step", [(actions[a:b],) for a, b in zip(bounds[:-1], bounds[1:])])
+        parts = self._pool.call("step", [(actions[a:b],) for a, b in itertools.pairwise(bounds)])
         obs, rew, term, trunc = (np.concatenate([p[k] for p in parts]) for k in range(4))
         return obs, rew, term, trunc, {}
 
@@ -318,7 +348,7 @@ class RemoteEnv:
     def close(self) -> None:
         self._pool.close()
 
-    def __enter__(self) -> "RemoteEnv":
+    def __enter__(self) -> RemoteEnv:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -6,6 +6,7 @@ data for the same seed. Autoreset follows gymnasium's NEXT_STEP mode: the step a
 resets its env; ``valid`` is False there and learners skip it. For a step ``t`` that ends an episode,
 ``obs[t + 1]`` (or ``last_obs``) is the episode's final observation, which is what truncation bootstraps need.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,7 +58,7 @@ class Rollout:
         return int(self.rewards.size)
 
     @classmethod
-    def concat(cls, parts: list["Rollout"]) -> "Rollout":
+    def concat(cls, parts: list[Rollout]) -> Rollout:
         """Join the workers' rollouts along the env axis; timings and byte counts add up."""
         if len(parts) == 1:
             return parts[0]
@@ -76,7 +77,7 @@ class Rollout:
             bytes_sent=sum(p.bytes_sent for p in parts),
         )
 
-    def encode(self) -> "Rollout":
+    def encode(self) -> Rollout:
         """Replace the per-step arrays by state_diff payloads (for the wire); ``decode`` restores them bit-exactly.
 
         Observations are most of the bytes; actions, rewards and done flags are nearly free once compressed.
@@ -86,7 +87,7 @@ class Rollout:
         empty = {f: np.empty((0,), getattr(self, f).dtype) for f in _STEP_FIELDS}
         return dataclasses.replace(self, **empty, payloads=payloads, bytes_sent=sent)
 
-    def decode(self) -> "Rollout":
+    def decode(self) -> Rollout:
         if self.payloads is None:
             return self
         arrays = {f: decode_observations(p) for f, p in self.payloads.items()}
@@ -123,8 +124,15 @@ class RolloutWorker:
     exactly where the dead one stopped.
     """
 
-    def __init__(self, env: EnvLike, num_envs: int, seed: int, index: int, env_kwargs: dict | None = None,
-                 keep_snapshots: bool = False):
+    def __init__(
+        self,
+        env: EnvLike,
+        num_envs: int,
+        seed: int,
+        index: int,
+        env_kwargs: dict | None = None,
+        keep_snapshots: bool = False,
+    ):
         self.env, self.env_kwargs = env, dict(env_kwargs or {})
         self.vec = build_vector_env(env, num_envs, **self.env_kwargs)
         self.num_envs, self.seed, self.index = num_envs, seed, index
@@ -178,8 +186,15 @@ class RolloutWorker:
     def restore(self, snapshot: bytes) -> None:
         self.vec, self.obs, self.prev_done, self.ep_return, self.ep_len, self.next_iteration = pickle.loads(snapshot)
 
-    def collect(self, weights: dict[str, np.ndarray], policy_spec: dict, n_steps: int, iteration: int,
-                snapshot: bytes | None = None, state_diff: bool = False) -> tuple[Rollout, bytes | None]:
+    def collect(
+        self,
+        weights: dict[str, np.ndarray],
+        policy_spec: dict,
+        n_steps: int,
+        iteration: int,
+        snapshot: bytes | None = None,
+        state_diff: bool = False,
+    ) -> tuple[Rollout, bytes | None]:
         started_at = time.time()
         if snapshot is not None and iteration != self.next_iteration:
             self.restore(snapshot)
@@ -218,13 +233,27 @@ class RolloutWorker:
         last_values = policy.values(self.obs)
         self.next_iteration = iteration + 1
         rollout = Rollout(
-            obs=obs, actions=actions, logprobs=logprobs, values=values, rewards=rewards, terminated=terminated,
-            truncated=truncated, valid=valid, last_obs=self.obs.copy(), last_values=last_values,
-            episode_returns=np.asarray(returns, np.float64), episode_lengths=np.asarray(lengths, np.int64),
-            env_step_s=env_s, policy_s=policy_s, started_at=started_at,
+            obs=obs,
+            actions=actions,
+            logprobs=logprobs,
+            values=values,
+            rewards=rewards,
+            terminated=terminated,
+            truncated=truncated,
+            valid=valid,
+            last_obs=self.obs.copy(),
+            last_values=last_values,
+            episode_returns=np.asarray(returns, np.float64),
+            episode_lengths=np.asarray(lengths, np.int64),
+            env_step_s=env_s,
+            policy_s=policy_s,
+            started_at=started_at,
         )
         rollout.bytes_raw = rollout.bytes_sent = sum(
-            getattr(rollout, f.name).nbytes for f in dataclasses.fields(Rollout) if isinstance(getattr(rollout, f.name), np.ndarray))
+            getattr(rollout, f.name).nbytes
+            for f in dataclasses.fields(Rollout)
+            if isinstance(getattr(rollout, f.name), np.ndarray)
+        )
         if state_diff:
             rollout = rollout.encode()
         rollout.worker_wall_s = time.perf_counter() - start

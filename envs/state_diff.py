@@ -9,6 +9,7 @@ previous frame beat the deltas (measured in ``bench/state_diff_bytes.py``), on f
 
 Layout: ``b"OTSD" | u8 version | u32 header length | JSON header | zstd frame``.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,9 @@ def encode_observations(arr: np.ndarray, level: int = 3) -> bytes:
     arr = np.asarray(arr)
     arr = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     if arr.dtype.hasobject:
-        raise TypeError(f"encode_observations: dtype {arr.dtype} holds Python objects; expected a numeric or bool array")
+        raise TypeError(
+            f"encode_observations: dtype {arr.dtype} holds Python objects; expected a numeric or bool array"
+        )
     compress = zstandard.ZstdCompressor(level=level).compress
     body, delta = compress(arr.tobytes()), False
     itemsize = arr.dtype.itemsize

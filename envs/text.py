@@ -9,6 +9,7 @@ returns the user prompt. ``step(reply)``:
 - any other reply is the final answer: ``reward_fn(answer, example)`` (plain Python, in this process) and the
   episode terminates; past ``max_turns`` replies the episode is truncated.
 """
+
 from __future__ import annotations
 
 import re
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import gymnasium as gym
+
 from opentinker.envs.base import BaseEnv
 
 CHARSET = frozenset(string.printable)
@@ -66,9 +68,16 @@ class TextEnv(BaseEnv):
 
     metadata: ClassVar[dict] = {"render_modes": []}
 
-    def __init__(self, examples: Sequence[TextExample], reward_fn: RewardFn = exact_integer, tools: Sequence[Any] = (),
-                 max_turns: int = 1, system_prompt: str = "", invalid_call_reward: float = -0.1,
-                 worked_examples: bool = False):
+    def __init__(
+        self,
+        examples: Sequence[TextExample],
+        reward_fn: RewardFn = exact_integer,
+        tools: Sequence[Any] = (),
+        max_turns: int = 1,
+        system_prompt: str = "",
+        invalid_call_reward: float = -0.1,
+        worked_examples: bool = False,
+    ):
         if not examples:
             raise ValueError("examples: expected at least one TextExample")
         if not isinstance(max_turns, int) or max_turns < 1:
@@ -101,8 +110,13 @@ class TextEnv(BaseEnv):
 
         self.turn += 1
         message = parse_reply(str(action), list(self.tools))
-        info: dict[str, Any] = {"index": self.index, "turn": self.turn, "tool_calls": [], "invalid_tool_calls": 0,
-                                "success": False}
+        info: dict[str, Any] = {
+            "index": self.index,
+            "turn": self.turn,
+            "tool_calls": [],
+            "invalid_tool_calls": 0,
+            "success": False,
+        }
         if not message.tool_calls and not message.invalid_tool_calls:
             reward = float(self.reward_fn(str(action), self.example))
             info.update(answer=str(action), success=reward > 0)
@@ -123,7 +137,7 @@ class TextEnv(BaseEnv):
         """The tool's output as text; a failing tool's error is shown to the model, never raised."""
         try:
             return str(self.tools[name].invoke(args))
-        except Exception as exc:  # noqa: BLE001 — a broken tool is the model's observation, not a crash
+        except Exception as exc:
             return f"Error: {type(exc).__name__}: {exc}"
 
 

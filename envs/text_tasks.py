@@ -8,6 +8,7 @@
 ``make_text_env("arithmetic", split="heldout")`` builds the env; ``opentinker train arithmetic --algo grpo`` trains on
 the ``train`` split and evaluates on ``heldout``. The two splits never share a question.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.text import RewardFn, TextEnv, TextExample, exact_integer
 
@@ -62,11 +64,22 @@ def _tool_arithmetic(rng: np.random.Generator, n: int) -> list[TextExample]:
 
 
 TEXT_TASKS: dict[str, TextTaskSpec] = {
-    spec.name: spec for spec in (
-        TextTaskSpec("arithmetic", "two-digit addition/subtraction, exact answer; python_repl allowed",
-                     _arithmetic, ("python_repl",), max_turns=2),
-        TextTaskSpec("tool_arithmetic", "4-digit products: the answer needs python_repl's result",
-                     _tool_arithmetic, ("python_repl",), max_turns=3),
+    spec.name: spec
+    for spec in (
+        TextTaskSpec(
+            "arithmetic",
+            "two-digit addition/subtraction, exact answer; python_repl allowed",
+            _arithmetic,
+            ("python_repl",),
+            max_turns=2,
+        ),
+        TextTaskSpec(
+            "tool_arithmetic",
+            "4-digit products: the answer needs python_repl's result",
+            _tool_arithmetic,
+            ("python_repl",),
+            max_turns=3,
+        ),
     )
 }
 
@@ -91,8 +104,10 @@ def task_examples(name: str, split: str = "train", seed: int = 0) -> list[TextEx
 def task_tools(names: tuple[str, ...]) -> list[Any]:
     from opentinker.agents.llm import PythonREPL, SandboxLimits, WebSearch
 
-    made = {"python_repl": lambda: PythonREPL(limits=SandboxLimits(wall_time_s=TOOL_WALL_TIME_S)),
-            "web_search": WebSearch}
+    made = {
+        "python_repl": lambda: PythonREPL(limits=SandboxLimits(wall_time_s=TOOL_WALL_TIME_S)),
+        "web_search": WebSearch,
+    }
     return [made[name]() for name in names]
 
 
@@ -103,6 +118,10 @@ def make_text_env(name: str, split: str = "train", seed: int = 0, **overrides: A
     )
 
     spec = text_task(name)
-    kwargs = {"reward_fn": spec.reward_fn, "tools": task_tools(spec.tools), "max_turns": spec.max_turns,
-              "system_prompt": DEFAULT_SYSTEM_PROMPT}
+    kwargs = {
+        "reward_fn": spec.reward_fn,
+        "tools": task_tools(spec.tools),
+        "max_turns": spec.max_turns,
+        "system_prompt": DEFAULT_SYSTEM_PROMPT,
+    }
     return TextEnv(task_examples(name, split, seed), **{**kwargs, **overrides})

@@ -1,4 +1,5 @@
 """``validate_env``: gymnasium's checker plus our own checks, reporting every problem at once."""
+
 from __future__ import annotations
 
 import inspect
@@ -24,9 +25,13 @@ def _space_problems(where: str, obs: object, space: gym.Space) -> list[str]:
         if not isinstance(obs, np.ndarray):
             problems.append(f"{where}: observation is {type(obs).__name__}, expected np.ndarray")
         if arr.dtype != space.dtype:
-            problems.append(f"{where}: observation dtype {arr.dtype} differs from observation_space dtype {space.dtype}")
+            problems.append(
+                f"{where}: observation dtype {arr.dtype} differs from observation_space dtype {space.dtype}"
+            )
         if arr.shape != space.shape:
-            problems.append(f"{where}: observation shape {arr.shape} differs from observation_space shape {space.shape}")
+            problems.append(
+                f"{where}: observation shape {arr.shape} differs from observation_space shape {space.shape}"
+            )
     if not problems and not space.contains(obs):
         problems.append(f"{where}: observation {np.asarray(obs).tolist()!r:.120} is outside observation_space {space}")
     return problems
@@ -44,7 +49,7 @@ def _rollout(env: gym.Env, seed: int, actions: list) -> tuple[list, list[str]]:
     for t, action in enumerate(actions):
         out = env.step(action)
         if not (isinstance(out, tuple) and len(out) == 5):
-            return seen, problems + [f"step() must return (obs, reward, terminated, truncated, info), got {type(out).__name__}"]
+            return seen, [*problems, f"step() must return (obs, reward, terminated, truncated, info), got {type(out).__name__}"]
         obs, reward, terminated, truncated, info = out
         problems += _space_problems(f"step() #{t}", obs, env.observation_space)
         if not isinstance(reward, (int, float, np.integer, np.floating)) or isinstance(reward, bool):
@@ -70,8 +75,12 @@ def _plain(message: object) -> str:
 
 def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(
-        all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(ta if isinstance(ta, tuple) else (ta,), tb if isinstance(tb, tuple) else (tb,)))
-        for ta, tb in zip(a, b))
+        all(
+            np.array_equal(np.asarray(x), np.asarray(y))
+            for x, y in zip(ta if isinstance(ta, tuple) else (ta,), tb if isinstance(tb, tuple) else (tb,))
+        )
+        for ta, tb in zip(a, b)
+    )
 
 
 def validate_env(env: EnvLike) -> None:
@@ -102,9 +111,13 @@ def validate_env(env: EnvLike) -> None:
             check_env(instance.unwrapped, skip_render_check=True, skip_close_check=True)
         except Exception as exc:  # the checker raises assorted types; each is a finding, not a crash
             problems.append(f"gymnasium check_env: {type(exc).__name__}: {exc}")
-    problems += [f"gymnasium check_env warning: {_plain(w.message)}" for w in caught
-                 if issubclass(w.category, UserWarning) and not issubclass(w.category, EnvAPIWarning)
-                 and not any(a in str(w.message) for a in _ADVICE)]
+    problems += [
+        f"gymnasium check_env warning: {_plain(w.message)}"
+        for w in caught
+        if issubclass(w.category, UserWarning)
+        and not issubclass(w.category, EnvAPIWarning)
+        and not any(a in str(w.message) for a in _ADVICE)
+    ]
     for w in caught:  # converted old API: advice for the caller, not a defect
         if issubclass(w.category, EnvAPIWarning):
             warnings.warn(w.message, stacklevel=2)
@@ -116,7 +129,9 @@ def validate_env(env: EnvLike) -> None:
         if not found:
             second, _ = _rollout(instance, _SEED, actions)
             if not _same(first, second):
-                problems.append(f"not deterministic: reset(seed={_SEED}) and the same actions gave different trajectories")
+                problems.append(
+                    f"not deterministic: reset(seed={_SEED}) and the same actions gave different trajectories"
+                )
     except Exception as exc:
         problems.append(f"reset/step raised {type(exc).__name__}: {exc}")
     if problems:

@@ -3,6 +3,7 @@
 ``from opentinker.federated import FLClient, FLServer`` (the seed API in ``api.py``) is resolved lazily, so the
 Flower apps that import this package do not pay for it.
 """
+
 from __future__ import annotations
 
 import importlib

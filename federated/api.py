@@ -1,16 +1,18 @@
 """The seed API: `FLClient` for a site, `FLServer` for the side that runs the rounds.
 
-    site = FLClient(strategy="fedavg", aggregation_interval=300, site_id=0).train(local_data={"pole_length": 0.6})
-    site = FLClient(site_id=1).train(local_data={"dataset": "site1.npz", "pole_length": 0.6})  # behaviour cloning
-    result = FLServer(strategy="fedavg", rounds=10, num_sites=3).run()      # against `opentinker federated up`
-    result = FLServer(rounds=3, num_sites=3).simulate()                     # or Flower's simulation engine
+site = FLClient(strategy="fedavg", aggregation_interval=300, site_id=0).train(local_data={"pole_length": 0.6})
+site = FLClient(site_id=1).train(local_data={"dataset": "site1.npz", "pole_length": 0.6})  # behaviour cloning
+result = FLServer(strategy="fedavg", rounds=10, num_sites=3).run()      # against `opentinker federated up`
+result = FLServer(rounds=3, num_sites=3).simulate()                     # or Flower's simulation engine
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -29,8 +31,10 @@ def env_variant(env: gym.Env) -> dict[str, float]:
     changed): its physics parameters; nothing else of the env is used."""
     physics = env.unwrapped
     if not all(hasattr(physics, name) for name in ("length", "gravity")):
-        raise FederatedConfigError(f"local_data: a gymnasium env must be a CartPole variant (with length and gravity), "
-                                   f"got {type(physics).__name__}")
+        raise FederatedConfigError(
+            f"local_data: a gymnasium env must be a CartPole variant (with length and gravity), "
+            f"got {type(physics).__name__}"
+        )
     return {"pole_length": float(physics.length), "gravity": float(physics.gravity)}
 
 
@@ -95,16 +99,32 @@ class FLClient:
     ``local-steps`` — then replies with its weights and the env steps it took, which weight its share of the average).
     """
 
-    def __init__(self, strategy: str = "fedavg", aggregation_interval: float = 300.0, site_id: int = 0,
-                 federation: str | Path | None = None, private_key: str | Path | None = None,
-                 root_certificates: str | Path | None = None, dp_clip: float = 0.0, dp_epsilon: float = 1.0,
-                 dp_delta: float = 1e-5, transport: str = "rest", superlink: str | None = None) -> None:
+    def __init__(
+        self,
+        strategy: str = "fedavg",
+        aggregation_interval: float = 300.0,
+        site_id: int = 0,
+        federation: str | Path | None = None,
+        private_key: str | Path | None = None,
+        root_certificates: str | Path | None = None,
+        dp_clip: float = 0.0,
+        dp_epsilon: float = 1.0,
+        dp_delta: float = 1e-5,
+        transport: str = "rest",
+        superlink: str | None = None,
+    ) -> None:
         self.transport = deploy.check_transport(transport)
         self.superlink = superlink
         if aggregation_interval <= 0:
             raise FederatedConfigError(f"aggregation_interval must be > 0 seconds, got {aggregation_interval}")
-        self.site = SiteConfig(site_id=site_id, strategy=strategy, aggregation_interval=float(aggregation_interval),
-                               dp_clip=dp_clip, dp_epsilon=dp_epsilon, dp_delta=dp_delta)
+        self.site = SiteConfig(
+            site_id=site_id,
+            strategy=strategy,
+            aggregation_interval=float(aggregation_interval),
+            dp_clip=dp_clip,
+            dp_epsilon=dp_epsilon,
+            dp_delta=dp_delta,
+        )
         self.federation_root, self.private_key, self.root_certificates = federation, private_key, root_certificates
 
     def train(self, local_data: LocalData = None, connect_timeout: float = 180.0) -> SiteHandle:
@@ -117,10 +137,13 @@ class FLClient:
         fed = deploy.Federation.load(self.federation_root)
         apply_local_data(self.site, local_data, Path(fed.root) / f"site-{self.site.site_id}")
         pid = deploy.start_site(
-            fed, self.site,
+            fed,
+            self.site,
             private_key=Path(self.private_key) if self.private_key else None,
             root_cert=Path(self.root_certificates) if self.root_certificates else None,
-            timeout=connect_timeout, address=self.superlink, transport=self.transport,
+            timeout=connect_timeout,
+            address=self.superlink,
+            transport=self.transport,
         )
         return SiteHandle(self.site.site_id, pid, fed)
 

@@ -5,6 +5,7 @@ Layout under ``directory``: ``ca.crt``/``ca.key`` (the root every party trusts),
 NIST P-384 key in OpenSSH format: the private half stays at the site, the public half is registered with the
 SuperLink). Every file is written atomically; private keys are mode 0600.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -55,12 +56,14 @@ def _write(path: Path, data: bytes, private: bool = False) -> None:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _certificate(subject: str, public_key, issuer: x509.Name | None, signing_key, is_ca: bool) -> x509.Certificate:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(name)
@@ -80,7 +83,9 @@ def _certificate(subject: str, public_key, issuer: x509.Name | None, signing_key
 def generate_site_key(paths: CertPaths, site: int) -> None:
     """A fresh P-384 key pair for one SuperNode (OpenSSH encoding, as flower-supernode and `flwr supernode register` read it)."""
     key = ec.generate_private_key(ec.SECP384R1())
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
     public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
     _write(paths.site_key(site), private, private=True)
     _write(paths.site_public_key(site), public + f" site-{site}\n".encode())

@@ -4,6 +4,7 @@ Written after every round as ``round-NNNN.npz`` (temp file + rename) and then ``
 temp + rename), so a crash at any moment leaves the previous complete checkpoint readable. Flower has no server
 resume of its own (flwr issue #599); a restarted server loads ``latest.json`` and continues with the next round.
 """
+
 from __future__ import annotations
 
 import json

@@ -5,10 +5,11 @@ Only weights and a few scalar metrics (env steps or dataset size, returns or los
 its physics, the trajectories, the dataset and the local optimiser state stay in the site's process, its files and
 its ``state-dir``.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -50,7 +51,9 @@ def _state_path(site: SiteConfig, context: Context) -> Path:
 def _site_trainer(site: SiteConfig, context: Context, config, resume: bool):
     variant = task.resolve_variant(site.site_id, site.pole_length, site.gravity)
     state = _state_path(site, context) if resume else None
-    trainer = task.new_trainer(str(config["env"]), variant, seed=int(config["seed"]) + 1000 * site.site_id, state_path=state)
+    trainer = task.new_trainer(
+        str(config["env"]), variant, seed=int(config["seed"]) + 1000 * site.site_id, state_path=state
+    )
     return trainer, variant
 
 
@@ -84,8 +87,13 @@ def build_client_app(sites: Sequence[SiteConfig] | None = None) -> ClientApp:
             data = task.load_site_dataset(site.dataset, trainer)
             stats = task.train_bc_local(trainer, data, seconds, task.bc_config(config), proximal_mu, global_weights)
         else:
-            stats = task.train_local(trainer, seconds=seconds, max_steps=int(config["local-steps"]),
-                                     proximal_mu=proximal_mu, anchor=global_weights)
+            stats = task.train_local(
+                trainer,
+                seconds=seconds,
+                max_steps=int(config["local-steps"]),
+                proximal_mu=proximal_mu,
+                anchor=global_weights,
+            )
         trainer.save(_state_path(site, context))
         metrics = MetricRecord({"site-id": site.site_id, **stats})
         return Message(RecordDict({"arrays": to_record(task.get_weights(trainer)), "metrics": metrics}), reply_to=msg)

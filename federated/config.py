@@ -4,12 +4,14 @@ Flower hands both around as flat ``key=value`` maps (``[tool.flwr.app.config]`` 
 run, ``flower-supernode --node-config`` for a site); these dataclasses are the single place that reads them, with
 kebab-case keys, and reject unknown keys or bad values with an error naming the field.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 STRATEGIES = ("fedavg", "fedprox", "fedadam")
 BC_BOX_LOSSES = ("mse", "nll")
@@ -123,7 +125,7 @@ class FedConfig:
         return max(1, math.ceil(self.min_completion_rate * self.num_sites - 1e-9))
 
     @classmethod
-    def from_run_config(cls, values: Mapping[str, Any]) -> "FedConfig":
+    def from_run_config(cls, values: Mapping[str, Any]) -> FedConfig:
         return _from_mapping(cls, values, "run config")
 
     def to_run_config(self) -> dict[str, Any]:
@@ -168,7 +170,7 @@ class SiteConfig:
             raise FederatedConfigError(f"dp-clip must be >= 0, got {self.dp_clip}")
 
     @classmethod
-    def from_node_config(cls, values: Mapping[str, Any]) -> "SiteConfig":
+    def from_node_config(cls, values: Mapping[str, Any]) -> SiteConfig:
         config = _from_mapping(cls, values, "node config")
         if "site-id" not in values and "site_id" not in values and config.partition_id >= 0:
             config.site_id = config.partition_id

@@ -3,6 +3,7 @@ process group, TLS from `federated.certs`, SuperNode authentication (each site's
 
 State lives in ``<root>/federation.json`` so `opentinker federated up`, `run` and `down` can be separate commands.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,8 @@ def check_transport(transport: str) -> str:
     raise FederatedConfigError(
         f"transport={transport!r}: this Flower (1.42) connects sites over one transport, 'rest' (Fleet API over "
         "HTTPS); it has no gRPC or WebSocket transport. 'rest' is what a site behind a firewall that blocks gRPC "
-        "needs: pass transport='rest' (the default)")
+        "needs: pass transport='rest' (the default)"
+    )
 
 
 CONNECTION_RESET_MARKERS = ("Connection reset by peer", "ConnectionResetError", "RemoteProtocolError")
@@ -51,10 +53,12 @@ def connection_hint(log_text: str, address: str) -> str:
     """The article's troubleshooting line for a reset connection, when the SuperNode's log shows one."""
     if not any(marker in log_text for marker in CONNECTION_RESET_MARKERS):
         return ""
-    return (f"ConnectionReset: the connection to the SuperLink at {address} was reset. Likely cause: a firewall or "
-            "proxy that blocks gRPC-style traffic or resets long-lived connections on that port. Fix: sites already "
-            "use Flower's REST transport (transport='rest', HTTPS on one port): allow HTTPS to that port, or set "
-            "HTTPS_PROXY to a proxy that lets it through.\n")
+    return (
+        f"ConnectionReset: the connection to the SuperLink at {address} was reset. Likely cause: a firewall or "
+        "proxy that blocks gRPC-style traffic or resets long-lived connections on that port. Fix: sites already "
+        "use Flower's REST transport (transport='rest', HTTPS on one port): allow HTTPS to that port, or set "
+        "HTTPS_PROXY to a proxy that lets it through.\n"
+    )
 
 
 def free_port() -> int:
@@ -98,7 +102,7 @@ class Federation:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, root: str | Path | None = None) -> "Federation":
+    def load(cls, root: str | Path | None = None) -> Federation:
         path = Path(root or default_root()) / STATE_FILE
         if not path.exists():
             raise FederationError(f"no federation at {path.parent}: start one with `opentinker federated up`")
@@ -116,8 +120,14 @@ def _env(flwr_home: Path) -> dict[str, str]:
 def _spawn(args: list[str], log: Path, flwr_home: Path) -> subprocess.Popen:
     flwr_home.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_env(flwr_home), start_new_session=True)
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_env(flwr_home),
+            start_new_session=True,
+        )
 
 
 def _tail(log: Path, lines: int = 15) -> str:
@@ -164,13 +174,27 @@ def start_superlink(root: Path, certs: CertPaths, timeout: float = 180.0, transp
     """flower-superlink with TLS and SuperNode auth; its Fleet API serves ``transport`` (see ``TRANSPORTS``)."""
     fed = Federation(root=str(root), port=free_port(), certs=str(certs.directory), transport=check_transport(transport))
     log = root / "superlink.log"
-    proc = _spawn([
-        str(Path(sys.executable).parent / "flower-superlink"),
-        "--ssl-certfile", str(certs.server_cert), "--ssl-keyfile", str(certs.server_key),
-        "--ssl-ca-certfile", str(certs.ca_cert), "--enable-supernode-auth",
-        "--disable-runtime-dependency-installation", "--database", str(root / "superlink.db"),
-        "--host", "127.0.0.1", "--port", str(fed.port),
-    ], log, root / "superlink-home")
+    proc = _spawn(
+        [
+            str(Path(sys.executable).parent / "flower-superlink"),
+            "--ssl-certfile",
+            str(certs.server_cert),
+            "--ssl-keyfile",
+            str(certs.server_key),
+            "--ssl-ca-certfile",
+            str(certs.ca_cert),
+            "--enable-supernode-auth",
+            "--disable-runtime-dependency-installation",
+            "--database",
+            str(root / "superlink.db"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(fed.port),
+        ],
+        log,
+        root / "superlink-home",
+    )
     fed.superlink_pid = proc.pid
     _wait_for(log, "Uvicorn running", proc, timeout, "flower-superlink")
     fed.cli_home.mkdir(parents=True, exist_ok=True)
@@ -194,9 +218,16 @@ def register_site(fed: Federation, site: int, public_key: Path) -> int:
     return node_id
 
 
-def start_site(fed: Federation, site: SiteConfig, private_key: Path | None = None, root_cert: Path | None = None,
-               timeout: float = 180.0, max_wait_time: float | None = None, address: str | None = None,
-               transport: str = "rest") -> int:
+def start_site(
+    fed: Federation,
+    site: SiteConfig,
+    private_key: Path | None = None,
+    root_cert: Path | None = None,
+    timeout: float = 180.0,
+    max_wait_time: float | None = None,
+    address: str | None = None,
+    transport: str = "rest",
+) -> int:
     """Start a site's flower-supernode (TLS + its auth key) over ``transport`` to ``address`` (the SuperLink's by
     default) and wait until the SuperLink accepted it; returns its pid. A reset connection says so, with the fix."""
     check_transport(transport)
@@ -210,9 +241,16 @@ def start_site(fed: Federation, site: SiteConfig, private_key: Path | None = Non
     log.unlink(missing_ok=True)
     args = [
         str(Path(sys.executable).parent / "flower-supernode"),
-        "--superlink", address, "--root-certificates", str(root_cert or fed.cert_paths.ca_cert),
-        "--auth-supernode-private-key", str(key), "--port", str(free_port()),
-        "--node-config", site.to_node_config() or f"site-id={site.site_id}",
+        "--superlink",
+        address,
+        "--root-certificates",
+        str(root_cert or fed.cert_paths.ca_cert),
+        "--auth-supernode-private-key",
+        str(key),
+        "--port",
+        str(free_port()),
+        "--node-config",
+        site.to_node_config() or f"site-id={site.site_id}",
     ]
     if max_wait_time is not None:
         args += ["--max-wait-time", str(max_wait_time)]
@@ -237,8 +275,12 @@ def stop_site(fed: Federation, site_id: int) -> None:
     fed.save()
 
 
-def up(sites: int = 3, root: str | Path | None = None, site_configs: list[SiteConfig] | None = None,
-       transport: str = "rest") -> Federation:
+def up(
+    sites: int = 3,
+    root: str | Path | None = None,
+    site_configs: list[SiteConfig] | None = None,
+    transport: str = "rest",
+) -> Federation:
     """Certificates (kept if present), SuperLink, every site's key registered, one SuperNode per site."""
     root = Path(root or default_root()).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -277,5 +319,7 @@ def submit(fed: Federation, config: FedConfig, timeout: float = 3600.0):
     result = read_result(config)
     if result is None or result.status != "FINISHED":
         reason = result.error if result else "the ServerApp wrote no result"
-        raise FederationError(f"federated run {config.run_name!r} failed: {reason}\n{(done.stdout + done.stderr)[-3000:]}")
+        raise FederationError(
+            f"federated run {config.run_name!r} failed: {reason}\n{(done.stdout + done.stderr)[-3000:]}"
+        )
     return result

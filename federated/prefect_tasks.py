@@ -1,4 +1,5 @@
 """Prefect tasks of a federated run, each one step that can be retried whole; `flows/federated_flow.py` wires them."""
+
 from __future__ import annotations
 
 import socket

@@ -2,6 +2,7 @@
 replies with the wrong tensors are rejected by name, and a round with fewer valid replies than the completion floor
 fails loudly instead of averaging whoever survived.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,12 +44,17 @@ class RoundStats:
         out = {f"return/site-{site}": value for site, value in sorted(self.returns.items())}
         if self.returns:
             out["return/mean"] = sum(self.returns.values()) / len(self.returns)
-        out.update({
-            "round/bytes_sent": float(self.bytes_sent), "round/bytes_received": float(self.bytes_received),
-            "round/seconds": self.seconds, "round/train_seconds": self.train_seconds,
-            "round/replies": float(len(self.sites)), "round/failures": float(len(self.failures)),
-            "round/train_steps": float(self.train_steps),
-        })
+        out.update(
+            {
+                "round/bytes_sent": float(self.bytes_sent),
+                "round/bytes_received": float(self.bytes_received),
+                "round/seconds": self.seconds,
+                "round/train_seconds": self.train_seconds,
+                "round/replies": float(len(self.sites)),
+                "round/failures": float(len(self.failures)),
+                "round/train_steps": float(self.train_steps),
+            }
+        )
         return out
 
 
@@ -88,8 +94,14 @@ def _site_of(reply: Message) -> str:
     return f"{site} (node {reply.metadata.src_node_id})"
 
 
-def train_round(grid: Grid, strategy: Strategy, config: FedConfig, round_number: int, arrays: ArrayRecord,
-                train_config: ConfigRecord) -> tuple[ArrayRecord, RoundStats]:
+def train_round(
+    grid: Grid,
+    strategy: Strategy,
+    config: FedConfig,
+    round_number: int,
+    arrays: ArrayRecord,
+    train_config: ConfigRecord,
+) -> tuple[ArrayRecord, RoundStats]:
     """Send the global model to every connected site, validate the replies, enforce the floor, aggregate."""
     stats = RoundStats(round=round_number)
     started = time.monotonic()
@@ -113,8 +125,11 @@ def train_round(grid: Grid, strategy: Strategy, config: FedConfig, round_number:
             continue
         valid.append(reply)
     answered = {r.metadata.src_node_id for r in replies}
-    stats.failures += [f"node {m.metadata.dst_node_id}: no reply within {config.round_timeout:.0f}s"
-                       for m in messages if m.metadata.dst_node_id not in answered]
+    stats.failures += [
+        f"node {m.metadata.dst_node_id}: no reply within {config.round_timeout:.0f}s"
+        for m in messages
+        if m.metadata.dst_node_id not in answered
+    ]
     if len(valid) < config.min_replies:
         raise CompletionFloorError(
             f"round {round_number}: {len(valid)} valid replies from {len(messages)} sites; "
@@ -130,8 +145,16 @@ def train_round(grid: Grid, strategy: Strategy, config: FedConfig, round_number:
     return new_arrays, stats
 
 
-def _secure_train_round(grid: Grid, config: FedConfig, round_number: int, arrays: ArrayRecord,
-                        train_config: ConfigRecord, nodes: list[int], stats: RoundStats, started: float) -> ArrayRecord:
+def _secure_train_round(
+    grid: Grid,
+    config: FedConfig,
+    round_number: int,
+    arrays: ArrayRecord,
+    train_config: ConfigRecord,
+    nodes: list[int],
+    stats: RoundStats,
+    started: float,
+) -> ArrayRecord:
     """SecAgg+ instead of plain replies: no per-site shape check is possible (the server never sees one site's
     weights; a mismatched site breaks the masked sum and fails the round), the floor still applies."""
     fit_config = dict(train_config)
@@ -139,9 +162,16 @@ def _secure_train_round(grid: Grid, config: FedConfig, round_number: int, arrays
         fit_config["proximal-mu"] = config.proximal_mu
     stats.bytes_sent += payload_bytes(RecordDict({"arrays": arrays})) * len(nodes)
     new_arrays, replies = secure.secure_aggregate(
-        grid, grid.run.run_id, round_number, nodes, arrays, fit_config, min_replies=config.min_replies,
+        grid,
+        grid.run.run_id,
+        round_number,
+        nodes,
+        arrays,
+        fit_config,
+        min_replies=config.min_replies,
         reconstruction_threshold=config.min_completion_rate,
-        max_weight=float(config.secagg_max_weight or config.local_steps), timeout=config.round_timeout,
+        max_weight=float(config.secagg_max_weight or config.local_steps),
+        timeout=config.round_timeout,
     )
     if len(replies) < len(nodes):
         stats.failures.append(f"{len(nodes) - len(replies)} of {len(nodes)} sites did not complete SecAgg+")
@@ -157,10 +187,14 @@ def _secure_train_round(grid: Grid, config: FedConfig, round_number: int, arrays
     return new_arrays
 
 
-def evaluate_round(grid: Grid, config: FedConfig, stats: RoundStats, arrays: ArrayRecord, eval_config: ConfigRecord) -> None:
+def evaluate_round(
+    grid: Grid, config: FedConfig, stats: RoundStats, arrays: ArrayRecord, eval_config: ConfigRecord
+) -> None:
     """Score the global model on every connected site's own env; a site that fails to answer is recorded, not fatal."""
     content = RecordDict({"arrays": arrays, "config": eval_config})
-    messages = [Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node) for node in grid.get_node_ids()]
+    messages = [
+        Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node) for node in grid.get_node_ids()
+    ]
     stats.bytes_sent += payload_bytes(content) * len(messages)
     for reply in grid.send_and_receive(messages, timeout=config.round_timeout):
         if reply.has_error():

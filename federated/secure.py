@@ -7,6 +7,7 @@ FedAvg whose only job is to hand out the train config and collect the (unmasked)
 translates the protocol's ``FitIns`` into the app's ordinary train message and its reply back into a ``FitRes``.
 The server learns only the sample-weighted average of the sites' weights, never one site's weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,9 +23,18 @@ NAMES_KEY = "weight-names"
 configs no lists)."""
 
 
-def secure_aggregate(grid, run_id: int, round_number: int, nodes: list[int], arrays: ArrayRecord,
-                     fit_config: dict, min_replies: int, reconstruction_threshold: float, max_weight: float,
-                     timeout: float) -> tuple[ArrayRecord | None, list[dict]]:
+def secure_aggregate(
+    grid,
+    run_id: int,
+    round_number: int,
+    nodes: list[int],
+    arrays: ArrayRecord,
+    fit_config: dict,
+    min_replies: int,
+    reconstruction_threshold: float,
+    max_weight: float,
+    timeout: float,
+) -> tuple[ArrayRecord | None, list[dict]]:
     """One SecAgg+ train round over ``nodes``: the sample-weighted mean of the sites' weights (None when the
     protocol halted, e.g. too few sites survived) and each contributing site's reply metrics."""
     from flwr.server.client_manager import SimpleClientManager
@@ -41,18 +51,27 @@ def secure_aggregate(grid, run_id: int, round_number: int, nodes: list[int], arr
         return {}
 
     config = {**fit_config, NAMES_KEY: json.dumps(list(arrays.keys()))}
-    strategy = LegacyFedAvg(fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=min_replies,
-                            min_available_clients=min_replies, on_fit_config_fn=lambda _: config,
-                            fit_metrics_aggregation_fn=collect)
+    strategy = LegacyFedAvg(
+        fraction_fit=1.0,
+        fraction_evaluate=0.0,
+        min_fit_clients=min_replies,
+        min_available_clients=min_replies,
+        on_fit_config_fn=lambda _: config,
+        fit_metrics_aggregation_fn=collect,
+    )
     clients = SimpleClientManager()
     for node in nodes:
         clients.register(GridClientProxy(node, grid, run_id))
-    context = LegacyContext(Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config={}),
-                            strategy=strategy, client_manager=clients)
+    context = LegacyContext(
+        Context(run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config={}),
+        strategy=strategy,
+        client_manager=clients,
+    )
     context.state.array_records[MAIN_PARAMS_RECORD] = ArrayRecord(dict(arrays.items()))
     context.state.config_records[MAIN_CONFIGS_RECORD] = ConfigRecord({Key.CURRENT_ROUND: round_number})
-    workflow = SecAggPlusWorkflow(num_shares=1.0, reconstruction_threshold=reconstruction_threshold,
-                                  max_weight=max_weight, timeout=timeout)
+    workflow = SecAggPlusWorkflow(
+        num_shares=1.0, reconstruction_threshold=reconstruction_threshold, max_weight=max_weight, timeout=timeout
+    )
     workflow(grid, context)
     if not replies:
         return None, []
@@ -60,8 +79,12 @@ def secure_aggregate(grid, run_id: int, round_number: int, nodes: list[int], arr
     reference = [array.numpy() for array in arrays.values()]
     if len(summed) != len(reference):
         raise ValueError(f"SecAgg+ returned {len(summed)} tensors, the model has {len(reference)}")
-    return ArrayRecord({name: Array(np.asarray(value, dtype=ref.dtype).reshape(ref.shape))
-                        for name, value, ref in zip(arrays.keys(), summed, reference)}), replies
+    return ArrayRecord(
+        {
+            name: Array(np.asarray(value, dtype=ref.dtype).reshape(ref.shape))
+            for name, value, ref in zip(arrays.keys(), summed, reference)
+        }
+    ), replies
 
 
 def secaggplus_site_mod(msg: Message, context: Context, call_next) -> Message:
@@ -81,7 +104,9 @@ def secaggplus_site_mod(msg: Message, context: Context, call_next) -> Message:
         names = json.loads(str(config.pop(NAMES_KEY)))
         tensors = [bytes_to_ndarray(t) for t in fitins.parameters.tensors]
         arrays = ArrayRecord({name: Array(t) for name, t in zip(names, tensors, strict=True)})
-        reply = call_next(Message(RecordDict({"arrays": arrays, "config": ConfigRecord(config)}), metadata=legacy.metadata), ctx)
+        reply = call_next(
+            Message(RecordDict({"arrays": arrays, "config": ConfigRecord(config)}), metadata=legacy.metadata), ctx
+        )
         weights = reply.content["arrays"]
         metrics = dict(reply.content["metrics"])
         parameters = Parameters([ndarray_to_bytes(weights[name].numpy()) for name in names], "numpy.ndarray")

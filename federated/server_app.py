@@ -1,6 +1,7 @@
 """The Flower ServerApp: N rounds of train → aggregate → evaluate-on-every-site, checkpointed after each round,
 tracked in one MLflow parent run, ending with the global policy in the MLflow registry.
 """
+
 from __future__ import annotations
 
 import json
@@ -71,12 +72,22 @@ def run_federation(grid: Grid, config: FedConfig) -> FederatedResult:
         state = checkpoint.ServerState(round=-1, weights=initial)
     restore_strategy_state(strategy, state.strategy_state)
     state.mlflow_run_id = tracking.open_parent_run(config, state.mlflow_run_id)
-    result = FederatedResult("RUNNING", max(state.round, 0), state.history, state.mlflow_run_id, checkpoint_dir=str(directory))
+    result = FederatedResult(
+        "RUNNING", max(state.round, 0), state.history, state.mlflow_run_id, checkpoint_dir=str(directory)
+    )
     arrays = to_record(state.weights)
     base = {"strategy": config.strategy, "env": config.env, "seed": config.seed, "eval-episodes": config.eval_episodes}
-    train_config = ConfigRecord({**base, "aggregation-interval": config.aggregation_interval, "local-steps": config.local_steps,
-                                 "bc-epochs": config.bc_epochs, "bc-batch-size": config.bc_batch_size,
-                                 "bc-learning-rate": config.bc_learning_rate, "bc-box-loss": config.bc_box_loss})
+    train_config = ConfigRecord(
+        {
+            **base,
+            "aggregation-interval": config.aggregation_interval,
+            "local-steps": config.local_steps,
+            "bc-epochs": config.bc_epochs,
+            "bc-batch-size": config.bc_batch_size,
+            "bc-learning-rate": config.bc_learning_rate,
+            "bc-box-loss": config.bc_box_loss,
+        }
+    )
     try:
         if state.round < 0:  # score the initial model on every site: the baseline each round is compared with
             stats = RoundStats(round=0)
@@ -92,7 +103,9 @@ def run_federation(grid: Grid, config: FedConfig) -> FederatedResult:
             _finish_round(directory, state, stats, arrays, strategy, config)
         result.rounds, result.history = state.round, state.history
         if config.register_as:
-            result.model_version = tracking.register_global_model(state.mlflow_run_id, config, state.weights, state.round)
+            result.model_version = tracking.register_global_model(
+                state.mlflow_run_id, config, state.weights, state.round
+            )
         result.status = "FINISHED"
     except Exception as err:
         result.status, result.error = "FAILED", f"{type(err).__name__}: {err}"
@@ -104,8 +117,9 @@ def run_federation(grid: Grid, config: FedConfig) -> FederatedResult:
     return result
 
 
-def _finish_round(directory: Path, state: checkpoint.ServerState, stats: RoundStats, arrays: ArrayRecord,
-                  strategy, config: FedConfig) -> None:
+def _finish_round(
+    directory: Path, state: checkpoint.ServerState, stats: RoundStats, arrays: ArrayRecord, strategy, config: FedConfig
+) -> None:
     tracking.log_round(state.mlflow_run_id, stats)
     state.round = stats.round
     state.weights = from_record(arrays)

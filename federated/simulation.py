@@ -1,13 +1,16 @@
 """Flower's simulation engine (virtual sites as Ray actors in this process's Ray) for quick experiments."""
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from opentinker.federated.config import FedConfig, SiteConfig
 from opentinker.federated.server_app import FederatedResult, build_server_app, read_result
 
 
-def simulate(config: FedConfig, sites: Sequence[SiteConfig] | None = None, cpus_per_site: float = 1.0) -> FederatedResult:
+def simulate(
+    config: FedConfig, sites: Sequence[SiteConfig] | None = None, cpus_per_site: float = 1.0
+) -> FederatedResult:
     """Run `config.num_sites` virtual sites; `sites[i]` gives site i its settings (default: site i's default variant)."""
     from flwr.simulation import run_simulation
 

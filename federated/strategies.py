@@ -1,4 +1,5 @@
 """Flower strategies configured the OpenTinker way: weighted by local env steps, floor-sized sampling, resumable state."""
+
 from __future__ import annotations
 
 from flwr.serverapp.strategy import FedAdam, FedAvg, FedProx, Strategy

@@ -2,6 +2,7 @@
 budget starting from the global weights (PPO on the env, or behaviour cloning on the site's offline dataset), score
 a policy on the site's env. Calls the RL engine (``opentinker.agents``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,7 +47,9 @@ def default_variant(site_id: int) -> SiteVariant:
 def resolve_variant(site_id: int, pole_length: float, gravity: float) -> SiteVariant:
     """A site's explicit settings win; negative values fall back to the site's default variant."""
     default = default_variant(site_id)
-    return SiteVariant(pole_length if pole_length > 0 else default.pole_length, gravity if gravity > 0 else default.gravity)
+    return SiteVariant(
+        pole_length if pole_length > 0 else default.pole_length, gravity if gravity > 0 else default.gravity
+    )
 
 
 def make_site_env(env_id: str, variant: SiteVariant) -> gym.Env:
@@ -109,7 +112,9 @@ def _proximal_step(trainer, anchor: Weights, mu: float) -> None:
                 param.mul_(1.0 / (1.0 + mu)).add_(torch.as_tensor(anchor[name]), alpha=mu / (1.0 + mu))
 
 
-def train_local(trainer, seconds: float, max_steps: int, proximal_mu: float = 0.0, anchor: Weights | None = None) -> dict:
+def train_local(
+    trainer, seconds: float, max_steps: int, proximal_mu: float = 0.0, anchor: Weights | None = None
+) -> dict:
     """Train until `seconds` have passed or `max_steps` env steps are done (at least one PPO iteration).
 
     With ``proximal_mu > 0`` every iteration ends with a proximal pull toward ``anchor`` (FedProx).
@@ -136,23 +141,33 @@ def train_local(trainer, seconds: float, max_steps: int, proximal_mu: float = 0.
     }
 
 
-def bc_config(run_config) -> "BCConfig":
+def bc_config(run_config) -> BCConfig:
     """The behaviour-cloning settings the server sent (``bc-*`` keys of the train message's config)."""
     from opentinker.agents.bc import BCConfig
 
-    return BCConfig(epochs=int(run_config["bc-epochs"]), batch_size=int(run_config["bc-batch-size"]),
-                    learning_rate=float(run_config["bc-learning-rate"]), box_loss=str(run_config["bc-box-loss"]))
+    return BCConfig(
+        epochs=int(run_config["bc-epochs"]),
+        batch_size=int(run_config["bc-batch-size"]),
+        learning_rate=float(run_config["bc-learning-rate"]),
+        box_loss=str(run_config["bc-box-loss"]),
+    )
 
 
-def load_site_dataset(path: str | Path, trainer) -> "Transitions":
+def load_site_dataset(path: str | Path, trainer) -> Transitions:
     """The site's offline transitions, validated against the policy's spaces (``DatasetError`` names the field)."""
     from opentinker.agents.bc import load_transitions
 
     return load_transitions(path, trainer.observation_space, trainer.action_space)
 
 
-def train_bc_local(trainer, data: "Transitions", seconds: float, config: "BCConfig", proximal_mu: float = 0.0,
-                   anchor: Weights | None = None) -> dict:
+def train_bc_local(
+    trainer,
+    data: Transitions,
+    seconds: float,
+    config: BCConfig,
+    proximal_mu: float = 0.0,
+    anchor: Weights | None = None,
+) -> dict:
     """Behaviour cloning on the site's dataset for ``config.epochs`` or ``seconds``, whichever ends first.
 
     Returns the ``TRAIN_METRICS``: ``num-steps`` (the FedAvg weight) is the number of transitions in the dataset,
@@ -161,9 +176,21 @@ def train_bc_local(trainer, data: "Transitions", seconds: float, config: "BCConf
     """
     from opentinker.agents.bc import behaviour_cloning
 
-    stats = behaviour_cloning(trainer.policy, data, config, trainer.rng, deadline=time.monotonic() + seconds,
-                              anchor=anchor, proximal_mu=proximal_mu)
-    return {"num-steps": stats.num_samples, "seconds": stats.seconds, "train-return": float("nan"), "train-loss": stats.loss}
+    stats = behaviour_cloning(
+        trainer.policy,
+        data,
+        config,
+        trainer.rng,
+        deadline=time.monotonic() + seconds,
+        anchor=anchor,
+        proximal_mu=proximal_mu,
+    )
+    return {
+        "num-steps": stats.num_samples,
+        "seconds": stats.seconds,
+        "train-return": float("nan"),
+        "train-loss": stats.loss,
+    }
 
 
 def evaluate(trainer, episodes: int, seed: int = 10_000) -> float:

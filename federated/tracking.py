@@ -1,4 +1,5 @@
 """MLflow edge of the federated server: one parent run per federated run, per-round metrics, the final model."""
+
 from __future__ import annotations
 
 import tempfile
@@ -49,7 +50,10 @@ def register_global_model(run_id: str, config: FedConfig, weights: task.Weights,
 
     with tempfile.TemporaryDirectory(prefix="opentinker-fed-export-") as tmp:
         export_dir = task.export_global_policy(
-            config.env, weights, Path(tmp) / "policy", metadata={"federated_rounds": rounds, "strategy": config.strategy}
+            config.env,
+            weights,
+            Path(tmp) / "policy",
+            metadata={"federated_rounds": rounds, "strategy": config.strategy},
         )
         model_uri = log_policy_model(export_dir, run_id=run_id)
     return str(register_policy(model_uri, config.register_as, alias=config.alias or None).version)

@@ -4,6 +4,7 @@ Heavy packages (prefect, mlflow, ray, torch) are imported inside the commands so
 stays fast. Expected failures (bad env id, bad config, unreachable storage) print one clear message
 and exit 1; ``--verbose`` shows Prefect's logs and full tracebacks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,14 @@ from opentinker.flows.console import console
 
 QUICKSTART_STEPS = 200_000
 """CartPole PPO with its preset (``presets.PPO_DISCRETE``) passes 475 after ~100–170k steps (docs/pipeline.md)."""
-Algo = Annotated[str | None, typer.Option("--algo", help="Algorithm: ppo or dqn (default ppo); grpo trains an LLM "
-                                         "agent's language model on a text task (arithmetic, tool_arithmetic).")]
+Algo = Annotated[
+    str | None,
+    typer.Option(
+        "--algo",
+        help="Algorithm: ppo or dqn (default ppo); grpo trains an LLM "
+        "agent's language model on a text task (arithmetic, tool_arithmetic).",
+    ),
+]
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect/MLflow logs and full tracebacks.")]
 
@@ -62,8 +69,10 @@ def _load_params(env_id: str | None, config: Path | None, groups: bool = False, 
         check_env_id(params.env_id)
         check_presets(params)
     elif not groups:  # group envs are PettingZoo envs, checked when the group is built
-        raise ConfigError("policy_mapping: this command deploys the single-agent train_flow; "
-                          "train an agent group with `opentinker train ENV --config FILE`")
+        raise ConfigError(
+            "policy_mapping: this command deploys the single-agent train_flow; "
+            "train an agent group with `opentinker train ENV --config FILE`"
+        )
     return params
 
 
@@ -99,8 +108,12 @@ def _print_result(result) -> None:
 
 @_friendly_errors
 def train(
-    env_id: Annotated[str, typer.Argument(help="Gymnasium id (CartPole-v1), your env as package.module:Class, or a "
-                                             "text task with --algo grpo.")],
+    env_id: Annotated[
+        str,
+        typer.Argument(
+            help="Gymnasium id (CartPole-v1), your env as package.module:Class, or a text task with --algo grpo."
+        ),
+    ],
     steps: Annotated[int | None, typer.Option(help="Total env steps (GRPO: optimiser steps).")] = None,
     algo: Algo = None,
     config: Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")] = None,
@@ -141,8 +154,10 @@ def _print_group_result(result) -> None:
 
     for kind, evaluation in result.evaluation.items():
         model = result.models[kind]
-        console.print(f"{kind}: mean return {evaluation.mean:.2f} ± {evaluation.std:.2f}, terminated "
-                      f"{evaluation.terminated_fraction:.0%} · model {model.name} version {model.version}")
+        console.print(
+            f"{kind}: mean return {evaluation.mean:.2f} ± {evaluation.std:.2f}, terminated "
+            f"{evaluation.terminated_fraction:.0%} · model {model.name} version {model.version}"
+        )
     console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
     for hint in ui_hints():
         console.print(hint)
@@ -166,8 +181,9 @@ def quickstart(
     query_served_policy(f"models:/{result.model_name}@{alias}", params.env_id, console)
 
 
-def _deployment_params(env_id: str, config: Path | None, steps: int | None, cron: str | None, verbose: bool,
-                       algo: str | None = None):
+def _deployment_params(
+    env_id: str, config: Path | None, steps: int | None, cron: str | None, verbose: bool, algo: str | None = None
+):
     """What every train_flow deployment checks first: params, the cron (if any) and a Prefect server to hold it."""
     from opentinker.flows.console import prepare_prefect
     from opentinker.flows.validate import check_cron, check_prefect_server
@@ -197,8 +213,10 @@ def schedule(
     from opentinker.flows.train import train_flow
 
     deployment = name or f"nightly-{params.resolved_run_name}"
-    console.print(f"Serving deployment [bold]train/{deployment}[/] on cron {cron!r}; trigger now with "
-                  f"`prefect deployment run train/{deployment}`. Ctrl-C stops.")
+    console.print(
+        f"Serving deployment [bold]train/{deployment}[/] on cron {cron!r}; trigger now with "
+        f"`prefect deployment run train/{deployment}`. Ctrl-C stops."
+    )
     train_flow.serve(
         name=deployment,
         cron=cron,
@@ -224,15 +242,21 @@ def evaluate(
 
     result = evaluate_flow(EvalParams(model_uri=model_uri, episodes=episodes, seed=seed))
     cached = " (cached)" if result.cached else ""
-    console.print(f"{result.model_key}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes{cached}")
+    console.print(
+        f"{result.model_key}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes{cached}"
+    )
 
 
 @_friendly_errors
 def release(
     model_name: Annotated[str, typer.Argument(help="Registered model name.")],
     version: Annotated[str, typer.Option(help="Version number or alias to consider.")] = "candidate",
-    threshold: Annotated[float | None, typer.Option(help="Minimum evaluation mean (default: the env spec's "
-                                                    "reward_threshold; none: beat the champion).")] = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            help="Minimum evaluation mean (default: the env spec's reward_threshold; none: beat the champion)."
+        ),
+    ] = None,
     episodes: Annotated[int, typer.Option(help="Deterministic episodes (same seeds for both).")] = 10,
     seed: Annotated[int, typer.Option(help="Seed of the first episode.")] = 10_000,
     verbose: Verbose = False,

@@ -1,4 +1,5 @@
 """What the pipeline commands need around a flow run: Prefect environment, quiet logs, progress bar, summary."""
+
 from __future__ import annotations
 
 import contextlib
@@ -72,7 +73,6 @@ def training_progress(total_steps: int, label: str) -> Iterator[None]:
 def ui_hints() -> list[str]:
     """How to look at what just happened."""
     from opentinker.infra.settings import get_settings
-
     from opentinker.tasks.tracking import ui_url
 
     settings = get_settings()

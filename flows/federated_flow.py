@@ -1,9 +1,10 @@
 """The federated flow: make sure the SuperLink/SuperNodes run → run the rounds → check the registered global model."""
+
 from __future__ import annotations
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from prefect import flow
 
+import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.federated.prefect_tasks import check_registered_model, ensure_federation, run_federated, stop_federation
 
 
@@ -19,11 +20,17 @@ def federated_flow(config: dict, root: str | None = None, stop_after: bool = Fal
         result = run_federated(federation_root, config)
         model_uri = ""
         if result.model_version:
-            model_uri = check_registered_model(config.get("register_as", "federated-policy"),
-                                               config.get("alias", "federated"), result.model_version)
+            model_uri = check_registered_model(
+                config.get("register_as", "federated-policy"), config.get("alias", "federated"), result.model_version
+            )
     finally:
         if stop_after:
             stop_federation(federation_root)
     print(f"federated run {result.status}: {result.rounds} rounds, model {model_uri or '-'}")
-    return {"status": result.status, "rounds": result.rounds, "history": result.history,
-            "mlflow_run_id": result.mlflow_run_id, "model_uri": model_uri}
+    return {
+        "status": result.status,
+        "rounds": result.rounds,
+        "history": result.history,
+        "mlflow_run_id": result.mlflow_run_id,
+        "model_uri": model_uri,
+    }

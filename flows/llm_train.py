@@ -3,9 +3,13 @@ register the adapter → champion gate. ``opentinker train TASK --algo grpo`` ru
 
 No ``from __future__ import annotations`` (Prefect builds a pydantic model from the flow's signature).
 """
+
 import re
 from pathlib import Path
 from typing import Any, Literal
+
+from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.infra.settings import get_settings
@@ -20,8 +24,6 @@ from opentinker.tasks.llm import (
 )
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
 from opentinker.tasks.train import run_dir
-from prefect import flow
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
 class GRPOParams(BaseModel):
@@ -114,34 +116,75 @@ def grpo_train_flow(params: GRPOParams) -> GRPOFlowResult:
 
     config = grpo_config(params.config)
     probe_text_task(params.task, config.task_seed)
-    tracking = start_tracking_run({**params.model_dump(), "env_id": params.task, "grpo": vars(config)},
-                                  params.resolved_run_name, params.experiment)
+    tracking = start_tracking_run(
+        {**params.model_dump(), "env_id": params.task, "grpo": vars(config)},
+        params.resolved_run_name,
+        params.experiment,
+    )
     try:
-        trained = train_grpo(tracking.run_id, str(run_dir(get_settings().resolved_data_dir, params.resolved_run_name)),
-                             params.config, params.steps, seed=params.seed, workers=params.workers,
-                             backend=params.backend, resume=params.resume, checkpoint_every=params.checkpoint_every,
-                             eval_every=params.eval_every)
-        evaluation = evaluate_adapter(trained.adapter_dir, config.eval_prompts, config.eval_batch, config.cache_dir,
-                                      run_id=tracking.run_id, step=trained.global_step)
-        version = register_adapter(tracking.run_id, trained.adapter_dir, params.resolved_model_name,
-                                   config.base_model, params.task)
-        gate: GateDecision = gate_adapter(params.resolved_model_name, version, evaluation, params.champion_threshold,
-                                          config.eval_batch, config.cache_dir)
+        trained = train_grpo(
+            tracking.run_id,
+            str(run_dir(get_settings().resolved_data_dir, params.resolved_run_name)),
+            params.config,
+            params.steps,
+            seed=params.seed,
+            workers=params.workers,
+            backend=params.backend,
+            resume=params.resume,
+            checkpoint_every=params.checkpoint_every,
+            eval_every=params.eval_every,
+        )
+        evaluation = evaluate_adapter(
+            trained.adapter_dir,
+            config.eval_prompts,
+            config.eval_batch,
+            config.cache_dir,
+            run_id=tracking.run_id,
+            step=trained.global_step,
+        )
+        version = register_adapter(
+            tracking.run_id, trained.adapter_dir, params.resolved_model_name, config.base_model, params.task
+        )
+        gate: GateDecision = gate_adapter(
+            params.resolved_model_name,
+            version,
+            evaluation,
+            params.champion_threshold,
+            config.eval_batch,
+            config.cache_dir,
+        )
     except BaseException:
         finish_tracking_run(tracking.run_id, status="FAILED")
         raise
-    finish_tracking_run(tracking.run_id, tags={"opentinker.model_version": version,
-                                               "opentinker.aliases": ",".join(gate.aliases),
-                                               "opentinker.base_model": config.base_model},
-                        metrics={"heldout/success_rate": evaluation.success,
-                                 "train/completions_per_s_overall": trained.completions_per_s},
-                        step=trained.global_step)
-    return GRPOFlowResult(run_id=tracking.run_id, run_url=tracking.url, model_name=params.resolved_model_name,
-                          model_version=version, aliases=gate.aliases, decision=gate.decision,
-                          base_eval=trained.base_eval, evaluation=evaluation, champion_success=gate.champion_success,
-                          global_step=trained.global_step, train_seconds=trained.train_seconds,
-                          completions_per_s=trained.completions_per_s, adapter_dir=trained.adapter_dir,
-                          checkpoint_path=trained.checkpoint_path)
+    finish_tracking_run(
+        tracking.run_id,
+        tags={
+            "opentinker.model_version": version,
+            "opentinker.aliases": ",".join(gate.aliases),
+            "opentinker.base_model": config.base_model,
+        },
+        metrics={
+            "heldout/success_rate": evaluation.success,
+            "train/completions_per_s_overall": trained.completions_per_s,
+        },
+        step=trained.global_step,
+    )
+    return GRPOFlowResult(
+        run_id=tracking.run_id,
+        run_url=tracking.url,
+        model_name=params.resolved_model_name,
+        model_version=version,
+        aliases=gate.aliases,
+        decision=gate.decision,
+        base_eval=trained.base_eval,
+        evaluation=evaluation,
+        champion_success=gate.champion_success,
+        global_step=trained.global_step,
+        train_seconds=trained.train_seconds,
+        completions_per_s=trained.completions_per_s,
+        adapter_dir=trained.adapter_dir,
+        checkpoint_path=trained.checkpoint_path,
+    )
 
 
 def run_grpo_command(task: str, config_file: Path | None, verbose: bool, **overrides: Any) -> GRPOFlowResult:
@@ -156,8 +199,10 @@ def run_grpo_command(task: str, config_file: Path | None, verbose: bool, **overr
     console.print(f"Held-out success: {before}{result.evaluation.success:.1%} over {result.evaluation.prompts} prompts")
     console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
     console.print(f"Gate: {result.decision}")
-    console.print(f"Serve it: opentinker agent serve --llm models:/{result.model_name}@{result.aliases[-1]} "
-                  f"--tool python_repl --api-key KEY")
+    console.print(
+        f"Serve it: opentinker agent serve --llm models:/{result.model_name}@{result.aliases[-1]} "
+        f"--tool python_repl --api-key KEY"
+    )
     console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
     for hint in ui_hints():
         console.print(hint)

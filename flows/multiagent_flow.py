@@ -1,10 +1,11 @@
 """Multi-agent training flow: tracking run → train the group → evaluate each kind → one registered model per kind."""
+
 from __future__ import annotations
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from prefect import flow
 from pydantic import BaseModel
 
+import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import MultiAgentParams
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.multiagent import KindEvaluation, evaluate_group, train_group
@@ -29,24 +30,56 @@ def multiagent_train_flow(params: MultiAgentParams) -> MultiAgentFlowResult:
     tracking = start_tracking_run(config, params.run_name, params.experiment)
     try:
         trained = train_group(
-            tracking.run_id, str(run_dir(get_settings().resolved_data_dir, params.run_name)), params.policy_mapping,
-            params.configs, params.steps, seed=params.seed, env_id=params.env_id, env_kwargs=params.env_kwargs,
-            shared_memory=params.shared_memory, num_envs=params.num_envs, n_steps=params.n_steps,
-            resume=params.resume, checkpoint_every=params.checkpoint_every, backend=params.backend,
-            workers=params.workers)
+            tracking.run_id,
+            str(run_dir(get_settings().resolved_data_dir, params.run_name)),
+            params.policy_mapping,
+            params.configs,
+            params.steps,
+            seed=params.seed,
+            env_id=params.env_id,
+            env_kwargs=params.env_kwargs,
+            shared_memory=params.shared_memory,
+            num_envs=params.num_envs,
+            n_steps=params.n_steps,
+            resume=params.resume,
+            checkpoint_every=params.checkpoint_every,
+            backend=params.backend,
+            workers=params.workers,
+        )
         evaluation = evaluate_group(trained.checkpoint_path, params.eval_episodes, params.eval_seed)
         models = {
-            kind: package_model(tracking.run_id, trained.export_dirs[kind], f"{params.model_name}-{kind}",
-                                EvalOutcome(model_key=f"{tracking.run_id}/{kind}", seed=params.eval_seed,
-                                            returns=result.returns, mean=result.mean, std=result.std))
+            kind: package_model(
+                tracking.run_id,
+                trained.export_dirs[kind],
+                f"{params.model_name}-{kind}",
+                EvalOutcome(
+                    model_key=f"{tracking.run_id}/{kind}",
+                    seed=params.eval_seed,
+                    returns=result.returns,
+                    mean=result.mean,
+                    std=result.std,
+                ),
+            )
             for kind, result in evaluation.items()
         }
     except BaseException:
         finish_tracking_run(tracking.run_id, status="FAILED")
         raise
-    metrics = {f"eval/{kind}/{name}": getattr(result, name) for kind, result in evaluation.items()
-               for name in ("mean", "std", "mean_length", "terminated_fraction")}
-    finish_tracking_run(tracking.run_id, metrics=metrics, step=trained.global_step,
-                        tags={f"opentinker.model.{kind}": f"{ref.name}/{ref.version}" for kind, ref in models.items()})
-    return MultiAgentFlowResult(run_id=tracking.run_id, run_url=tracking.url, global_step=trained.global_step,
-                                evaluation=evaluation, models=models)
+    metrics = {
+        f"eval/{kind}/{name}": getattr(result, name)
+        for kind, result in evaluation.items()
+        for name in ("mean", "std", "mean_length", "terminated_fraction")
+    }
+    finish_tracking_run(
+        tracking.run_id,
+        metrics=metrics,
+        step=trained.global_step,
+        tags={f"opentinker.model.{kind}": f"{ref.name}/{ref.version}" for kind, ref in models.items()},
+    )
+    return MultiAgentFlowResult(
+        run_id=tracking.run_id,
+        run_url=tracking.url,
+        global_step=trained.global_step,
+        evaluation=evaluation,
+        models=models,
+    )

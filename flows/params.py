@@ -1,4 +1,5 @@
 """Flow parameters as pydantic models: Prefect records them on every flow run; config files are validated against them."""
+
 from __future__ import annotations
 
 import json
@@ -29,37 +30,59 @@ class TrainParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    env_id: str = Field("CartPole-v1", min_length=1, description="Gymnasium id, or 'package.module:Class' / "
-                        "'package.module:factory' for your own env (importable where the rollouts run).")
+    env_id: str = Field(
+        "CartPole-v1",
+        min_length=1,
+        description="Gymnasium id, or 'package.module:Class' / "
+        "'package.module:factory' for your own env (importable where the rollouts run).",
+    )
     steps: int = Field(200_000, gt=0, description="Total global env steps to reach (a resumed run continues up to it).")
     seed: int = Field(0, ge=0, description="Seeds the policy, the learner and every rollout (seed, iteration, worker).")
-    algorithm: Literal[ALGORITHMS] = Field("ppo", description="Training algorithm; its table holds its "
-                                           "hyper-parameters.")
+    algorithm: Literal[ALGORITHMS] = Field(
+        "ppo", description="Training algorithm; its table holds its hyper-parameters."
+    )
     num_envs: int | None = Field(None, gt=0, description="Env copies stepped in parallel; None: the preset's.")
     backend: Literal["auto", "local", "ray"] = Field(
-        "auto", description="Where env copies run: 'local' (in-process, gymnasium's vectorised implementation when the "
+        "auto",
+        description="Where env copies run: 'local' (in-process, gymnasium's vectorised implementation when the "
         "env has one), 'ray' (rollout actors), 'auto' (Ray when workers is set or the env's step is costly, else "
-        "local).")
+        "local).",
+    )
     workers: int | None = Field(None, gt=0, description="Ray rollout actors; None lets the engine choose.")
-    num_gpus: float = Field(0.0, ge=0, description="GPUs the learner takes from Ray (fractions share one); it trains on "
-                            "the GPU Ray assigns. 0: device 'auto'.")
-    rollout_num_cpus: float | None = Field(None, ge=0, description="CPUs per rollout actor (fractions allowed); None: "
-                                           "one, or an equal share of the free CPUs.")
+    num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs the learner takes from Ray (fractions share one); it trains on "
+        "the GPU Ray assigns. 0: device 'auto'.",
+    )
+    rollout_num_cpus: float | None = Field(
+        None,
+        ge=0,
+        description="CPUs per rollout actor (fractions allowed); None: one, or an equal share of the free CPUs.",
+    )
     rollout_num_gpus: float = Field(0.0, ge=0, description="GPUs per rollout actor (fractions allowed).")
-    ppo: dict[str, Any] = Field(default_factory=dict, description="PPOConfig fields (algorithm 'ppo'), over the "
-                                "preset.")
-    dqn: dict[str, Any] = Field(default_factory=dict, description="DQNConfig fields (algorithm 'dqn'), over the "
-                                "preset.")
-    checkpoint_every: int | None = Field(None, gt=0, description="Env steps between checkpoints; None checkpoints at the end only.")
+    ppo: dict[str, Any] = Field(
+        default_factory=dict, description="PPOConfig fields (algorithm 'ppo'), over the preset."
+    )
+    dqn: dict[str, Any] = Field(
+        default_factory=dict, description="DQNConfig fields (algorithm 'dqn'), over the preset."
+    )
+    checkpoint_every: int | None = Field(
+        None, gt=0, description="Env steps between checkpoints; None checkpoints at the end only."
+    )
     resume: bool = Field(False, description="Continue from the run's last checkpoint instead of starting over.")
-    run_name: str | None = Field(None, description="Names the checkpoint dir (resume key); default '<env_id>-seed<seed>'.")
+    run_name: str | None = Field(
+        None, description="Names the checkpoint dir (resume key); default '<env_id>-seed<seed>'."
+    )
     model_name: str | None = Field(None, description="Registered model name; default 'opentinker-<env_id>'.")
     eval_episodes: int = Field(10, gt=0, description="Deterministic evaluation episodes.")
     eval_seed: int = Field(10_000, ge=0, description="Seed of the first evaluation episode (then +1 per episode).")
     champion_threshold: float | None = Field(
-        None, description="Evaluation mean a candidate needs before it may become champion. None: the env spec's "
+        None,
+        description="Evaluation mean a candidate needs before it may become champion. None: the env spec's "
         "reward_threshold, or when it has none, beating the champion (the first model: a random policy by a clear "
-        "margin).")
+        "margin).",
+    )
     experiment: str | None = Field(None, description="MLflow experiment; default from settings.")
 
     @field_validator(*ALGORITHMS)
@@ -75,18 +98,23 @@ class TrainParams(BaseModel):
             known = {field.name for field in dataclasses.fields(config_cls)} - set(ENV_FIELDS)
             unknown = sorted(set(table) - known)
             if unknown:
-                where = "set it at the top level, not in the table" if unknown[0] in ENV_FIELDS else \
-                    f"expected one of: {', '.join(sorted(known))}"
+                where = (
+                    "set it at the top level, not in the table"
+                    if unknown[0] in ENV_FIELDS
+                    else f"expected one of: {', '.join(sorted(known))}"
+                )
                 raise ValueError(f"unknown {config_cls.__name__} field {unknown[0]!r} ({where})")
             config_cls(**table)  # its __post_init__ names the field and the expected range
         return table
 
     @model_validator(mode="after")
-    def _one_algorithm(self) -> "TrainParams":
+    def _one_algorithm(self) -> TrainParams:
         for other in ALGORITHMS:
             if other != self.algorithm and getattr(self, other):
-                raise ValueError(f"{other}: does not apply to algorithm {self.algorithm!r} (set algorithm = "
-                                 f"{other!r} to train with it, or move the fields to the [{self.algorithm}] table)")
+                raise ValueError(
+                    f"{other}: does not apply to algorithm {self.algorithm!r} (set algorithm = "
+                    f"{other!r} to train with it, or move the fields to the [{self.algorithm}] table)"
+                )
         if self.backend == "local" and self.workers is not None and self.workers > 1:
             raise ValueError("workers: Ray rollout actors need backend 'ray' or 'auto', not 'local'")
         return self
@@ -124,13 +152,17 @@ class MultiAgentParams(BaseModel):
     env_id: str = Field("pursuit", description="Env id: 'pursuit' (the built-in predator–prey env).")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="Passed to the env factory.")
     policy_mapping: dict[str, str] = Field(default_factory=lambda: {"predator": "PPO", "prey": "DQN"})
-    configs: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Per-kind hyper-parameters (configure).")
+    configs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-kind hyper-parameters (configure)."
+    )
     shared_memory: bool | str = False
     steps: int = Field(4096, ge=1, description="Env steps over all env copies.")
     seed: int = 0
     num_envs: int = Field(4, ge=1)
     n_steps: int = Field(32, ge=1)
-    backend: str = Field("auto", description='Where env copies run: "local", "ray" (Ray actors) or "auto" (as RemoteEnv).')
+    backend: str = Field(
+        "auto", description='Where env copies run: "local", "ray" (Ray actors) or "auto" (as RemoteEnv).'
+    )
     workers: int | None = Field(None, ge=1, description="Ray actors for the env copies (None: one per cluster CPU).")
     eval_episodes: int = Field(5, ge=1)
     eval_seed: int = 10_000
@@ -141,7 +173,7 @@ class MultiAgentParams(BaseModel):
     checkpoint_every: int | None = None
 
     @model_validator(mode="after")
-    def _valid_group(self) -> "MultiAgentParams":
+    def _valid_group(self) -> MultiAgentParams:
         """The group's own checks (kinds, algorithms, per-kind fields) run here, before any service starts."""
         from opentinker.agents.multiagent import AgentGroup
 
@@ -181,7 +213,9 @@ def _read_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+        raise ConfigError(
+            f"config file {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a table of TrainParams fields")
     return data

@@ -1,4 +1,5 @@
 """`opentinker deploy`: register train_flow on a Prefect process work pool (run by `prefect worker start`)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,9 +28,11 @@ def deploy(
 
     deployment = name or params.resolved_run_name
     deploy_train_flow(pool, deployment, {"params": params.model_dump(mode="json")}, cron=cron)
-    console.print(f"Deployed [bold]train/{deployment}[/] to pool [bold]{pool}[/]. Start a worker with "
-                  f"`prefect worker start --pool {pool} --type process`; run now with "
-                  f"`prefect deployment run train/{deployment}`.")
+    console.print(
+        f"Deployed [bold]train/{deployment}[/] to pool [bold]{pool}[/]. Start a worker with "
+        f"`prefect worker start --pool {pool} --type process`; run now with "
+        f"`prefect deployment run train/{deployment}`."
+    )
 
 
 def register(app: typer.Typer) -> None:

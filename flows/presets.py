@@ -5,37 +5,87 @@ episode length and whether rewards are dense per step. Per-id entries exist only
 known to fail. A config file's ``[ppo]``/``[dqn]`` table (or ``TrainParams.ppo``/``.dqn``) overrides any field;
 ``num_envs`` is set at the top level. The table is documented in docs/pipeline.md ("Presets").
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-PPO_DISCRETE: dict[str, Any] = {"num_envs": 64, "n_steps": 16, "learning_rate": 1e-3, "update_epochs": 4,
-                                "num_minibatches": 4}
+PPO_DISCRETE: dict[str, Any] = {
+    "num_envs": 64,
+    "n_steps": 16,
+    "learning_rate": 1e-3,
+    "update_epochs": 4,
+    "num_minibatches": 4,
+}
 """Many short segments: CartPole-v1 passes 475 after ~100–170k steps (docs/pipeline.md)."""
-PPO_DISCRETE_LONG: dict[str, Any] = {"num_envs": 16, "n_steps": 256, "learning_rate": 3e-4, "gamma": 0.999,
-                                     "gae_lambda": 0.98, "update_epochs": 4, "num_minibatches": 16}
+PPO_DISCRETE_LONG: dict[str, Any] = {
+    "num_envs": 16,
+    "n_steps": 256,
+    "learning_rate": 3e-4,
+    "gamma": 0.999,
+    "gae_lambda": 0.98,
+    "update_epochs": 4,
+    "num_minibatches": 16,
+}
 """Episodes over 500 steps (LunarLander, Acrobot): longer segments and horizon (RL-Zoo's LunarLander family)."""
-PPO_CONTINUOUS: dict[str, Any] = {"num_envs": 16, "n_steps": 128, "learning_rate": 3e-4, "update_epochs": 10,
-                                  "num_minibatches": 32, "ent_coef": 0.0, "clip_vloss": False, "norm_obs": True,
-                                  "norm_reward": True}
+PPO_CONTINUOUS: dict[str, Any] = {
+    "num_envs": 16,
+    "n_steps": 128,
+    "learning_rate": 3e-4,
+    "update_epochs": 10,
+    "num_minibatches": 32,
+    "ent_coef": 0.0,
+    "clip_vloss": False,
+    "norm_obs": True,
+    "norm_reward": True,
+}
 """CleanRL's ppo_continuous_action with SB3 VecNormalize-style observation and reward normalisation."""
-DQN_DISCRETE: dict[str, Any] = {"num_envs": 4, "n_steps": 32, "learning_rate": 2.3e-3, "batch_size": 64,
-                                "buffer_size": 100_000, "learning_starts": 1_000, "target_network_frequency": 10,
-                                "train_frequency": 2, "exploration_fraction": 0.16, "end_e": 0.04,
-                                "hidden_sizes": (256, 256), "total_steps": 50_000}
+DQN_DISCRETE: dict[str, Any] = {
+    "num_envs": 4,
+    "n_steps": 32,
+    "learning_rate": 2.3e-3,
+    "batch_size": 64,
+    "buffer_size": 100_000,
+    "learning_starts": 1_000,
+    "target_network_frequency": 10,
+    "train_frequency": 2,
+    "exploration_fraction": 0.16,
+    "end_e": 0.04,
+    "hidden_sizes": (256, 256),
+    "total_steps": 50_000,
+}
 """RL-Zoo's CartPole-v1 DQN (train_freq 256 / gradient_steps 128 = one gradient step per 2 env steps); epsilon decays
 over its 50k-step horizon whatever the run's length."""
 
 PER_ID: dict[tuple[str, str], dict[str, Any]] = {
-    ("ppo", "Pendulum-v1"): {"num_envs": 16, "n_steps": 128, "learning_rate": 1e-3, "gamma": 0.9,
-                             "update_epochs": 10, "num_minibatches": 8, "ent_coef": 0.0, "clip_vloss": False,
-                             "reward_scale": 0.1},
+    ("ppo", "Pendulum-v1"): {
+        "num_envs": 16,
+        "n_steps": 128,
+        "learning_rate": 1e-3,
+        "gamma": 0.9,
+        "update_epochs": 10,
+        "num_minibatches": 8,
+        "ent_coef": 0.0,
+        "clip_vloss": False,
+        "reward_scale": 0.1,
+    },
     # Sparse reward: the family's short exploration never reaches the flag (RL-Zoo's MountainCar-v0 DQN).
-    ("dqn", "MountainCar-v0"): {"num_envs": 4, "n_steps": 16, "learning_rate": 4e-3, "batch_size": 128,
-                                "buffer_size": 10_000, "learning_starts": 1_000, "gamma": 0.98,
-                                "target_network_frequency": 600, "train_frequency": 2, "exploration_fraction": 0.2,
-                                "end_e": 0.07, "hidden_sizes": (256, 256), "total_steps": 120_000},
+    ("dqn", "MountainCar-v0"): {
+        "num_envs": 4,
+        "n_steps": 16,
+        "learning_rate": 4e-3,
+        "batch_size": 128,
+        "buffer_size": 10_000,
+        "learning_starts": 1_000,
+        "gamma": 0.98,
+        "target_network_frequency": 600,
+        "train_frequency": 2,
+        "exploration_fraction": 0.2,
+        "end_e": 0.07,
+        "hidden_sizes": (256, 256),
+        "total_steps": 120_000,
+    },
 }
 """Only where the family default fails: (algorithm, env id) -> the whole preset."""
 
@@ -70,8 +120,9 @@ def problem_kind(env_ref: str) -> ProblemKind:
         spec = env.spec
         actions = "discrete" if isinstance(env.action_space, gym.spaces.Discrete) else "continuous"
         obs_dim = int(gym.spaces.flatdim(env.observation_space))
-        return ProblemKind(actions, obs_dim, getattr(spec, "max_episode_steps", None),
-                           getattr(spec, "reward_threshold", None))
+        return ProblemKind(
+            actions, obs_dim, getattr(spec, "max_episode_steps", None), getattr(spec, "reward_threshold", None)
+        )
     finally:
         env.close()
 
@@ -90,8 +141,10 @@ def preset(algorithm: str, env_id: str, kind: ProblemKind) -> dict[str, Any]:
     if (algorithm, env_id) in PER_ID:
         return dict(PER_ID[(algorithm, env_id)])
     if (algorithm, kind.family) not in FAMILIES:
-        raise ValueError(f"algorithm: {algorithm!r} does not handle {kind.actions} actions (env {env_id!r}); "
-                         f"use {' or '.join(sorted({a for a, f in FAMILIES if f == kind.family}))}")
+        raise ValueError(
+            f"algorithm: {algorithm!r} does not handle {kind.actions} actions (env {env_id!r}); "
+            f"use {' or '.join(sorted({a for a, f in FAMILIES if f == kind.family}))}"
+        )
     return dict(FAMILIES[(algorithm, kind.family)])
 
 
@@ -110,8 +163,9 @@ def resolve_params(params):
     if backend == "auto":
         backend = "ray" if params.workers is not None else resolve_backend(params.env_id, "auto", num_envs, None, {})
     threshold = params.champion_threshold if params.champion_threshold is not None else kind.reward_threshold
-    return params.model_copy(update={params.algorithm: table, "num_envs": num_envs, "backend": backend,
-                                     "champion_threshold": threshold})
+    return params.model_copy(
+        update={params.algorithm: table, "num_envs": num_envs, "backend": backend, "champion_threshold": threshold}
+    )
 
 
 def engine_preset(algorithm: str, env_id: str) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Evaluation and release flows: evaluate a model on fixed seeds (cached), and the promotion gate."""
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
+
 from prefect import flow
 
+import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import EvalFlowResult, EvalParams
 from opentinker.tasks.evaluate import evaluate_policy, evaluate_random_policy, resolve_model, reward_threshold
 from opentinker.tasks.package import CANDIDATE, CHAMPION, find_model_version, promote_if_better

@@ -1,4 +1,5 @@
 """The last quickstart step: serve a registered policy on loopback and ask it for one action over HTTP."""
+
 from __future__ import annotations
 
 import secrets

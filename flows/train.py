@@ -3,9 +3,10 @@
 No ``from __future__ import annotations`` in flow modules: Prefect builds a pydantic model from the flow's
 signature to validate deployment parameters, and string annotations leave it "not fully defined".
 """
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
+
 from prefect import flow
 
+import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import TrainFlowResult, TrainParams
 from opentinker.flows.presets import resolve_params
 from opentinker.flows.release import release_flow
@@ -31,9 +32,16 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
     try:
         if params.backend == "ray":
             start_ray()  # its own step: Ray's start-up shows in the UI, not inside the probe
-        collect_rollouts(params.env_id, params.seed, params.num_envs, params.workers, run_id=tracking.run_id,
-                         rollout_num_cpus=params.rollout_num_cpus, rollout_num_gpus=params.rollout_num_gpus,
-                         backend=params.backend)
+        collect_rollouts(
+            params.env_id,
+            params.seed,
+            params.num_envs,
+            params.workers,
+            run_id=tracking.run_id,
+            rollout_num_cpus=params.rollout_num_cpus,
+            rollout_num_gpus=params.rollout_num_gpus,
+            backend=params.backend,
+        )
         trained = train_policy(
             tracking.run_id,
             params.env_id,
@@ -51,9 +59,12 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
             resume=params.resume,
             checkpoint_every=params.checkpoint_every,
         )
-        evaluation = evaluate_policy(resolve_model(trained.export_dir, params.env_id), params.eval_episodes, params.eval_seed)
-        candidate = package_model(tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation,
-                                  step=trained.global_step)
+        evaluation = evaluate_policy(
+            resolve_model(trained.export_dir, params.env_id), params.eval_episodes, params.eval_seed
+        )
+        candidate = package_model(
+            tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation, step=trained.global_step
+        )
         released = release_flow(
             params.resolved_model_name,
             candidate.version,
@@ -84,7 +95,8 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
         eval_mean=evaluation.mean,
         eval_std=evaluation.std,
         threshold=params.champion_threshold,
-        passed_threshold=released.decision.startswith("promoted") if params.champion_threshold is None
+        passed_threshold=released.decision.startswith("promoted")
+        if params.champion_threshold is None
         else evaluation.mean >= params.champion_threshold,
         global_step=trained.global_step,
         start_step=trained.start_step,
@@ -101,10 +113,17 @@ def run_train_flow(params: TrainParams) -> TrainFlowResult:
     resolved = resolve_params(params)
     early = None
     if resolved.backend == "local" and resolved.num_gpus == 0:
-        early = start_early(resolved.env_id, resolved.steps, resolved.seed,
-                            str(run_dir(get_settings().resolved_data_dir, resolved.resolved_run_name)),
-                            resolved.algorithm, resolved.engine_overrides, resolved.num_envs, resolved.resume,
-                            resolved.checkpoint_every)
+        early = start_early(
+            resolved.env_id,
+            resolved.steps,
+            resolved.seed,
+            str(run_dir(get_settings().resolved_data_dir, resolved.resolved_run_name)),
+            resolved.algorithm,
+            resolved.engine_overrides,
+            resolved.num_envs,
+            resolved.resume,
+            resolved.checkpoint_every,
+        )
     try:
         return train_flow(params)
     finally:

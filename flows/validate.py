@@ -1,4 +1,5 @@
 """Checks that run before any heavy work, so bad input fails in a second with a message naming the field."""
+
 from __future__ import annotations
 
 from opentinker.flows.params import ConfigError

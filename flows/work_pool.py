@@ -4,6 +4,7 @@
 submitting from executing: any number of ``prefect worker start --pool NAME --type process`` processes (on this
 machine or others that have the same source tree and OPENTINKER_* settings) pick up runs as they come.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -6,6 +6,7 @@ advertise the ``rollout_node`` resource so placement on them is observable and r
 State lives in ``<data_dir>/cluster/state.json``; the Ray session files live in a short /tmp dir
 (Unix socket paths must stay under ~100 characters).
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentinker.infra.processes import (ServiceError, ServiceProcess, free_ports, log_since, set_session_priority, spawn, venv_bin,
-                                        wait_until, write_json_atomic)
+from opentinker.infra.processes import (
+    ServiceError,
+    ServiceProcess,
+    free_ports,
+    log_since,
+    set_session_priority,
+    spawn,
+    venv_bin,
+    wait_until,
+    write_json_atomic,
+)
 from opentinker.infra.settings import Settings, get_settings
 
 WORKER_RESOURCE = "rollout_node"
@@ -66,7 +76,9 @@ class LocalCluster:
         if cpus_per_node < 1:
             raise ClusterError(f"cpus_per_node must be >= 1, got {cpus_per_node}")
         if any(node.alive() for node in self.nodes().values()):
-            raise ClusterError(f"a cluster from {self.state_path} is still running; run `opentinker cluster down` first.")
+            raise ClusterError(
+                f"a cluster from {self.state_path} is still running; run `opentinker cluster down` first."
+            )
         temp_dir = tempfile.mkdtemp(prefix="otray-", dir="/tmp")
         state = {"nodes": {}, "temp_dir": temp_dir}
         started: list[ServiceProcess] = []
@@ -75,7 +87,9 @@ class LocalCluster:
             started.append(head)
             address = f"127.0.0.1:{head.ports['gcs']}"
             for index in range(1, nodes):
-                started.append(self._start_node(f"worker-{index}", address, cpus_per_node, object_store_mb, temp_dir, timeout))
+                started.append(
+                    self._start_node(f"worker-{index}", address, cpus_per_node, object_store_mb, temp_dir, timeout)
+                )
         except BaseException as exc:
             for node in reversed(started):
                 node.stop()
@@ -94,7 +108,9 @@ class LocalCluster:
         if not self.address:
             raise ClusterError("no running cluster to join; run `opentinker cluster up` first.")
         index = state.get("next_worker", len(state["nodes"]))  # never reuse a name (or its log) within a cluster
-        node = self._start_node(f"worker-{index}", self.address, cpus_per_node, object_store_mb, state["temp_dir"], timeout)
+        node = self._start_node(
+            f"worker-{index}", self.address, cpus_per_node, object_store_mb, state["temp_dir"], timeout
+        )
         state["nodes"][node.name] = node.to_dict()
         state["next_worker"] = index + 1
         write_json_atomic(self.state_path, state)
@@ -123,11 +139,21 @@ class LocalCluster:
         return stopped
 
     def status(self) -> list[NodeStatus]:
-        return [NodeStatus(name, node.alive(), node.pid if node.alive() else None, node.ports["node_manager"], node.log)
-                for name, node in self.nodes().items()]
+        return [
+            NodeStatus(name, node.alive(), node.pid if node.alive() else None, node.ports["node_manager"], node.log)
+            for name, node in self.nodes().items()
+        ]
 
-    def _start_node(self, name: str, head_address: str | None, cpus: int, object_store_mb: int,
-                    temp_dir: str, timeout: float, attempts: int = 3) -> ServiceProcess:
+    def _start_node(
+        self,
+        name: str,
+        head_address: str | None,
+        cpus: int,
+        object_store_mb: int,
+        temp_dir: str,
+        timeout: float,
+        attempts: int = 3,
+    ) -> ServiceProcess:
         """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower, so retry."""
         for attempt in range(1, attempts + 1):
             try:
@@ -137,20 +163,40 @@ class LocalCluster:
                     raise
         raise ClusterError(f"{name} did not start")  # not reached: the last attempt re-raises
 
-    def _start_node_once(self, name: str, head_address: str | None, cpus: int, object_store_mb: int,
-                         temp_dir: str, timeout: float) -> ServiceProcess:
+    def _start_node_once(
+        self, name: str, head_address: str | None, cpus: int, object_store_mb: int, temp_dir: str, timeout: float
+    ) -> ServiceProcess:
         keys = ["node_manager", "object_manager", "agent_http", "agent_grpc", "runtime_env", "metrics"]
         if head_address is None:
             keys += ["gcs", "client"]
         ports = dict(zip(keys, free_ports(len(keys))))
-        cmd = [venv_bin("ray"), "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--num-gpus=0",
-               f"--object-store-memory={object_store_mb * 1024 * 1024}", f"--temp-dir={temp_dir}",
-               f"--node-manager-port={ports['node_manager']}", f"--object-manager-port={ports['object_manager']}",
-               f"--dashboard-agent-listen-port={ports['agent_http']}", f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
-               f"--runtime-env-agent-port={ports['runtime_env']}", f"--metrics-export-port={ports['metrics']}",
-               "--min-worker-port=0", "--max-worker-port=0", "--disable-usage-stats", "--log-style=record"]
+        cmd = [
+            venv_bin("ray"),
+            "start",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={cpus}",
+            "--num-gpus=0",
+            f"--object-store-memory={object_store_mb * 1024 * 1024}",
+            f"--temp-dir={temp_dir}",
+            f"--node-manager-port={ports['node_manager']}",
+            f"--object-manager-port={ports['object_manager']}",
+            f"--dashboard-agent-listen-port={ports['agent_http']}",
+            f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
+            f"--runtime-env-agent-port={ports['runtime_env']}",
+            f"--metrics-export-port={ports['metrics']}",
+            "--min-worker-port=0",
+            "--max-worker-port=0",
+            "--disable-usage-stats",
+            "--log-style=record",
+        ]
         if head_address is None:
-            cmd += ["--head", f"--port={ports['gcs']}", f"--ray-client-server-port={ports['client']}", "--include-dashboard=false"]
+            cmd += [
+                "--head",
+                f"--port={ports['gcs']}",
+                f"--ray-client-server-port={ports['client']}",
+                "--include-dashboard=false",
+            ]
             url = f"127.0.0.1:{ports['gcs']}"
         else:
             cmd += [f"--address={head_address}", f"--resources={json.dumps({WORKER_RESOURCE: 1})}"]
@@ -163,7 +209,9 @@ class LocalCluster:
         # session would not get enough CPU for that, so it gets a higher share while starting, then the normal one.
         set_session_priority(node.pid, STARTUP_NICE)
         try:
-            wait_until(node, lambda: READY_MARKER in log_since(log, offset), timeout, "`ray start` reported the node up")
+            wait_until(
+                node, lambda: READY_MARKER in log_since(log, offset), timeout, "`ray start` reported the node up"
+            )
         except BaseException:
             node.stop()
             raise

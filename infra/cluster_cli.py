@@ -1,18 +1,23 @@
 """``opentinker cluster up|down|status``: a multi-node Ray cluster on loopback (head + worker raylets)."""
+
 from __future__ import annotations
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="A real multi-node Ray cluster on loopback; point OpenTinker at it with OPENTINKER_RAY_ADDRESS.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="A real multi-node Ray cluster on loopback; point OpenTinker at it with OPENTINKER_RAY_ADDRESS.",
+    no_args_is_help=True,
+)
 console = Console()
 
 
 @app.command()
 def up(
-    nodes: int = typer.Option(2, min=1, help="Nodes including the head; workers advertise the `rollout_node` resource."),
+    nodes: int = typer.Option(
+        2, min=1, help="Nodes including the head; workers advertise the `rollout_node` resource."
+    ),
     cpus_per_node: int = typer.Option(1, min=1, help="CPUs each node offers to Ray."),
     object_store_mb: int = typer.Option(512, min=64, help="Object store size per node (MiB)."),
     timeout: float = typer.Option(180.0, help="Seconds to wait for each node."),

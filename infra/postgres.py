@@ -4,6 +4,7 @@ PostgreSQL refuses to run as root; when we are root the server runs as the ``pos
 (``setpriv`` execs in place, so the recorded pid is the postmaster itself) and, if that user cannot reach
 the requested directory (e.g. a 0700 pytest temp dir), the cluster lives in ``/tmp/opentinker-pg-<hash>``.
 """
+
 from __future__ import annotations
 
 import glob
@@ -46,8 +47,10 @@ def _run_as() -> list[str]:
     try:
         pwd.getpwnam("postgres")
     except KeyError as exc:
-        raise ServiceError("running as root and there is no `postgres` user for the server to run as; "
-                           f"{INSTALL_HINT}, or run as a normal user") from exc
+        raise ServiceError(
+            "running as root and there is no `postgres` user for the server to run as; "
+            f"{INSTALL_HINT}, or run as a normal user"
+        ) from exc
     return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]
 
 
@@ -89,9 +92,24 @@ def _initdb(bindir: Path, pgdata: Path, password: str, log: Path) -> None:
     _chown_to_server_user(pwfile)
     try:
         with open(log, "ab") as out:
-            done = subprocess.run([*_run_as(), str(bindir / "initdb"), "-D", str(pgdata), "-U", USER, f"--pwfile={pwfile}",
-                                   "--auth=scram-sha-256", "--encoding=UTF8", "--no-instructions"],
-                                  stdout=out, stderr=subprocess.STDOUT, check=False, timeout=300)
+            done = subprocess.run(
+                [
+                    *_run_as(),
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(pgdata),
+                    "-U",
+                    USER,
+                    f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256",
+                    "--encoding=UTF8",
+                    "--no-instructions",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                check=False,
+                timeout=300,
+            )
     finally:
         pwfile.unlink(missing_ok=True)
     if done.returncode != 0:
@@ -115,8 +133,22 @@ def start_postgres(directory: Path, log: Path, timeout: float = 180.0) -> tuple[
     if not (pgdata / "PG_VERSION").exists():
         _initdb(bindir, pgdata, password, log)
     (port,) = free_ports(1)
-    cmd = [*_run_as(), str(bindir / "postgres"), "-D", str(pgdata), "-p", str(port), "-c", "listen_addresses=127.0.0.1",
-           "-c", "unix_socket_directories=", "-c", "max_connections=200", "-c", "fsync=on"]
+    cmd = [
+        *_run_as(),
+        str(bindir / "postgres"),
+        "-D",
+        str(pgdata),
+        "-p",
+        str(port),
+        "-c",
+        "listen_addresses=127.0.0.1",
+        "-c",
+        "unix_socket_directories=",
+        "-c",
+        "max_connections=200",
+        "-c",
+        "fsync=on",
+    ]
     base_uri = f"postgresql://{USER}:{password}@127.0.0.1:{port}"
     service = spawn("postgres", cmd, log, url=f"postgresql://{USER}@127.0.0.1:{port}/{DATABASE}", ports={"tcp": port})
     service.stop_command = [*_run_as(), str(bindir / "pg_ctl"), "stop", "-D", str(pgdata), "-m", "fast", "-w"]

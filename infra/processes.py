@@ -3,6 +3,7 @@
 Each service runs in its own session (process group) with stdout/stderr in a log file, so it outlives the
 command that started it and ``stop`` can end it together with every child it spawned.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,7 +102,7 @@ class ServiceProcess:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "popen"}
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "ServiceProcess":
+    def from_dict(cls, data: Mapping) -> ServiceProcess:
         return cls(**data)
 
     def process(self) -> psutil.Process | None:
@@ -124,7 +125,9 @@ class ServiceProcess:
         """
         timeout = self.stop_timeout if timeout is None else timeout
         if self.stop_command and self.alive():
-            subprocess.run(self.stop_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout, check=False)
+            subprocess.run(
+                self.stop_command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout, check=False
+            )
         family = self.family()
         _signal_all(family, signal.SIGTERM)
         psutil.wait_procs(family, timeout=timeout)
@@ -190,8 +193,15 @@ def _signal_all(procs: Sequence[psutil.Process], sig: int) -> None:
             pass
 
 
-def spawn(name: str, cmd: Sequence[str], log: Path, url: str, ports: dict[str, int],
-          env: Mapping[str, str] | None = None, cwd: Path | None = None) -> ServiceProcess:
+def spawn(
+    name: str,
+    cmd: Sequence[str],
+    log: Path,
+    url: str,
+    ports: dict[str, int],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> ServiceProcess:
     """Start ``cmd`` in a new session, output appended to ``log``; ``env`` is the whole environment (default: ours)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
@@ -199,10 +209,19 @@ def spawn(name: str, cmd: Sequence[str], log: Path, url: str, ports: dict[str, i
     with open(log, "ab") as out:
         out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
         out.flush()
-        popen = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env=full_env, cwd=cwd, start_new_session=True)
+        popen = subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+        )
     create_time = psutil.Process(popen.pid).create_time()
-    return ServiceProcess(name=name, pid=popen.pid, create_time=create_time, url=url, log=str(log), ports=dict(ports), popen=popen)
+    return ServiceProcess(
+        name=name, pid=popen.pid, create_time=create_time, url=url, log=str(log), ports=dict(ports), popen=popen
+    )
 
 
 def set_session_priority(pid: int, nice: int) -> bool:
@@ -232,9 +251,13 @@ def wait_until(service: ServiceProcess, ready: Callable[[], bool], timeout: floa
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not service.alive():
-            raise ServiceError(f"{service.name} exited before {what}. Last lines of {service.log}:\n{log_tail(Path(service.log))}")
+            raise ServiceError(
+                f"{service.name} exited before {what}. Last lines of {service.log}:\n{log_tail(Path(service.log))}"
+            )
         if ready():
             return
         time.sleep(0.5)
-    raise ServiceError(f"{service.name} did not become ready ({what}) within {timeout:.0f} s. "
-                       f"Last lines of {service.log}:\n{log_tail(Path(service.log))}")
+    raise ServiceError(
+        f"{service.name} did not become ready ({what}) within {timeout:.0f} s. "
+        f"Last lines of {service.log}:\n{log_tail(Path(service.log))}"
+    )

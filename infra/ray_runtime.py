@@ -5,6 +5,7 @@ to register (ray-project/ray#65983), which a busy 2-core machine sometimes misse
 attempt succeeds. Start-up is the one Ray failure that Ray's own retries (actor restarts, task retries)
 cannot cover, so it is retried here, after stopping what the failed attempt left running.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,7 +41,9 @@ def ensure_ray() -> None:
     for attempt in range(1, START_ATTEMPTS + 1):
         before, started = _children(), time.time()
         try:
-            ray.init(num_cpus=settings.ray_num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+            ray.init(
+                num_cpus=settings.ray_num_cpus, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False
+            )
             return
         except Exception as exc:  # ray raises a bare Exception for a node start-up timeout
             if "timed out during startup" not in str(exc) or attempt == START_ATTEMPTS:
@@ -62,11 +65,15 @@ def rollout_actor_options(num_cpus: float | None = None, num_gpus: float = 0.0) 
     nodes = [node for node in ray.nodes() if node["Alive"]]
     eligible = [node for node in nodes if not resource or node["Resources"].get(resource, 0) > 0]
     if not eligible:
-        raise ClusterResourceError(f"OPENTINKER_ROLLOUT_RESOURCE={resource!r}: no alive Ray node advertises it "
-                                   f"(nodes' resources: {[sorted(n['Resources']) for n in nodes]})")
+        raise ClusterResourceError(
+            f"OPENTINKER_ROLLOUT_RESOURCE={resource!r}: no alive Ray node advertises it "
+            f"(nodes' resources: {[sorted(n['Resources']) for n in nodes]})"
+        )
     if num_gpus > 0 and max(node["Resources"].get("GPU", 0) for node in eligible) < min(num_gpus, 1.0):
-        raise ClusterResourceError(f"rollout_num_gpus={num_gpus} but no Ray node that may host rollout actors has a GPU"
-                                   f"{f' (nodes with {resource!r})' if resource else ''}; set rollout_num_gpus=0")
+        raise ClusterResourceError(
+            f"rollout_num_gpus={num_gpus} but no Ray node that may host rollout actors has a GPU"
+            f"{f' (nodes with {resource!r})' if resource else ''}; set rollout_num_gpus=0"
+        )
     options: dict = {"num_cpus": num_cpus, "num_gpus": num_gpus}
     if resource:
         options["resources"] = {resource: ROLLOUT_RESOURCE_SHARE}
@@ -96,9 +103,11 @@ def failing_without_rollout_nodes(options: dict, stop: Callable[[], None]) -> It
             elif since is None:
                 since = time.monotonic()
             elif time.monotonic() - since >= timeout_s:
-                reason.append(f"no alive Ray node can host the rollout actors (they need {need}) and none joined within "
-                              f"{timeout_s:g} s (OPENTINKER_ROLLOUT_NODE_TIMEOUT_S); the run stopped. Add such a node "
-                              "(e.g. `LocalCluster.add_worker()` or scale the worker group) and resume the run.")
+                reason.append(
+                    f"no alive Ray node can host the rollout actors (they need {need}) and none joined within "
+                    f"{timeout_s:g} s (OPENTINKER_ROLLOUT_NODE_TIMEOUT_S); the run stopped. Add such a node "
+                    "(e.g. `LocalCluster.add_worker()` or scale the worker group) and resume the run."
+                )
                 stop()
                 return
 
@@ -132,22 +141,31 @@ def learner_device(num_gpus: float) -> Iterator[str]:
 
     ensure_ray()
     if ray_client.is_connected():
-        raise ClusterResourceError(f"num_gpus={num_gpus}: the learner runs in this process, which reaches Ray through "
-                                   "Ray Client (ray://); run the flow on a cluster node (OPENTINKER_RAY_ADDRESS=HOST:PORT)")
+        raise ClusterResourceError(
+            f"num_gpus={num_gpus}: the learner runs in this process, which reaches Ray through "
+            "Ray Client (ray://); run the flow on a cluster node (OPENTINKER_RAY_ADDRESS=HOST:PORT)"
+        )
     node_id = ray.get_runtime_context().get_node_id()
     node = next(n for n in ray.nodes() if n["NodeID"] == node_id)
     here, total = node["Resources"].get("GPU", 0), ray.cluster_resources().get("GPU", 0)
     if here < num_gpus:
-        raise ClusterResourceError(f"num_gpus={num_gpus}: the learner runs in this process on Ray node "
-                                   f"{node['NodeManagerAddress']} ({node_id[:12]}), which has {here:g} GPU(s) "
-                                   f"(the whole cluster has {total:g}); run the flow on a GPU node or set num_gpus=0")
-    lease = ray.remote(_GpuLease).options(
-        num_cpus=0, num_gpus=num_gpus, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+        raise ClusterResourceError(
+            f"num_gpus={num_gpus}: the learner runs in this process on Ray node "
+            f"{node['NodeManagerAddress']} ({node_id[:12]}), which has {here:g} GPU(s) "
+            f"(the whole cluster has {total:g}); run the flow on a GPU node or set num_gpus=0"
+        )
+    lease = (
+        ray.remote(_GpuLease)
+        .options(num_cpus=0, num_gpus=num_gpus, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+        .remote()
+    )
     try:
         ready, _ = ray.wait([lease.gpu_ids.remote()], timeout=GPU_LEASE_TIMEOUT_S)
         if not ready:
-            raise ClusterResourceError(f"num_gpus={num_gpus}: no GPU on this node became free within "
-                                       f"{GPU_LEASE_TIMEOUT_S:.0f} s (other Ray work holds them)")
+            raise ClusterResourceError(
+                f"num_gpus={num_gpus}: no GPU on this node became free within "
+                f"{GPU_LEASE_TIMEOUT_S:.0f} s (other Ray work holds them)"
+            )
         yield _cuda_device(ray.get(ready[0]))
     finally:
         ray.kill(lease)
@@ -169,7 +187,9 @@ def _cuda_device(gpu_ids: list[str]) -> str:
     if ids is None:
         return f"cuda:{gpu_ids[0]}"
     if gpu_ids[0] not in ids:
-        raise ClusterResourceError(f"Ray assigned GPU {gpu_ids[0]} but this process sees only CUDA_VISIBLE_DEVICES={visible}")
+        raise ClusterResourceError(
+            f"Ray assigned GPU {gpu_ids[0]} but this process sees only CUDA_VISIBLE_DEVICES={visible}"
+        )
     return f"cuda:{ids.index(gpu_ids[0])}"
 
 

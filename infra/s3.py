@@ -1,4 +1,5 @@
 """The one place that builds S3 clients: endpoint, credentials and region come from the settings."""
+
 from __future__ import annotations
 
 from opentinker.infra.settings import Settings, get_settings
@@ -14,8 +15,13 @@ def s3_client(settings: Settings | None = None):
     from botocore.config import Config
 
     settings = settings or get_settings()
-    config = Config(s3={"addressing_style": "path"}, connect_timeout=5, read_timeout=60,
-                    retries={"max_attempts": 3, "mode": "standard"}, signature_version="s3v4")
+    config = Config(
+        s3={"addressing_style": "path"},
+        connect_timeout=5,
+        read_timeout=60,
+        retries={"max_attempts": 3, "mode": "standard"},
+        signature_version="s3v4",
+    )
     return boto3.client(
         "s3",
         endpoint_url=settings.s3_endpoint_url or None,
@@ -41,16 +47,20 @@ def ensure_bucket(bucket: str | None = None, settings: Settings | None = None, c
         client.head_bucket(Bucket=bucket)
         return bucket
     except EndpointConnectionError as exc:
-        raise S3Error(f"S3 endpoint {endpoint} is not reachable (s3_endpoint_url / OPENTINKER_S3_ENDPOINT_URL); "
-                      f"is the stack up? `opentinker stack status`. ({exc})") from exc
+        raise S3Error(
+            f"S3 endpoint {endpoint} is not reachable (s3_endpoint_url / OPENTINKER_S3_ENDPOINT_URL); "
+            f"is the stack up? `opentinker stack status`. ({exc})"
+        ) from exc
     except NoCredentialsError as exc:
         raise S3Error("No S3 credentials: set OPENTINKER_S3_ACCESS_KEY and OPENTINKER_S3_SECRET_KEY.") from exc
     except ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code in {"403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"} or status == 403:
-            raise S3Error(f"S3 endpoint {endpoint} rejected the credentials for bucket {bucket!r} "
-                          f"(OPENTINKER_S3_ACCESS_KEY / OPENTINKER_S3_SECRET_KEY): {code or status}") from exc
+            raise S3Error(
+                f"S3 endpoint {endpoint} rejected the credentials for bucket {bucket!r} "
+                f"(OPENTINKER_S3_ACCESS_KEY / OPENTINKER_S3_SECRET_KEY): {code or status}"
+            ) from exc
         if code not in {"404", "NoSuchBucket", "NotFound"}:
             raise S3Error(f"S3 endpoint {endpoint}: cannot use bucket {bucket!r}: {code or status} {exc}") from exc
     try:

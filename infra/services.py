@@ -3,6 +3,7 @@
 Each ``start_*`` picks its own free loopback ports, starts one real process (group) and returns only once
 the service answers; on failure it stops what it started and raises ``ServiceError`` with the log tail.
 """
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,16 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opentinker.infra.processes import (ServiceError, ServiceProcess, free_ports, http_ok, spawn, venv_bin, wait_until,
-                                        write_private)
+from opentinker.infra.processes import (
+    ServiceError,
+    ServiceProcess,
+    free_ports,
+    http_ok,
+    spawn,
+    venv_bin,
+    wait_until,
+    write_private,
+)
 from opentinker.infra.settings import Settings
 
 DEFAULT_TIMEOUT_S = 180.0
@@ -29,13 +38,22 @@ class S3Endpoint:
     region: str = "us-east-1"
 
     def settings(self) -> Settings:
-        return Settings(s3_endpoint_url=self.endpoint_url, s3_access_key=self.access_key,
-                        s3_secret_key=self.secret_key, s3_bucket=self.bucket, s3_region=self.region)
+        return Settings(
+            s3_endpoint_url=self.endpoint_url,
+            s3_access_key=self.access_key,
+            s3_secret_key=self.secret_key,
+            s3_bucket=self.bucket,
+            s3_region=self.region,
+        )
 
     def client_env(self) -> dict[str, str]:
         """Variables that make boto3 and MLflow's S3 artifact store use this endpoint."""
-        return {"MLFLOW_S3_ENDPOINT_URL": self.endpoint_url, "AWS_ACCESS_KEY_ID": self.access_key,
-                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_DEFAULT_REGION": self.region}
+        return {
+            "MLFLOW_S3_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_DEFAULT_REGION": self.region,
+        }
 
     def public_dict(self) -> dict:
         """Everything but the secret key (for state files that need not hold it)."""
@@ -53,25 +71,48 @@ def s3_credentials(directory: Path) -> tuple[str, str]:
     return access, secret
 
 
-def start_s3(directory: Path, log: Path, bucket: str, region: str = "us-east-1",
-             timeout: float = DEFAULT_TIMEOUT_S) -> tuple[ServiceProcess, S3Endpoint]:
+def start_s3(
+    directory: Path, log: Path, bucket: str, region: str = "us-east-1", timeout: float = DEFAULT_TIMEOUT_S
+) -> tuple[ServiceProcess, S3Endpoint]:
     """SeaweedFS (master + volume + filer + S3 gateway) with one identity; ready once a probe object round-trips."""
     access, secret = s3_credentials(directory)
     data_dir = directory / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
-    identities = {"identities": [{"name": "opentinker", "credentials": [{"accessKey": access, "secretKey": secret}],
-                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+    identities = {
+        "identities": [
+            {
+                "name": "opentinker",
+                "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
     config = directory / "s3.json"
     write_private(config, json.dumps(identities))
     names = ["master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc"]
     ports = dict(zip(names, free_ports(len(names))))
-    cmd = [venv_bin("weed"), "server", f"-dir={data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-           f"-master.port={ports['master']}", f"-master.port.grpc={ports['master_grpc']}",
-           f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume_grpc']}",
-           f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer_grpc']}",
-           "-s3", f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3_grpc']}",
-           "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={config}",
-           "-master.telemetry=false", "-master.volumeSizeLimitMB=256", "-volume.max=64"]
+    cmd = [
+        venv_bin("weed"),
+        "server",
+        f"-dir={data_dir}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={ports['master']}",
+        f"-master.port.grpc={ports['master_grpc']}",
+        f"-volume.port={ports['volume']}",
+        f"-volume.port.grpc={ports['volume_grpc']}",
+        f"-filer.port={ports['filer']}",
+        f"-filer.port.grpc={ports['filer_grpc']}",
+        "-s3",
+        f"-s3.port={ports['s3']}",
+        f"-s3.port.grpc={ports['s3_grpc']}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.config={config}",
+        "-master.telemetry=false",
+        "-master.volumeSizeLimitMB=256",
+        "-volume.max=64",
+    ]
     endpoint = S3Endpoint(f"http://127.0.0.1:{ports['s3']}", access, secret, bucket, region)
     # weed treats AWS_* variables in its environment as an extra identity that overrides -s3.config: drop them.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -99,15 +140,33 @@ def _s3_round_trip(endpoint: S3Endpoint) -> bool:
         return False
 
 
-def start_mlflow(directory: Path, log: Path, s3: S3Endpoint | None, backend_store_uri: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT_S) -> ServiceProcess:
+def start_mlflow(
+    directory: Path,
+    log: Path,
+    s3: S3Endpoint | None,
+    backend_store_uri: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+) -> ServiceProcess:
     """MLflow tracking server, one worker, no job runner; artifacts proxied to ``s3`` (or kept under ``directory``)."""
     directory.mkdir(parents=True, exist_ok=True)
     (port,) = free_ports(1)
     backend = backend_store_uri or f"sqlite:///{directory / 'mlflow.db'}"
     destination = f"s3://{s3.bucket}/mlflow" if s3 else str(directory / "artifacts")
-    cmd = [venv_bin("mlflow"), "server", "--backend-store-uri", backend, "--artifacts-destination", destination,
-           "--serve-artifacts", "--workers", "1", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        venv_bin("mlflow"),
+        "server",
+        "--backend-store-uri",
+        backend,
+        "--artifacts-destination",
+        destination,
+        "--serve-artifacts",
+        "--workers",
+        "1",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(s3.client_env() if s3 else {})}
     url = f"http://127.0.0.1:{port}"
     service = spawn("mlflow", cmd, log, url=url, ports={"http": port}, env=env, cwd=directory)
@@ -129,11 +188,26 @@ def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = 
     (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
-    env.update(PREFECT_HOME=str(directory), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_UI_ENABLED="true" if ui else "false", PREFECT_API_URL=f"{url}/api",
-               PREFECT_UI_API_URL=f"{url}/api", PREFECT_UI_URL=url)
-    cmd = [venv_bin("prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port),
-           "--ui" if ui else "--no-ui", "--analytics-off", "--no-prompt"]
+    env.update(
+        PREFECT_HOME=str(directory),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_UI_ENABLED="true" if ui else "false",
+        PREFECT_API_URL=f"{url}/api",
+        PREFECT_UI_API_URL=f"{url}/api",
+        PREFECT_UI_URL=url,
+    )
+    cmd = [
+        venv_bin("prefect"),
+        "server",
+        "start",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--ui" if ui else "--no-ui",
+        "--analytics-off",
+        "--no-prompt",
+    ]
     service = spawn("prefect", cmd, log, url=url, ports={"http": port}, env=env, cwd=directory)
     try:
         wait_until(service, lambda: http_ok(f"{url}/api/health"), timeout, f"{url}/api/health answered")

@@ -5,6 +5,7 @@ Every value comes from an ``OPENTINKER_*`` environment variable or an optional T
 local Ray, MLflow on SQLite under ``data_dir``, Prefect's local mode, artifacts on local disk.
 Pointing at a Ray cluster, an MLflow server, a Prefect server or S3 is configuration only.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,27 +20,45 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OPENTINKER_", extra="forbid")
 
-    data_dir: Path = Field(Path(".opentinker"), description="Local state: SQLite stores, artifacts, checkpoints, stack pids/logs.")
-    ray_address: str = Field("", description="Ray cluster address ('auto', 'ray://host:10001'); empty starts local Ray.")
+    data_dir: Path = Field(
+        Path(".opentinker"), description="Local state: SQLite stores, artifacts, checkpoints, stack pids/logs."
+    )
+    ray_address: str = Field(
+        "", description="Ray cluster address ('auto', 'ray://host:10001'); empty starts local Ray."
+    )
     ray_num_cpus: int | None = Field(None, description="CPUs for a local Ray; None uses all cores.")
-    rollout_resource: str = Field("", description="Custom Ray resource a node must advertise to host rollout actors "
-                                  "('rollout_node' on `opentinker cluster up` workers); empty places them anywhere.")
-    rollout_node_timeout_s: float = Field(300.0, gt=0, description="How long training waits, after its rollout actors "
-                                          "lost their node, for a node that can host them before it fails.")
+    rollout_resource: str = Field(
+        "",
+        description="Custom Ray resource a node must advertise to host rollout actors "
+        "('rollout_node' on `opentinker cluster up` workers); empty places them anywhere.",
+    )
+    rollout_node_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="How long training waits, after its rollout actors "
+        "lost their node, for a node that can host them before it fails.",
+    )
     mlflow_tracking_uri: str = Field("", description="MLflow server URL; empty uses sqlite:///<data_dir>/mlflow.db.")
     mlflow_experiment: str = Field("opentinker", description="Default MLflow experiment name.")
     prefect_api_url: str = Field("", description="Prefect server API URL; empty uses Prefect's local (ephemeral) mode.")
-    s3_endpoint_url: str = Field("", description="S3 endpoint (SeaweedFS, MinIO, AWS); empty keeps artifacts on local disk.")
+    s3_endpoint_url: str = Field(
+        "", description="S3 endpoint (SeaweedFS, MinIO, AWS); empty keeps artifacts on local disk."
+    )
     s3_bucket: str = Field("opentinker", description="Bucket for artifacts and checkpoints.")
     s3_access_key: str = Field("", description="S3 access key id (falls back to boto3's usual chain when empty).")
     s3_secret_key: str = Field("", description="S3 secret key.")
     s3_region: str = Field("us-east-1", description="S3 region.")
-    sandbox: Literal["bwrap", "none"] = Field("bwrap", description="Isolation of model-written code (PythonREPL): "
-                                              "'bwrap' (bubblewrap namespaces, fails closed without them) or 'none' "
-                                              "(in-process guard only; trusted local use).")
+    sandbox: Literal["bwrap", "none"] = Field(
+        "bwrap",
+        description="Isolation of model-written code (PythonREPL): "
+        "'bwrap' (bubblewrap namespaces, fails closed without them) or 'none' "
+        "(in-process guard only; trusted local use).",
+    )
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
         toml_file = Path(os.environ.get("OPENTINKER_CONFIG", "opentinker.toml"))
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
         if toml_file.exists():

@@ -4,6 +4,7 @@ State lives in ``<data_dir>/stack/``: ``state.json`` (pids, ports, URLs), ``logs
 and ``stack.env`` with the ``OPENTINKER_*`` variables that point the settings at the running stack.
 ``down`` stops only processes recorded by ``up`` (pid *and* start time must match).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opentinker.infra.processes import ServiceError, ServiceProcess, write_json_atomic, write_private
-from opentinker.infra.services import (DEFAULT_TIMEOUT_S, S3Endpoint, s3_credentials, start_mlflow, start_prefect,
-                                      start_s3)
+from opentinker.infra.services import (
+    DEFAULT_TIMEOUT_S,
+    S3Endpoint,
+    s3_credentials,
+    start_mlflow,
+    start_prefect,
+    start_s3,
+)
 from opentinker.infra.settings import Settings, get_settings
 
 SERVICES = ("s3", "mlflow", "prefect")
@@ -49,7 +56,9 @@ class Stack:
         try:
             return json.loads(self.state_path.read_text())
         except json.JSONDecodeError as exc:
-            raise StackError(f"{self.state_path} is corrupt ({exc}); stop leftover processes by hand and delete it.") from exc
+            raise StackError(
+                f"{self.state_path} is corrupt ({exc}); stop leftover processes by hand and delete it."
+            ) from exc
 
     def services(self) -> dict[str, ServiceProcess]:
         return {name: ServiceProcess.from_dict(data) for name, data in self._read_state()["services"].items()}
@@ -63,8 +72,13 @@ class Stack:
         return S3Endpoint(**{**data, "access_key": access, "secret_key": secret})
 
     # ---- commands ----------------------------------------------------------------------------
-    def up(self, timeout: float = DEFAULT_TIMEOUT_S, ui: bool = True, backend: str = "sqlite",
-           on_step: Callable[[str], None] = lambda message: None) -> list[ServiceStatus]:
+    def up(
+        self,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        ui: bool = True,
+        backend: str = "sqlite",
+        on_step: Callable[[str], None] = lambda message: None,
+    ) -> list[ServiceStatus]:
         """Start S3, then MLflow (artifacts proxied to S3), then Prefect; a no-op when all already run.
 
         If any service fails, everything started by this call is stopped again and ``StackError`` says why.
@@ -75,15 +89,21 @@ class Stack:
         if set(running) >= set(SERVICES):
             return self.status()
         if running:
-            raise StackError(f"part of the stack is still running ({', '.join(sorted(running))}); "
-                             "run `opentinker stack down` first.")
+            raise StackError(
+                f"part of the stack is still running ({', '.join(sorted(running))}); run `opentinker stack down` first."
+            )
         logs = self.root / "logs"
         started: list[ServiceProcess] = []
         state: dict = {"services": {}, "backend": backend}
         try:
             on_step("S3 (SeaweedFS)")
-            s3, endpoint = start_s3(self.root / "s3", logs / "s3.log", bucket=self.settings.s3_bucket,
-                                    region=self.settings.s3_region, timeout=timeout)
+            s3, endpoint = start_s3(
+                self.root / "s3",
+                logs / "s3.log",
+                bucket=self.settings.s3_bucket,
+                region=self.settings.s3_region,
+                timeout=timeout,
+            )
             started.append(s3)
             state["s3"] = endpoint.public_dict()
             backend_uri = None
@@ -94,8 +114,11 @@ class Stack:
                 postgres, backend_uri = start_postgres(self.root / "postgres", logs / "postgres.log", timeout=timeout)
                 started.append(postgres)
             on_step("MLflow server")
-            started.append(start_mlflow(self.root / "mlflow", logs / "mlflow.log", endpoint,
-                                        backend_store_uri=backend_uri, timeout=timeout))
+            started.append(
+                start_mlflow(
+                    self.root / "mlflow", logs / "mlflow.log", endpoint, backend_store_uri=backend_uri, timeout=timeout
+                )
+            )
             on_step("Prefect server")
             started.append(start_prefect(self.root / "prefect", logs / "prefect.log", ui=ui, timeout=timeout))
         except ServiceError as exc:
@@ -145,12 +168,18 @@ class Stack:
         env: dict[str, str] = {}
         endpoint = self.s3_endpoint()
         if "s3" in services and endpoint:
-            env.update(OPENTINKER_S3_ENDPOINT_URL=endpoint.endpoint_url, OPENTINKER_S3_BUCKET=endpoint.bucket,
-                       OPENTINKER_S3_ACCESS_KEY=endpoint.access_key, OPENTINKER_S3_SECRET_KEY=endpoint.secret_key,
-                       OPENTINKER_S3_REGION=endpoint.region)
+            env.update(
+                OPENTINKER_S3_ENDPOINT_URL=endpoint.endpoint_url,
+                OPENTINKER_S3_BUCKET=endpoint.bucket,
+                OPENTINKER_S3_ACCESS_KEY=endpoint.access_key,
+                OPENTINKER_S3_SECRET_KEY=endpoint.secret_key,
+                OPENTINKER_S3_REGION=endpoint.region,
+            )
             env.update(endpoint.client_env())
         if "mlflow" in services:
-            env.update(OPENTINKER_MLFLOW_TRACKING_URI=services["mlflow"].url, MLFLOW_TRACKING_URI=services["mlflow"].url)
+            env.update(
+                OPENTINKER_MLFLOW_TRACKING_URI=services["mlflow"].url, MLFLOW_TRACKING_URI=services["mlflow"].url
+            )
         if "prefect" in services:
             api = f"{services['prefect'].url}/api"
             env.update(OPENTINKER_PREFECT_API_URL=api, PREFECT_API_URL=api)

@@ -1,12 +1,15 @@
 """``opentinker stack up|down|status``: the local MLflow + Prefect + S3 services for users who want the UIs."""
+
 from __future__ import annotations
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-app = typer.Typer(help="Local services on loopback: SeaweedFS S3, MLflow server (artifacts on S3), Prefect server.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Local services on loopback: SeaweedFS S3, MLflow server (artifacts on S3), Prefect server.",
+    no_args_is_help=True,
+)
 console = Console()
 
 
@@ -22,8 +25,12 @@ def up(
     stack = Stack()
     try:
         with console.status("starting the stack") as spinner:
-            stack.up(timeout=timeout, ui=ui, backend=backend,
-                     on_step=lambda name: spinner.update(f"starting {name} (up to {timeout:.0f} s)"))
+            stack.up(
+                timeout=timeout,
+                ui=ui,
+                backend=backend,
+                on_step=lambda name: spinner.update(f"starting {name} (up to {timeout:.0f} s)"),
+            )
     except StackError as exc:
         console.print(f"[red]stack up failed:[/red] {exc}")
         raise typer.Exit(1) from exc

@@ -7,6 +7,7 @@
 
 Names are resolved lazily so that ``import opentinker`` stays cheap and the CLI starts fast.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,9 +1,14 @@
 """The `opentinker` command. Each area registers its own sub-commands from its own module."""
+
 from __future__ import annotations
 
 import typer
 
-app = typer.Typer(help="OpenTinker: train, track, federate and serve RL agents.", no_args_is_help=True, pretty_exceptions_show_locals=False)
+app = typer.Typer(
+    help="OpenTinker: train, track, federate and serve RL agents.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
 
 from opentinker.infra.stack_cli import app as _stack_app  # noqa: E402
 

@@ -3,6 +3,7 @@
 The engine (``opentinker.agents``) stays free of serving code; this facade adds the one method that
 turns a trained policy into a running, authenticated HTTP service.
 """
+
 from __future__ import annotations
 
 import time
@@ -37,8 +38,15 @@ class _Deployable:
 class _Tracked:
     """Mixin: ``train(..., track=True)`` logs the run to the configured MLflow store the way ``train_flow`` does."""
 
-    def train(self, steps: int, callback=None, checkpoint_dir=None, checkpoint_every: int | None = None,
-              track: bool = False, **track_options: Any) -> dict[str, float]:
+    def train(
+        self,
+        steps: int,
+        callback=None,
+        checkpoint_dir=None,
+        checkpoint_every: int | None = None,
+        track: bool = False,
+        **track_options: Any,
+    ) -> dict[str, float]:
         """The engine's ``train`` (returns the last iteration's metrics); with ``track=True`` (returns the evaluation)
         also params, per-iteration metrics, plots, config, model card,
         checkpoint and the registered model (alias ``candidate``) in MLflow, the same layout as a flow run.

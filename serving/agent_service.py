@@ -9,6 +9,7 @@ Configured by ``OPENTINKER_AGENT_CONFIG`` (JSON of ``AgentServiceConfig``, set b
 module is the edge where MLflow tracing (``mlflow.langchain.autolog``: spans per model/tool call, token usage)
 is switched on; ``agents/llm`` itself never imports MLflow or BentoML.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,15 +33,23 @@ class AgentServiceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    llm: str = Field("local", description="'local' (bundled SmolLM2), 'scripted', 'models:/NAME@ALIAS' (a GRPO-trained "
-                     "adapter) or 'provider:model' for init_chat_model.")
+    llm: str = Field(
+        "local",
+        description="'local' (bundled SmolLM2), 'scripted', 'models:/NAME@ALIAS' (a GRPO-trained "
+        "adapter) or 'provider:model' for init_chat_model.",
+    )
     base_url: str | None = Field(None, description="OpenAI-compatible server (vLLM, Ollama, llama.cpp) for llm.")
-    tools: list[Literal["web_search", "python_repl", "policy"]] = Field(["web_search", "python_repl"],
-                                                                          description="Tools the agent may call.")
+    tools: list[Literal["web_search", "python_repl", "policy"]] = Field(
+        ["web_search", "python_repl"], description="Tools the agent may call."
+    )
     memory_window: int = Field(5, ge=1, le=100, description="User turns kept verbatim; older ones are summarised.")
-    checkpoint_db: str | None = Field(None, description="SQLite file for threads; default <data_dir>/agents/threads.sqlite.")
+    checkpoint_db: str | None = Field(
+        None, description="SQLite file for threads; default <data_dir>/agents/threads.sqlite."
+    )
     max_parallel_tools: int = Field(4, ge=1, le=32, description="Concurrent tool calls per turn.")
-    policy_url: str | None = Field(None, description="Policy service URL for the 'policy' tool (key: $OPENTINKER_AGENT_POLICY_API_KEY).")
+    policy_url: str | None = Field(
+        None, description="Policy service URL for the 'policy' tool (key: $OPENTINKER_AGENT_POLICY_API_KEY)."
+    )
     tracing: bool = Field(True, description="Trace every agent run to MLflow (get_settings().tracking_uri).")
 
 
@@ -76,8 +85,14 @@ def build_agent(config: AgentServiceConfig):
             raise ValueError("policy_url: required when tools include 'policy'")
         else:
             tools.append(PolicyTool(url=config.policy_url, api_key=os.environ.get(POLICY_KEY_ENV)))
-    return LangChainAgent(config.llm, tools, memory_window=config.memory_window, base_url=config.base_url,
-                          checkpointer=config.checkpoint_db, max_parallel_tools=config.max_parallel_tools)
+    return LangChainAgent(
+        config.llm,
+        tools,
+        memory_window=config.memory_window,
+        base_url=config.base_url,
+        checkpointer=config.checkpoint_db,
+        max_parallel_tools=config.max_parallel_tools,
+    )
 
 
 def _not_blank(value: str) -> str:
@@ -86,10 +101,20 @@ def _not_blank(value: str) -> str:
     return value
 
 
-ThreadId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$",
-                                description="Conversation id: 1-128 of A-Z a-z 0-9 _ . : -")]
-Message = Annotated[str, Field(min_length=1, max_length=8000, description="The user's message (1-8000 characters)."),
-                    AfterValidator(_not_blank)]
+ThreadId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="Conversation id: 1-128 of A-Z a-z 0-9 _ . : -",
+    ),
+]
+Message = Annotated[
+    str,
+    Field(min_length=1, max_length=8000, description="The user's message (1-8000 characters)."),
+    AfterValidator(_not_blank),
+]
 
 
 class ToolCallOut(BaseModel):
@@ -130,18 +155,30 @@ class AgentService:
     def chat(self, thread_id: ThreadId, message: Message) -> ChatResponse:
         """One user turn on a thread; the agent may call tools (in parallel) before answering."""
         reply = self.agent.chat(message, thread_id)
-        calls = [ToolCallOut(id=c.id, name=c.name, args=c.args, status=c.status, content=c.content,
-                             latency_s=c.latency_s) for c in reply.tool_calls]
-        return ChatResponse(thread_id=thread_id, reply=reply.text, tool_calls=calls, input_tokens=reply.input_tokens,
-                            output_tokens=reply.output_tokens, summary=reply.summary)
+        calls = [
+            ToolCallOut(id=c.id, name=c.name, args=c.args, status=c.status, content=c.content, latency_s=c.latency_s)
+            for c in reply.tool_calls
+        ]
+        return ChatResponse(
+            thread_id=thread_id,
+            reply=reply.text,
+            tool_calls=calls,
+            input_tokens=reply.input_tokens,
+            output_tokens=reply.output_tokens,
+            summary=reply.summary,
+        )
 
     @bentoml.api
     def history(self, thread_id: ThreadId) -> dict[str, Any]:
         """The thread's messages still in the memory window, and the summary of older turns."""
         messages, summary = self.agent.history(thread_id)
-        return {"thread_id": thread_id, "summary": summary,
-                "messages": [{"type": m.type, "content": m.text, "tool_calls": getattr(m, "tool_calls", [])}
-                             for m in messages]}
+        return {
+            "thread_id": thread_id,
+            "summary": summary,
+            "messages": [
+                {"type": m.type, "content": m.text, "tool_calls": getattr(m, "tool_calls", [])} for m in messages
+            ],
+        }
 
 
 AgentService.add_asgi_middleware(ApiKeyMiddleware)
@@ -161,8 +198,9 @@ class AgentDeployment:
     def _post(self, path: str, payload: dict) -> dict:
         import httpx
 
-        response = httpx.post(f"{self.url}{path}", json=payload, timeout=600,
-                              headers={"Authorization": f"Bearer {self._api_key}"})
+        response = httpx.post(
+            f"{self.url}{path}", json=payload, timeout=600, headers={"Authorization": f"Bearer {self._api_key}"}
+        )
         response.raise_for_status()
         return response.json()
 
@@ -177,16 +215,21 @@ class AgentDeployment:
 
         stop_process_group(self.process)
 
-    def __enter__(self) -> "AgentDeployment":
+    def __enter__(self) -> AgentDeployment:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def serve_agent(api_key: str, config: AgentServiceConfig | dict | None = None, host: str = "127.0.0.1",
-                port: int | None = None, log_path: str | Path | None = None,
-                ready_timeout_s: float = 240.0) -> AgentDeployment:
+def serve_agent(
+    api_key: str,
+    config: AgentServiceConfig | dict | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    log_path: str | Path | None = None,
+    ready_timeout_s: float = 240.0,
+) -> AgentDeployment:
     """Start ``bentoml serve`` for the agent (free port by default) and wait until ready; the child gets only
     the key's hash. Raises ``serving.deploy.DeploymentError`` with the log tail when it does not start."""
     import subprocess
@@ -201,8 +244,14 @@ def serve_agent(api_key: str, config: AgentServiceConfig | dict | None = None, h
     log_file = Path(log_path) if log_path else get_settings().resolved_data_dir / "serving" / f"agent-{port}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    env.update({CONFIG_ENV: config.model_dump_json(), HASH_ENV: hash_api_key(api_key), "BENTOML_DO_NOT_TRACK": "True",
-                "HF_HUB_OFFLINE": "1"})
+    env.update(
+        {
+            CONFIG_ENV: config.model_dump_json(),
+            HASH_ENV: hash_api_key(api_key),
+            "BENTOML_DO_NOT_TRACK": "True",
+            "HF_HUB_OFFLINE": "1",
+        }
+    )
     cmd = [sys.executable, "-m", "bentoml", "serve", SERVICE_IMPORT, "--host", host, "--port", str(port)]
     with open(log_file, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -212,4 +261,3 @@ def serve_agent(api_key: str, config: AgentServiceConfig | dict | None = None, h
         stop_process_group(proc)
         raise
     return AgentDeployment(url=f"http://{host}:{port}", process=proc, log_path=log_file, _api_key=api_key)
-

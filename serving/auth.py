@@ -10,6 +10,7 @@ scrypt costs ~60 ms, so a verified key is remembered by a keyed digest (an HMAC 
 random secret, never the key itself); rejected keys are remembered in a bounded cache and fresh wrong
 keys are checked one at a time in a worker thread, so a flood of bad keys cannot stall the event loop.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -158,8 +159,12 @@ class ApiKeyMiddleware:
             return await self.app(scope, receive, send)
         if await self._authorized(scope):
             return await self.app(scope, receive, send)
-        await _send_json(send, 401, {"error": "missing or invalid API key: send 'Authorization: Bearer <key>'"},
-                         extra_headers=[(b"www-authenticate", b'Bearer realm="opentinker"')])
+        await _send_json(
+            send,
+            401,
+            {"error": "missing or invalid API key: send 'Authorization: Bearer <key>'"},
+            extra_headers=[(b"www-authenticate", b'Bearer realm="opentinker"')],
+        )
 
     async def _authorized(self, scope) -> bool:
         presented = _bearer_token(scope)

@@ -2,6 +2,7 @@
 
 Heavy imports (bentoml, mlflow) happen inside the commands so ``opentinker --help`` stays fast.
 """
+
 from __future__ import annotations
 
 import signal
@@ -19,14 +20,23 @@ def register(app: typer.Typer) -> None:
     app.command("package")(package)
 
 
-ModelRef = Annotated[str, typer.Argument(help="models:/NAME@champion, models:/NAME/VERSION, runs:/RUN/policy or an export directory.")]
+ModelRef = Annotated[
+    str, typer.Argument(help="models:/NAME@champion, models:/NAME/VERSION, runs:/RUN/policy or an export directory.")
+]
 
 
 def serve(
     model_ref: ModelRef,
-    api_key: Annotated[str | None, typer.Option(help=f"API key clients must send as 'Authorization: Bearer <key>' (or ${API_KEY_ENV}).", show_default=False)] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            help=f"API key clients must send as 'Authorization: Bearer <key>' (or ${API_KEY_ENV}).", show_default=False
+        ),
+    ] = None,
     api_key_file: Annotated[Path | None, typer.Option(help="Read the API key from this file instead.")] = None,
-    host: Annotated[str, typer.Option(help="Interface to bind; keep 127.0.0.1 unless a proxy with TLS fronts it.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Interface to bind; keep 127.0.0.1 unless a proxy with TLS fronts it.")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0 picks a free one).")] = 3000,
     workers: Annotated[int, typer.Option(help="Server worker processes.")] = 1,
     reload_interval: Annotated[float, typer.Option(help="Seconds between alias checks (0 disables).")] = 10.0,
@@ -54,7 +64,9 @@ def serve(
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a process manager's stop also stops the server
     try:
         wait_ready(url, proc)
-        typer.secho(f"serving {model_ref} at {url}  (POST /act, /act_batch, /metadata, /reload; GET /readyz)", fg="green")
+        typer.secho(
+            f"serving {model_ref} at {url}  (POST /act, /act_batch, /metadata, /reload; GET /readyz)", fg="green"
+        )
         proc.wait()
     except DeploymentError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
@@ -67,7 +79,9 @@ def serve(
 
 def package(
     model_ref: ModelRef,
-    bundle: Annotated[bool, typer.Option(help="Bundle the resolved version into the Bento (else serve MODEL_REF from the registry).")] = True,
+    bundle: Annotated[
+        bool, typer.Option(help="Bundle the resolved version into the Bento (else serve MODEL_REF from the registry).")
+    ] = True,
 ) -> None:
     """Build a Bento for the policy service (offline); then `bentoml containerize TAG` for Kubernetes."""
     from .package import package_policy

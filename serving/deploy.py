@@ -6,6 +6,7 @@
 The key stays in this process: the server gets only its scrypt hash (``OPENTINKER_SERVE_API_KEY_HASH``),
 and ``OPENTINKER_API_KEY`` is removed from the child's environment.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -167,7 +168,7 @@ class Deployment:
             self._client = None
         stop_process_group(self.process)
 
-    def __enter__(self) -> "Deployment":
+    def __enter__(self) -> Deployment:
         return self
 
     def __exit__(self, *exc: object) -> None:

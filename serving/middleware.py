@@ -1,4 +1,5 @@
 """Small ASGI middlewares shared by the services: a request-body limit and a computed response header."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -70,7 +71,9 @@ class JsonBodyMiddleware:
         if scope["type"] == "http" and scope["method"] == "POST":
             media_type = (_header(scope, b"content-type") or "application/json").split(";")[0].strip().lower()
             if media_type != "application/json":
-                return await _send_json(send, 415, {"error": f"Content-Type: expected application/json, got {media_type}"})
+                return await _send_json(
+                    send, 415, {"error": f"Content-Type: expected application/json, got {media_type}"}
+                )
         await self.app(scope, receive, send)
 
 

@@ -4,6 +4,7 @@ A swap replaces one immutable ``ServedModel`` reference: requests already runnin
 started with, new requests see the new one, so a reload drops nothing. A version whose spaces differ
 from the served one is refused (the API contract clients rely on must not change under them).
 """
+
 from __future__ import annotations
 
 import logging

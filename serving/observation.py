@@ -3,6 +3,7 @@
 Errors are ``PydanticCustomError`` so that, raised inside a pydantic validator, BentoML answers 400
 with the field (``loc``) and a message saying what was expected and where it failed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ class ObservationSchema:
     high: np.ndarray
 
     @classmethod
-    def from_space(cls, space) -> "ObservationSchema":
+    def from_space(cls, space) -> ObservationSchema:
         from gymnasium import spaces
 
         if isinstance(space, spaces.Box):
@@ -31,14 +32,18 @@ class ObservationSchema:
             return cls(tuple(space.shape), np.dtype(space.dtype), low, high)
         if isinstance(space, spaces.Discrete):
             start = int(space.start)
-            return cls((), np.dtype(np.int64), np.array(start, np.float64), np.array(start + int(space.n) - 1, np.float64))
+            return cls(
+                (), np.dtype(np.int64), np.array(start, np.float64), np.array(start + int(space.n) - 1, np.float64)
+            )
         if isinstance(space, spaces.MultiDiscrete):
             start = np.asarray(space.start, np.float64)
             return cls(tuple(space.shape), np.dtype(np.int64), start, start + space.nvec - 1)
         if isinstance(space, spaces.MultiBinary):
             shape = tuple(space.shape)
             return cls(shape, np.dtype(np.int8), np.zeros(shape), np.ones(shape))
-        raise ValueError(f"observation_space: expected Box, Discrete, MultiDiscrete or MultiBinary, got {type(space).__name__}")
+        raise ValueError(
+            f"observation_space: expected Box, Discrete, MultiDiscrete or MultiBinary, got {type(space).__name__}"
+        )
 
     @property
     def is_integer(self) -> bool:
@@ -56,7 +61,12 @@ class ObservationSchema:
 
     def describe(self) -> dict[str, Any]:
         """JSON-safe summary for /metadata (infinite bounds become null)."""
-        return {"shape": list(self.shape), "dtype": self.dtype.name, "low": _json_bound(self.low), "high": _json_bound(self.high)}
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype.name,
+            "low": _json_bound(self.low),
+            "high": _json_bound(self.high),
+        }
 
     def _fmt(self, x: float) -> str:
         return str(self.dtype.type(x))
@@ -104,12 +114,17 @@ class ObservationSchema:
             return exc
         want = (arr.shape[0], *self.shape) if batched and arr.ndim >= 1 else self.shape
         if arr.shape != want or (batched and arr.ndim == 0):
-            return PydanticCustomError("obs_shape", "expected shape {expected}, got {got}", {"expected": expected, "got": str(arr.shape)})
+            return PydanticCustomError(
+                "obs_shape", "expected shape {expected}, got {got}", {"expected": expected, "got": str(arr.shape)}
+            )
         if batched and arr.shape[0] == 0:
             return PydanticCustomError("obs_shape", "expected at least one observation, got an empty batch")
         if batched and max_rows is not None and arr.shape[0] > max_rows:
-            return PydanticCustomError("obs_batch_size", "expected at most {max} observations per request, got {got}",
-                                       {"max": max_rows, "got": arr.shape[0]})
+            return PydanticCustomError(
+                "obs_batch_size",
+                "expected at most {max} observations per request, got {got}",
+                {"max": max_rows, "got": arr.shape[0]},
+            )
         if not np.all(np.isfinite(arr)):
             return _element_error(arr, ~np.isfinite(arr), "expected a finite number")
         if self.is_integer and not np.array_equal(arr, np.round(arr)):
@@ -117,23 +132,38 @@ class ObservationSchema:
         low, high = np.broadcast_to(self.low, arr.shape), np.broadcast_to(self.high, arr.shape)
         first = tuple(int(i) for i in np.argwhere((arr < low) | (arr > high))[0])
         return PydanticCustomError(
-            "obs_bounds", "obs{index} = {value}: expected a value within [{low}, {high}]",
-            {"index": _index(first), "value": self._fmt(arr[first]), "low": self._fmt(low[first]), "high": self._fmt(high[first])},
+            "obs_bounds",
+            "obs{index} = {value}: expected a value within [{low}, {high}]",
+            {
+                "index": _index(first),
+                "value": self._fmt(arr[first]),
+                "low": self._fmt(low[first]),
+                "high": self._fmt(high[first]),
+            },
         )
 
 
 def _as_numeric_array(value: Any, dtype: np.dtype, expected: str) -> np.ndarray:
     if isinstance(value, (str, bytes, dict)) or value is None:
-        raise PydanticCustomError("obs_type", "expected numbers ({dtype}) shaped {expected}, got {got}",
-                                  {"dtype": dtype.name, "expected": expected, "got": type(value).__name__})
+        raise PydanticCustomError(
+            "obs_type",
+            "expected numbers ({dtype}) shaped {expected}, got {got}",
+            {"dtype": dtype.name, "expected": expected, "got": type(value).__name__},
+        )
     try:
         arr = np.asarray(value)
     except ValueError:
-        raise PydanticCustomError("obs_shape", "expected a rectangular array shaped {expected}, got ragged nested lists",
-                                  {"expected": expected}) from None
+        raise PydanticCustomError(
+            "obs_shape",
+            "expected a rectangular array shaped {expected}, got ragged nested lists",
+            {"expected": expected},
+        ) from None
     if arr.dtype.kind not in "iuf":
-        raise PydanticCustomError("obs_type", "expected numbers ({dtype}) shaped {expected}, got non-numeric values ({got})",
-                                  {"dtype": dtype.name, "expected": expected, "got": _non_numeric(value)})
+        raise PydanticCustomError(
+            "obs_type",
+            "expected numbers ({dtype}) shaped {expected}, got non-numeric values ({got})",
+            {"dtype": dtype.name, "expected": expected, "got": _non_numeric(value)},
+        )
     return arr.astype(np.float64)
 
 
@@ -156,7 +186,9 @@ def _non_numeric(value: Any) -> str:
 
 def _element_error(arr: np.ndarray, mask: np.ndarray, message: str) -> PydanticCustomError:
     first = tuple(int(i) for i in np.argwhere(mask)[0])
-    return PydanticCustomError("obs_value", "obs{index} = {value}: " + message, {"index": _index(first), "value": str(arr[first].item())})
+    return PydanticCustomError(
+        "obs_value", "obs{index} = {value}: " + message, {"index": _index(first), "value": str(arr[first].item())}
+    )
 
 
 def _index(position: tuple[int, ...]) -> str:

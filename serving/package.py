@@ -6,6 +6,7 @@ Two flavours:
 - ``bundle=False``: the Bento serves the registry URI and follows its alias (the container then
   needs ``OPENTINKER_MLFLOW_TRACKING_URI``).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -41,10 +42,15 @@ def bundled_ref(model_uri: str):
 
     from opentinker.tasks.model_store import PolicyRef
 
-    model = bentoml.models.get(model_uri[len(BUNDLED_PREFIX):])
+    model = bentoml.models.get(model_uri[len(BUNDLED_PREFIX) :])
     meta = model.info.metadata
-    return PolicyRef(model_uri, meta.get("name", model.tag.name), meta.get("version", model.tag.version),
-                     meta.get("run_id"), download_uri=str(model.path))
+    return PolicyRef(
+        model_uri,
+        meta.get("name", model.tag.name),
+        meta.get("version", model.tag.version),
+        meta.get("run_id"),
+        download_uri=str(model.path),
+    )
 
 
 def _save_bundled_policy(model_ref: str):
@@ -55,8 +61,9 @@ def _save_bundled_policy(model_ref: str):
     ref = resolve_policy(model_ref)
     export_dir = download_policy(ref)
     metadata = {"name": ref.name, "version": ref.version, "run_id": ref.run_id or "", "source_uri": str(model_ref)}
-    with bentoml.models.create(f"opentinker-policy-{_slug(ref.name)}", metadata=metadata,
-                               labels={"source": "opentinker"}) as model:
+    with bentoml.models.create(
+        f"opentinker-policy-{_slug(ref.name)}", metadata=metadata, labels={"source": "opentinker"}
+    ) as model:
         for item in export_dir.iterdir():
             if item.is_file():
                 shutil.copy2(item, Path(model.path) / item.name)
@@ -88,9 +95,23 @@ def build_project_wheel(directory: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(root / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(directory), str(source)],
-        check=True, capture_output=True, text=True, cwd=directory,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(directory),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=directory,
     )
     shutil.rmtree(source)
     return next(directory.glob("opentinker-*.whl"))
@@ -143,7 +164,10 @@ def run_bentoml_build(build_ctx: Path) -> str:
     env = {k: v for k, v in server_env("", "").items() if not k.startswith("OPENTINKER_SERVE_")}
     done = subprocess.run(
         [sys.executable, "-m", "bentoml", "build", "-f", "bentofile.yaml", "-o", "tag", "."],
-        cwd=build_ctx, env=env, capture_output=True, text=True,
+        cwd=build_ctx,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     tags = [line.split("__tag__:", 1)[1].strip() for line in done.stdout.splitlines() if "__tag__:" in line]
     if done.returncode != 0 or not tags:

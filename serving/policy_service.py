@@ -11,6 +11,7 @@ many observations -> actions, merged across concurrent requests by BentoML's ada
 Observations are validated against the served policy's observation space before any batching, so
 one bad request gets its own 400 and never fails the requests it would have been merged with.
 """
+
 from __future__ import annotations
 
 import logging
@@ -45,19 +46,30 @@ def _check_batch(value: Any) -> np.ndarray:
 Observation = Annotated[
     Any,
     AfterValidator(_check_observation),
-    WithJsonSchema({"description": "One observation: a number or nested lists matching the observation space (see /metadata)."}),
+    WithJsonSchema(
+        {"description": "One observation: a number or nested lists matching the observation space (see /metadata)."}
+    ),
 ]
 ObservationBatch = Annotated[
     Any,
     AfterValidator(_check_batch),
-    WithJsonSchema({"type": "array", "items": {}, "description": "A list of observations, each matching the observation space (see /metadata)."}),
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {},
+            "description": "A list of observations, each matching the observation space (see /metadata).",
+        }
+    ),
 ]
 
 
 class ActResponse(BaseModel):
     action: Any = Field(description="The action for the observation (an int for discrete action spaces, else a list).")
     model_version: str = Field(description="The registered version that computed the action.")
-    probs: list[float] = Field(default_factory=list, description="Action probabilities with return_info (discrete actor-critic policies); else empty.")
+    probs: list[float] = Field(
+        default_factory=list,
+        description="Action probabilities with return_info (discrete actor-critic policies); else empty.",
+    )
     value: float | None = Field(None, description="State value estimate (with return_info).")
 
 

@@ -3,6 +3,7 @@
 A registry reference is first pinned to its version (``resolve_model``) so that the cache key names
 an immutable model and the evaluation loads exactly that version even if an alias moves meanwhile.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,7 +57,9 @@ def _env_of(model_uri: str) -> str:
 
 def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     model: ResolvedModel = parameters["model"]
-    return f"evaluate-{model.store or 'local'}-{model.key}-{model.env_id}-n{parameters['episodes']}-s{parameters['seed']}"
+    return (
+        f"evaluate-{model.store or 'local'}-{model.key}-{model.env_id}-n{parameters['episodes']}-s{parameters['seed']}"
+    )
 
 
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
@@ -66,8 +69,9 @@ def evaluate_policy(model: ResolvedModel, episodes: int = 10, seed: int = 10_000
 
     policy = load_registered_policy(model.uri)
     returns = play_episodes(model.env_id, lambda obs: policy.act(np.asarray(obs)[None])[0], episodes, seed)
-    get_run_logger().info("%s: mean return %.2f ± %.2f over %d episodes", model.key, np.mean(returns), np.std(returns),
-                          episodes)
+    get_run_logger().info(
+        "%s: mean return %.2f ± %.2f over %d episodes", model.key, np.mean(returns), np.std(returns), episodes
+    )
     return EvalOutcome(
         model_key=model.key, seed=seed, returns=returns, mean=float(np.mean(returns)), std=float(np.std(returns))
     )
@@ -102,8 +106,13 @@ def evaluate_random_policy(env_id: str, episodes: int = 10, seed: int = 10_000) 
     space = make_env(env_id).action_space
     space.seed(seed)
     returns = play_episodes(env_id, lambda obs: space.sample(), episodes, seed)
-    return EvalOutcome(model_key=f"random/{env_id}", seed=seed, returns=returns, mean=float(np.mean(returns)),
-                       std=float(np.std(returns)))
+    return EvalOutcome(
+        model_key=f"random/{env_id}",
+        seed=seed,
+        returns=returns,
+        mean=float(np.mean(returns)),
+        std=float(np.std(returns)),
+    )
 
 
 def reward_threshold(env_id: str) -> float | None:

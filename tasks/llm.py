@@ -1,16 +1,18 @@
 """GRPO stages for the language-model agent: probe the text task, train (Ray rollouts, MLflow metrics per step),
 evaluate the adapter on held-out prompts (with a table of sample episodes), register it, gate the champion."""
+
 from __future__ import annotations
 
 import time
 from pathlib import Path
 from typing import Any
 
-from opentinker.tasks import progress
-from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
+
+from opentinker.tasks import progress
+from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 
 
 class LLMEvaluation(BaseModel):
@@ -36,9 +38,13 @@ class GRPOTrainOutcome(BaseModel):
 
 
 def _evaluation(result: Any, prompts: int) -> LLMEvaluation:
-    return LLMEvaluation(success=result.success, mean_reward=result.mean_reward,
-                         valid_tool_call_rate=result.valid_tool_call_rate,
-                         response_tokens=result.mean_response_tokens, prompts=prompts)
+    return LLMEvaluation(
+        success=result.success,
+        mean_reward=result.mean_reward,
+        valid_tool_call_rate=result.valid_tool_call_rate,
+        response_tokens=result.mean_response_tokens,
+        prompts=prompts,
+    )
 
 
 def log_episode_table(run_id: str, episodes: list, step: int, name: str = "eval") -> None:
@@ -47,8 +53,14 @@ def log_episode_table(run_id: str, episodes: list, step: int, name: str = "eval"
 
     import mlflow
 
-    rows: dict[str, list] = {"prompt": [], "tool_calls": [], "tool_results": [], "answer": [], "reward": [],
-                             "success": []}
+    rows: dict[str, list] = {
+        "prompt": [],
+        "tool_calls": [],
+        "tool_results": [],
+        "answer": [],
+        "reward": [],
+        "success": [],
+    }
     for episode in episodes:
         assistant = [t["content"] for t in episode.transcript if t["role"] == "assistant"]
         results = [t["content"] for t in episode.transcript[1:] if t["role"] == "user"]
@@ -65,9 +77,12 @@ def log_evaluation(run_id: str, result: Any, step: int, name: str = "eval") -> N
     import mlflow
 
     client = mlflow.MlflowClient()
-    for key, value in (("success_rate", result.success), ("reward_mean", result.mean_reward),
-                       ("valid_tool_call_rate", result.valid_tool_call_rate),
-                       ("response_tokens", result.mean_response_tokens)):
+    for key, value in (
+        ("success_rate", result.success),
+        ("reward_mean", result.mean_reward),
+        ("valid_tool_call_rate", result.valid_tool_call_rate),
+        ("response_tokens", result.mean_response_tokens),
+    ):
         client.log_metric(run_id, f"{name}/{key}", float(value), step=step)
     log_episode_table(run_id, result.episodes, step, name)
 
@@ -84,9 +99,18 @@ def probe_text_task(task_name: str, task_seed: int) -> int:
 
 
 @task(cache_policy=NO_CACHE)
-def train_grpo(run_id: str, directory: str, config: dict[str, Any], steps: int, seed: int = 0, workers: int = 1,
-               backend: str = "ray", resume: bool = False, checkpoint_every: int | None = None,
-               eval_every: int | None = None) -> GRPOTrainOutcome:
+def train_grpo(
+    run_id: str,
+    directory: str,
+    config: dict[str, Any],
+    steps: int,
+    seed: int = 0,
+    workers: int = 1,
+    backend: str = "ray",
+    resume: bool = False,
+    checkpoint_every: int | None = None,
+    eval_every: int | None = None,
+) -> GRPOTrainOutcome:
     """GRPO until ``steps`` optimiser steps; held-out success of the base first (step 0) and every ``eval_every``."""
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.grpo import GRPOTrainer, grpo_config
@@ -118,17 +142,30 @@ def train_grpo(run_id: str, directory: str, config: dict[str, Any], steps: int, 
         logger.flush()
         adapter_dir = trainer.save_adapter(root / "adapter", run_id=run_id)
         done = trainer.completions - start_completions
-        return GRPOTrainOutcome(run_id=run_id, checkpoint_path=str(checkpoint), adapter_dir=str(adapter_dir),
-                                start_step=start_step, global_step=trainer.global_step, train_seconds=train_seconds,
-                                completions=done, completions_per_s=done / max(train_seconds, 1e-9),
-                                base_eval=base_eval)
+        return GRPOTrainOutcome(
+            run_id=run_id,
+            checkpoint_path=str(checkpoint),
+            adapter_dir=str(adapter_dir),
+            start_step=start_step,
+            global_step=trainer.global_step,
+            train_seconds=train_seconds,
+            completions=done,
+            completions_per_s=done / max(train_seconds, 1e-9),
+            base_eval=base_eval,
+        )
     finally:
         trainer.close()
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_adapter(adapter_dir: str, prompts: int, eval_batch: int = 16, cache_dir: str | None = None,
-                     run_id: str | None = None, step: int = 0) -> LLMEvaluation:
+def evaluate_adapter(
+    adapter_dir: str,
+    prompts: int,
+    eval_batch: int = 16,
+    cache_dir: str | None = None,
+    run_id: str | None = None,
+    step: int = 0,
+) -> LLMEvaluation:
     """Base + merged adapter, greedy, on the first ``prompts`` held-out examples of the adapter's own task —
     the model and decoding the agent service runs. Logged (metrics + episode table) when ``run_id`` is given."""
     from opentinker.agents.grpo import summarise
@@ -136,8 +173,9 @@ def evaluate_adapter(adapter_dir: str, prompts: int, eval_batch: int = 16, cache
     from opentinker.agents.llm.rollout import evaluate_model
 
     model, tokenizer, meta = load_adapted_model(adapter_dir, cache_dir)
-    episodes = evaluate_model(model, tokenizer, meta["task"], meta["task_seed"], list(range(prompts)),
-                              meta["max_new_tokens"], eval_batch)
+    episodes = evaluate_model(
+        model, tokenizer, meta["task"], meta["task_seed"], list(range(prompts)), meta["max_new_tokens"], eval_batch
+    )
     result = summarise(episodes)
     if run_id:
         configure_mlflow()
@@ -151,8 +189,9 @@ def register_adapter(run_id: str, adapter_dir: str, model_name: str, base_model:
     from opentinker.tasks.llm_store import log_adapter_model
     from opentinker.tasks.model_store import set_alias
 
-    version = log_adapter_model(adapter_dir, run_id, model_name,
-                                {"base_model": base_model, "task": task_name, "algorithm": "grpo"})
+    version = log_adapter_model(
+        adapter_dir, run_id, model_name, {"base_model": base_model, "task": task_name, "algorithm": "grpo"}
+    )
     set_alias(model_name, "candidate", version)
     return version
 
@@ -165,8 +204,14 @@ class GateDecision(BaseModel):
 
 
 @task(cache_policy=NO_CACHE)
-def gate_adapter(model_name: str, version: str, candidate: LLMEvaluation, threshold: float = 0.0,
-                 eval_batch: int = 16, cache_dir: str | None = None) -> GateDecision:
+def gate_adapter(
+    model_name: str,
+    version: str,
+    candidate: LLMEvaluation,
+    threshold: float = 0.0,
+    eval_batch: int = 16,
+    cache_dir: str | None = None,
+) -> GateDecision:
     """Move ``champion`` to ``version`` only if its held-out success beats the current champion's on the same
     prompts (the champion is re-evaluated here, not trusted from its run) and reaches ``threshold``."""
     from opentinker.tasks.llm_store import download_adapter
@@ -182,12 +227,16 @@ def gate_adapter(model_name: str, version: str, candidate: LLMEvaluation, thresh
     if candidate.success < threshold:
         decision = f"kept champion: success {candidate.success:.3f} below threshold {threshold:.3f}"
     elif champion_success is not None and candidate.success <= champion_success:
-        decision = (f"kept champion v{ref.version}: success {candidate.success:.3f} does not beat "
-                    f"{champion_success:.3f} on the same {candidate.prompts} prompts")
+        decision = (
+            f"kept champion v{ref.version}: success {candidate.success:.3f} does not beat "
+            f"{champion_success:.3f} on the same {candidate.prompts} prompts"
+        )
     else:
         set_alias(model_name, "champion", version)
-        decision = (f"promoted v{version} to champion" +
-                    (f" (success {candidate.success:.3f} > {champion_success:.3f})" if champion_success is not None
-                     else " (first champion)"))
+        decision = f"promoted v{version} to champion" + (
+            f" (success {candidate.success:.3f} > {champion_success:.3f})"
+            if champion_success is not None
+            else " (first champion)"
+        )
     aliases = ["candidate"] + (["champion"] if decision.startswith("promoted") else [])
     return GateDecision(version=version, aliases=aliases, decision=decision, champion_success=champion_success)

@@ -5,6 +5,7 @@ files + ``opentinker_llm.json`` naming the base model), loaded through this modu
 chat model downloads the folder (``download_adapter``) and serves it (``agents.llm.local_model.AdapterChatModel``).
 URIs resolve like policies' (``tasks.model_store.resolve_policy``): ``models:/NAME@champion`` names one version.
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -22,6 +23,7 @@ from opentinker.tasks.model_store import (
 def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str, tags: dict[str, str]) -> str:
     """Log the adapter folder into ``run_id`` and register it as a new version of ``registered_name``."""
     import mlflow
+
     from opentinker.agents.llm.policy import ADAPTER_META
 
     adapter_dir = Path(adapter_dir)
@@ -31,8 +33,12 @@ def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str
     client = mlflow.MlflowClient()
     mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
     with mlflow.start_run(run_id=run_id):
-        info = mlflow.pyfunc.log_model(name="adapter", loader_module="opentinker.tasks.llm_store",
-                                       data_path=str(adapter_dir), metadata={"opentinker_llm": tags})
+        info = mlflow.pyfunc.log_model(
+            name="adapter",
+            loader_module="opentinker.tasks.llm_store",
+            data_path=str(adapter_dir),
+            metadata={"opentinker_llm": tags},
+        )
     version = mlflow.register_model(info.model_uri, registered_name, tags=tags)
     return str(version.version)
 
@@ -44,8 +50,9 @@ def download_adapter(model_uri: str) -> tuple[PolicyRef, Path]:
     if not model_uri.startswith(("models:/", "runs:/")):
         folder = Path(model_uri)
         if not (folder / ADAPTER_META).is_file():
-            raise PolicyStoreError(f"llm: expected models:/NAME@ALIAS or an adapter folder with {ADAPTER_META}, "
-                                   f"got {model_uri!r}")
+            raise PolicyStoreError(
+                f"llm: expected models:/NAME@ALIAS or an adapter folder with {ADAPTER_META}, got {model_uri!r}"
+            )
         return PolicyRef(model_uri, folder.name, "local", download_uri=str(folder)), folder
     ref = resolve_policy(model_uri)
     dst = Path(tempfile.mkdtemp(prefix="opentinker-adapter-"))
@@ -67,9 +74,12 @@ class _AdapterPyfunc:
     def predict(self, model_input: Any, params: dict | None = None) -> list[str]:
         from opentinker.agents.llm.rollout import generate
 
-        prompts = [self.tokenizer.apply_chat_template([{"role": "user", "content": str(p)}], add_generation_prompt=True,
-                                                      tokenize=True, return_dict=True)["input_ids"]
-                   for p in list(model_input)]
+        prompts = [
+            self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": str(p)}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+            for p in list(model_input)
+        ]
         out = generate(self.model, self.tokenizer, prompts, int(self.meta.get("max_new_tokens", 64)), 0.0, None)
         return [self.tokenizer.decode(c, skip_special_tokens=True).strip() for c in out]
 

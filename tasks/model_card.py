@@ -1,4 +1,5 @@
 """A markdown model card: what was trained, how, how well, from which code and packages."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -18,7 +19,7 @@ def render_model_card(
     lines = [
         f"# Model card: {params.get('env_id')} · {params.get('algorithm', 'ppo').upper()}",
         "",
-        f"- Created: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
+        f"- Created: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
         f"- Environment: `{params.get('env_id')}`",
         f"- Algorithm: {params.get('algorithm', 'ppo')} · policy MLP · seed {params.get('seed')}",
         f"- Training: {global_step:,} env steps (requested {params.get('steps'):,})",
@@ -26,7 +27,9 @@ def render_model_card(
         f"- Git commit: `{git_commit()}`",
     ]
     if model:
-        lines.append(f"- Registered model: `{model.get('name')}` version {model.get('version')}, aliases {model.get('aliases')}")
+        lines.append(
+            f"- Registered model: `{model.get('name')}` version {model.get('version')}, aliases {model.get('aliases')}"
+        )
         if model.get("decision"):
             lines.append(f"- Promotion decision: {model['decision']}")
     lines += ["", "## Evaluation", ""]

@@ -13,6 +13,7 @@ Typical package stage::
     set_alias("cartpole", "champion", version)
     policy = load_registered_policy("models:/cartpole@champion")
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -56,7 +57,7 @@ class PolicyStoreError(RuntimeError):
     """A model URI that cannot be resolved or does not hold an OpenTinker policy."""
 
 
-def _mlflow() -> "mlflow":
+def _mlflow() -> mlflow:
     """MLflow pointed at the configured store, read-only: a serving process must not create experiments."""
     import mlflow
 
@@ -74,7 +75,7 @@ def _client():
     return _mlflow().MlflowClient()
 
 
-def _load_export(directory: str | Path) -> "InferencePolicy":
+def _load_export(directory: str | Path) -> InferencePolicy:
     from opentinker.agents.export import load_policy
 
     return load_policy(Path(directory))
@@ -91,7 +92,7 @@ def _tensor_spec(space) -> Any:
     raise PolicyStoreError(f"space: expected Box, Discrete, MultiDiscrete or MultiBinary, got {type(space).__name__}")
 
 
-def _policy_signature(policy: "InferencePolicy"):
+def _policy_signature(policy: InferencePolicy):
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Schema
 
@@ -101,7 +102,7 @@ def _policy_signature(policy: "InferencePolicy"):
     )
 
 
-def _input_example(policy: "InferencePolicy") -> np.ndarray:
+def _input_example(policy: InferencePolicy) -> np.ndarray:
     """One observation drawn (seeded) from the policy's space: shown in the MLflow UI next to the signature."""
     space = policy.observation_space
     space.seed(0)
@@ -130,7 +131,7 @@ def _jsonable(value: Any) -> Any:
 class _PolicyPyfunc:
     """``mlflow.pyfunc`` face of an exported policy: ``predict(obs_batch) -> actions``."""
 
-    def __init__(self, policy: "InferencePolicy"):
+    def __init__(self, policy: InferencePolicy):
         self.policy = policy
 
     def predict(self, model_input, params=None):
@@ -159,7 +160,9 @@ def log_policy_model(
     """
     export_dir = Path(export_dir)
     if not (export_dir / POLICY_FILE).is_file():
-        raise PolicyStoreError(f"export_dir: expected a directory with {POLICY_FILE} (agents.export.export_policy), got {export_dir}")
+        raise PolicyStoreError(
+            f"export_dir: expected a directory with {POLICY_FILE} (agents.export.export_policy), got {export_dir}"
+        )
     policy = _load_export(export_dir)
     import mlflow
 
@@ -209,7 +212,7 @@ def resolve_policy(model_uri: str | Path) -> PolicyRef:
     """Resolve a URI to the exact version it names now; local export directories are accepted too."""
     uri = str(model_uri)
     if uri.startswith("runs:/"):
-        run_id = uri[len("runs:/"):].split("/", 1)[0]
+        run_id = uri[len("runs:/") :].split("/", 1)[0]
         return PolicyRef(uri, uri.rstrip("/").rsplit("/", 1)[-1], run_id, run_id, download_uri=uri)
     if not uri.startswith("models:/"):
         return _resolve_local(Path(uri))
@@ -259,16 +262,18 @@ def download_policy(ref: PolicyRef, dst: str | Path | None = None) -> Path:
     model_dir = Path(_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
     found = sorted(model_dir.glob(f"**/{POLICY_FILE}"))
     if not found:
-        raise PolicyStoreError(f"model_uri: {ref.uri!r} is not an OpenTinker policy (no {POLICY_FILE} in its artifacts)")
+        raise PolicyStoreError(
+            f"model_uri: {ref.uri!r} is not an OpenTinker policy (no {POLICY_FILE} in its artifacts)"
+        )
     return found[0].parent
 
 
-def load_policy_version(model_uri: str | Path) -> tuple[PolicyRef, "InferencePolicy"]:
+def load_policy_version(model_uri: str | Path) -> tuple[PolicyRef, InferencePolicy]:
     """Resolve then load, so the returned policy is exactly the version named in the ref."""
     ref = resolve_policy(model_uri)
     return ref, _load_export(download_policy(ref))
 
 
-def load_registered_policy(model_uri: str | Path) -> "InferencePolicy":
+def load_registered_policy(model_uri: str | Path) -> InferencePolicy:
     """The numpy ``InferencePolicy`` behind a registry URI, a run URI or a local export directory."""
     return load_policy_version(model_uri)[1]

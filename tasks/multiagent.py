@@ -1,5 +1,6 @@
 """Multi-agent stages: train an ``AgentGroup`` (one task, checkpointed, metrics per kind to MLflow) and
 evaluate it from its checkpoint. Packaging reuses ``tasks.package.package_model`` once per kind."""
+
 from __future__ import annotations
 
 import time
@@ -38,11 +39,24 @@ class KindEvaluation(BaseModel):
 
 
 @task(cache_policy=NO_CACHE)
-def train_group(run_id: str, directory: str, policy_mapping: dict[str, str], configs: dict[str, dict[str, Any]],
-                steps: int, seed: int = 0, env_id: str = "pursuit", env_kwargs: dict[str, Any] | None = None,
-                shared_memory: bool | str = False, num_envs: int = 4, n_steps: int = 32, device: str = "auto",
-                resume: bool = False, checkpoint_every: int | None = None, backend: str = "auto",
-                workers: int | None = None) -> GroupTrainOutcome:
+def train_group(
+    run_id: str,
+    directory: str,
+    policy_mapping: dict[str, str],
+    configs: dict[str, dict[str, Any]],
+    steps: int,
+    seed: int = 0,
+    env_id: str = "pursuit",
+    env_kwargs: dict[str, Any] | None = None,
+    shared_memory: bool | str = False,
+    num_envs: int = 4,
+    n_steps: int = 32,
+    device: str = "auto",
+    resume: bool = False,
+    checkpoint_every: int | None = None,
+    backend: str = "auto",
+    workers: int | None = None,
+) -> GroupTrainOutcome:
     """Train every kind until ``steps`` env steps; resume from ``checkpoints/checkpoint.pt`` when asked.
 
     ``backend``/``workers``: where the env copies run (``AgentGroup.build``); a resumed run may change them.
@@ -57,8 +71,16 @@ def train_group(run_id: str, directory: str, policy_mapping: dict[str, str], con
         trainer = GroupTrainer.load(checkpoint, device=device, backend=backend, workers=workers)
     else:
         group = AgentGroup(policy_mapping, shared_memory=shared_memory).configure(**configs)
-        trainer = group.build(env_id, num_envs=num_envs, n_steps=n_steps, seed=seed, device=device, backend=backend,
-                              workers=workers, **(env_kwargs or {}))
+        trainer = group.build(
+            env_id,
+            num_envs=num_envs,
+            n_steps=n_steps,
+            seed=seed,
+            device=device,
+            backend=backend,
+            workers=workers,
+            **(env_kwargs or {}),
+        )
         (root / "history.jsonl").unlink(missing_ok=True)
     try:
         start_step = trainer.global_step
@@ -69,9 +91,15 @@ def train_group(run_id: str, directory: str, policy_mapping: dict[str, str], con
         logger.flush()
         exports = trainer.export(root / "export", metadata={"env_id": env_id, "run_id": run_id})
         return GroupTrainOutcome(
-            run_id=run_id, checkpoint_path=str(checkpoint), export_dirs={k: str(v) for k, v in exports.items()},
-            history_path=str(logger.save_history(root / "history.jsonl")), start_step=start_step,
-            global_step=trainer.global_step, agent_steps=trainer.agent_steps, train_seconds=train_seconds)
+            run_id=run_id,
+            checkpoint_path=str(checkpoint),
+            export_dirs={k: str(v) for k, v in exports.items()},
+            history_path=str(logger.save_history(root / "history.jsonl")),
+            start_step=start_step,
+            global_step=trainer.global_step,
+            agent_steps=trainer.agent_steps,
+            train_seconds=train_seconds,
+        )
     finally:
         trainer.close()
 

@@ -4,6 +4,7 @@ The gate only moves ``champion`` when the candidate passes the threshold and str
 current champion on the same evaluation seeds; ties and losses leave it untouched. The decision
 and the numbers behind it are tags on the model version and on the MLflow run.
 """
+
 from __future__ import annotations
 
 from prefect import task
@@ -17,8 +18,9 @@ CANDIDATE, CHAMPION = "candidate", "champion"
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
-def package_model(run_id: str, export_dir: str, model_name: str, evaluation: EvalOutcome | None = None,
-                  step: int = 0) -> ModelRef:
+def package_model(
+    run_id: str, export_dir: str, model_name: str, evaluation: EvalOutcome | None = None, step: int = 0
+) -> ModelRef:
     """Log the export as an MLflow pyfunc model of ``run_id`` (trained to env ``step``), register it as ``candidate``.
 
     Idempotent under retries: a version already registered from this run is reused, never duplicated.
@@ -53,12 +55,18 @@ def find_model_version(model_name: str, ref: str) -> ModelRef | None:
     configure_mlflow()
     client = mlflow.MlflowClient()
     try:
-        version = client.get_model_version(model_name, ref) if ref.isdigit() else client.get_model_version_by_alias(model_name, ref)
+        version = (
+            client.get_model_version(model_name, ref)
+            if ref.isdigit()
+            else client.get_model_version_by_alias(model_name, ref)
+        )
     except MlflowException as exc:
         if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
         raise
-    return ModelRef(name=model_name, version=str(version.version), run_id=version.run_id or "", aliases=list(version.aliases))
+    return ModelRef(
+        name=model_name, version=str(version.version), run_id=version.run_id or "", aliases=list(version.aliases)
+    )
 
 
 def random_floor(random_eval: EvalOutcome) -> float:
@@ -67,8 +75,9 @@ def random_floor(random_eval: EvalOutcome) -> float:
     return random_eval.mean + max(random_eval.std, 0.1 * abs(random_eval.mean))
 
 
-def decide(candidate_mean: float, champion_mean: float | None, threshold: float | None,
-           random_mean_floor: float | None = None) -> tuple[bool, str]:
+def decide(
+    candidate_mean: float, champion_mean: float | None, threshold: float | None, random_mean_floor: float | None = None
+) -> tuple[bool, str]:
     """Pure promotion rule: pass the threshold, then strictly beat the champion (a tie keeps the champion).
 
     Without a threshold (the env has none) the candidate must beat the champion, and a first champion must beat
@@ -78,10 +87,13 @@ def decide(candidate_mean: float, champion_mean: float | None, threshold: float 
         if random_mean_floor is None:
             raise ValueError("a gate without threshold needs the random policy's floor for a first champion")
         if candidate_mean > random_mean_floor:
-            return True, (f"promoted: first champion, mean {candidate_mean:.2f} beats the random policy's floor "
-                          f"{random_mean_floor:.2f} (no reward threshold for this env)")
-        return False, (f"rejected: mean {candidate_mean:.2f} does not beat the random policy's floor "
-                       f"{random_mean_floor:.2f}")
+            return True, (
+                f"promoted: first champion, mean {candidate_mean:.2f} beats the random policy's floor "
+                f"{random_mean_floor:.2f} (no reward threshold for this env)"
+            )
+        return False, (
+            f"rejected: mean {candidate_mean:.2f} does not beat the random policy's floor {random_mean_floor:.2f}"
+        )
     if threshold is not None and candidate_mean < threshold:
         return False, f"rejected: mean {candidate_mean:.2f} below threshold {threshold:.2f}"
     if champion_mean is None:

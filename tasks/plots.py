@@ -1,4 +1,5 @@
 """Learning-curve and dashboard-metric PNGs from the per-iteration history (matplotlib, Agg backend)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -57,7 +58,7 @@ def perf_metrics(history: list[dict[str, float]], path: Path) -> Path:
         ax.set_title(key.removeprefix("perf/"), fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     fig.suptitle("Dashboard metrics (perf/) against global env step")
     return _save(fig, plt, path)

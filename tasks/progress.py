@@ -3,6 +3,7 @@
 Flow parameters must stay serialisable, so a live callback cannot travel as one; the CLI registers a
 listener here before running the flow, and the training task reports each iteration to it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

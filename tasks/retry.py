@@ -1,4 +1,5 @@
 """Which failures are worth a Prefect retry: transient IO only (network, 5xx, throttling), never bad input."""
+
 from __future__ import annotations
 
 from prefect.tasks import exponential_backoff
@@ -8,8 +9,17 @@ IO_BACKOFF = exponential_backoff(backoff_factor=2)
 """2 s, 4 s, 8 s (with jitter) between attempts."""
 
 _TRANSIENT_NAMES = {
-    "ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "TimeoutError", "EndpointConnectionError",
-    "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError", "ProtocolError", "RemoteDisconnected",
+    "ConnectionError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "Timeout",
+    "TimeoutError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ProtocolError",
+    "RemoteDisconnected",
 }
 
 

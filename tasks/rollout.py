@@ -5,6 +5,7 @@ the env builds and steps on the rollout workers (a bad env fails here, in second
 and gives the random-policy baseline return for the learning curve. Training itself collects its
 rollouts inside the engine loop (see ``tasks/train.py`` for why that loop is one task).
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,15 @@ def start_ray() -> str:
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
 def collect_rollouts(
-    env_id: str, seed: int, num_envs: int = 8, workers: int | None = None, n_steps: int = 64, run_id: str | None = None,
-    rollout_num_cpus: float | None = None, rollout_num_gpus: float = 0.0, backend: str = "ray",
+    env_id: str,
+    seed: int,
+    num_envs: int = 8,
+    workers: int | None = None,
+    n_steps: int = 64,
+    run_id: str | None = None,
+    rollout_num_cpus: float | None = None,
+    rollout_num_gpus: float = 0.0,
+    backend: str = "ray",
 ) -> RolloutSummary:
     """``n_steps`` random-policy steps on every env copy (placed as in training: in-process, or Ray actors for
     ``backend="ray"``); returns a summary, not the arrays."""

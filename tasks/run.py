@@ -1,4 +1,5 @@
 """One MLflow run per flow run: opened before training with params and provenance tags, closed with a status."""
+
 from __future__ import annotations
 
 import getpass
@@ -34,7 +35,7 @@ def start_tracking_run(params: dict[str, Any], run_name: str, experiment: str | 
         "mlflow.source.type": "JOB",
         "mlflow.user": getpass.getuser(),
         "mlflow.note.content": f"{params.get('algorithm', 'ppo')} on `{params.get('env_id')}` for "
-                               f"{params.get('steps')} env steps · {prefect_link}",
+        f"{params.get('steps')} env steps · {prefect_link}",
         "mlflow.source.git.commit": git_commit(),
         "opentinker.env_id": str(params.get("env_id")),
         "opentinker.algorithm": str(params.get("algorithm", "ppo")),
@@ -80,10 +81,17 @@ def publish_summary(tracking: TrackingRun, model: ModelRef, evaluation: EvalOutc
     model_url = ui_url(f"models/{model.name}/versions/{model.version}")
     get_run_logger().info("%s v%s: %s; MLflow run %s", model.name, model.version, model.decision, tracking.url)
     if tracking.url.startswith("http"):
-        create_link_artifact(key="mlflow-run", link=tracking.url, link_text="MLflow run",
-                             description="Metrics, plots and the logged model of this flow run.")
+        create_link_artifact(
+            key="mlflow-run",
+            link=tracking.url,
+            link_text="MLflow run",
+            description="Metrics, plots and the logged model of this flow run.",
+        )
     episodes = "\n".join(f"| {i} | {value:.1f} |" for i, value in enumerate(evaluation.returns))
-    create_markdown_artifact(key="training-summary", description="Evaluation and release gate", markdown=f"""\
+    create_markdown_artifact(
+        key="training-summary",
+        description="Evaluation and release gate",
+        markdown=f"""\
 ## {model.name} v{model.version}: {model.decision or "no gate decision"}
 
 - MLflow run: {_link(tracking.url)}
@@ -94,7 +102,8 @@ episodes (seeds {evaluation.seed}…{evaluation.seed + len(evaluation.returns) -
 | episode | return |
 |---|---|
 {episodes}
-""")
+""",
+    )
 
 
 def _link(url: str) -> str:

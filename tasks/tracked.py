@@ -1,6 +1,7 @@
 """``trainer.train(steps, track=True)`` for SDK users: the same MLflow run layout as ``train_flow`` (params, per-
 iteration metrics, plots, config, model card, checkpoint, registered model), built from the flow's own stages
 called as plain functions (``task.fn``), so a notebook needs no Prefect server."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,24 +10,49 @@ from typing import Any
 from opentinker.tasks.types import EvalOutcome
 
 
-def _params(trainer: Any, steps: int, run_name: str | None, model_name: str | None, experiment: str | None,
-            eval_episodes: int, eval_seed: int):
+def _params(
+    trainer: Any,
+    steps: int,
+    run_name: str | None,
+    model_name: str | None,
+    experiment: str | None,
+    eval_episodes: int,
+    eval_seed: int,
+):
     """The run described as ``TrainParams``, so the logged params read as a flow run's do."""
     from opentinker.agents.config import ENV_FIELDS
     from opentinker.flows.params import TrainParams
 
     env = trainer.env
     config = {k: v for k, v in dataclasses.asdict(trainer.config).items() if k not in ENV_FIELDS}
-    return TrainParams(env_id=trainer.env_id, steps=steps, seed=trainer.seed, algorithm=trainer.algorithm,
-                       num_envs=env.num_envs, backend=env.backend,
-                       workers=env.num_workers if env.backend == "ray" else None, run_name=run_name,
-                       model_name=model_name, experiment=experiment, eval_episodes=eval_episodes,
-                       eval_seed=eval_seed, **{trainer.algorithm: config})
+    return TrainParams(
+        env_id=trainer.env_id,
+        steps=steps,
+        seed=trainer.seed,
+        algorithm=trainer.algorithm,
+        num_envs=env.num_envs,
+        backend=env.backend,
+        workers=env.num_workers if env.backend == "ray" else None,
+        run_name=run_name,
+        model_name=model_name,
+        experiment=experiment,
+        eval_episodes=eval_episodes,
+        eval_seed=eval_seed,
+        **{trainer.algorithm: config},
+    )
 
 
-def train_tracked(trainer: Any, steps: int, callback: Any = None, checkpoint_every: int | None = None,
-                  run_name: str | None = None, model_name: str | None = None, experiment: str | None = None,
-                  eval_episodes: int = 10, eval_seed: int = 10_000) -> dict[str, float]:
+def train_tracked(
+    trainer: Any,
+    steps: int,
+    callback: Any = None,
+    checkpoint_every: int | None = None,
+    run_name: str | None = None,
+    model_name: str | None = None,
+    experiment: str | None = None,
+    eval_episodes: int = 10,
+    eval_seed: int = 10_000,
+) -> dict[str, float]:
     """Train with tracking; evaluate, register the export as ``candidate`` of ``model_name``, upload the reports.
 
     Returns the evaluation (``eval/mean_return``, ``eval/std_return``); the run id is ``trainer.last_run_id``.
@@ -43,19 +69,23 @@ def train_tracked(trainer: Any, steps: int, callback: Any = None, checkpoint_eve
     trainer.last_run_id = tracking.run_id
     try:
         root = run_dir(get_settings().resolved_data_dir, params.resolved_run_name)
-        trained = train_logged(trainer, tracking.run_id, steps, root, checkpoint_every, callback,
-                               metadata={"env_id": trainer.env_id})
+        trained = train_logged(
+            trainer, tracking.run_id, steps, root, checkpoint_every, callback, metadata={"env_id": trainer.env_id}
+        )
         result = trainer.evaluate(eval_episodes, eval_seed)
-        evaluation = EvalOutcome(model_key=f"run/{tracking.run_id}", seed=eval_seed, returns=result.returns,
-                                 mean=result.mean, std=result.std)
+        evaluation = EvalOutcome(
+            model_key=f"run/{tracking.run_id}", seed=eval_seed, returns=result.returns, mean=result.mean, std=result.std
+        )
         model = package_model.fn(tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation)
         reports = render_reports.fn(config, trained, evaluation, model)
         upload_artifacts.fn(tracking.run_id, reports, trained.checkpoint_path, params.resolved_run_name)
     except BaseException:
         finish_tracking_run.fn(tracking.run_id, status="FAILED")
         raise
-    finish_tracking_run.fn(tracking.run_id, tags={"opentinker.model_version": model.version,
-                                                  "opentinker.aliases": ",".join(model.aliases)},
-                           metrics={"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std},
-                           step=trained.global_step)
+    finish_tracking_run.fn(
+        tracking.run_id,
+        tags={"opentinker.model_version": model.version, "opentinker.aliases": ",".join(model.aliases)},
+        metrics={"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std},
+        step=trained.global_step,
+    )
     return {"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std}

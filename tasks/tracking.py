@@ -5,6 +5,7 @@ The RL engine never imports MLflow; it calls ``callback(metrics, step)`` once pe
 the history for the plots and flushes metrics to MLflow in batches so that tracking costs
 milliseconds per iteration, not a round-trip each.
 """
+
 from __future__ import annotations
 
 import json

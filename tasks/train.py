@@ -7,6 +7,7 @@ engine's callback instead (metrics to MLflow in batches, progress to the CLI); c
 the engine's atomic checkpoints (``resume=True`` continues from the last one); worker death is
 handled inside the iteration by Ray (actor restarts, rollouts reseeded by (seed, iteration, worker)).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,6 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from opentinker.tasks import progress
 from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 from opentinker.tasks.types import TrainOutcome
+
 
 def run_log() -> logging.Logger | logging.LoggerAdapter:
     """Prefect's run logger inside a flow or task run (its lines reach the server's Logs tab), else a plain logger:
@@ -79,8 +81,9 @@ def train_policy(
     configure_mlflow()
     client = mlflow.MlflowClient()
     early = _EARLY.pop(directory, None)
-    if early is not None and early.args == _early_args(env_id, steps, seed, algorithm, config, num_envs, resume,
-                                                       checkpoint_every):
+    if early is not None and early.args == _early_args(
+        env_id, steps, seed, algorithm, config, num_envs, resume, checkpoint_every
+    ):
         client.set_tag(run_id, "opentinker.rollout_nodes", "local")
         _write_json(root / "workers.json", {"pids": [os.getpid()], "nodes": ["local"]})
         return early.adopt(run_id)
@@ -94,17 +97,20 @@ def train_policy(
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
             client.set_tag(run_id, "opentinker.rollout_nodes", ",".join(nodes))
             with failing_without_rollout_nodes(options, env.close) if options else contextlib.nullcontext():
-                outcome = _train(env, run_id, env_id, steps, seed, root, algorithm, config, device, resume,
-                                 checkpoint_every)
-            client.set_tag(run_id, "opentinker.rollout_nodes_final",
-                           ",".join(node or "local" for node in env.worker_node_ids()))
+                outcome = _train(
+                    env, run_id, env_id, steps, seed, root, algorithm, config, device, resume, checkpoint_every
+                )
+            client.set_tag(
+                run_id, "opentinker.rollout_nodes_final", ",".join(node or "local" for node in env.worker_node_ids())
+            )
             return outcome
         finally:
             env.close()
 
 
-def _build_trainer(env: Any, seed: int, root: Path, algorithm: str, config: dict[str, Any] | None, device: str,
-                   resume: bool) -> Any:
+def _build_trainer(
+    env: Any, seed: int, root: Path, algorithm: str, config: dict[str, Any] | None, device: str, resume: bool
+) -> Any:
     """A fresh trainer, or with ``resume`` the one in the run's last checkpoint."""
     from opentinker.agents import trainer_class
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
@@ -117,14 +123,32 @@ def _build_trainer(env: Any, seed: int, root: Path, algorithm: str, config: dict
     return trainer_cls(env, policy="MLP", seed=seed, device=device, **(config or {}))
 
 
-def _train(env: Any, run_id: str, env_id: str, steps: int, seed: int, root: Path, algorithm: str,
-           config: dict[str, Any] | None, device: str, resume: bool, checkpoint_every: int | None) -> TrainOutcome:
+def _train(
+    env: Any,
+    run_id: str,
+    env_id: str,
+    steps: int,
+    seed: int,
+    root: Path,
+    algorithm: str,
+    config: dict[str, Any] | None,
+    device: str,
+    resume: bool,
+    checkpoint_every: int | None,
+) -> TrainOutcome:
     trainer = _build_trainer(env, seed, root, algorithm, config, device, resume)
     return train_logged(trainer, run_id, steps, root, checkpoint_every, metadata={"env_id": env_id})
 
 
-def train_logged(trainer: Any, run_id: str, steps: int, root: Path, checkpoint_every: int | None = None,
-                 callback: Any = None, metadata: dict[str, Any] | None = None) -> TrainOutcome:
+def train_logged(
+    trainer: Any,
+    run_id: str,
+    steps: int,
+    root: Path,
+    checkpoint_every: int | None = None,
+    callback: Any = None,
+    metadata: dict[str, Any] | None = None,
+) -> TrainOutcome:
     """Train an engine trainer with metrics to the MLflow run ``run_id`` (and progress listeners), checkpoints under
     ``root/checkpoints``, then the export and the history; the flow's training stage and the SDK's
     ``train(track=True)`` both run this. ``callback`` (the SDK user's) runs after the logger; False stops."""
@@ -135,8 +159,9 @@ def train_logged(trainer: Any, run_id: str, steps: int, root: Path, checkpoint_e
         return None if callback is None else callback(metrics, step)
 
     start_step, started = int(trainer.global_step), time.perf_counter()
-    trainer.train(steps, callback=log_then_call, checkpoint_dir=_checkpoint_dir(root),
-                  checkpoint_every=checkpoint_every)
+    trainer.train(
+        steps, callback=log_then_call, checkpoint_dir=_checkpoint_dir(root), checkpoint_every=checkpoint_every
+    )
     return _finish(trainer, logger, root, start_step, time.perf_counter() - started, metadata)
 
 
@@ -146,8 +171,14 @@ def _checkpoint_dir(root: Path) -> Path:
     return path
 
 
-def _finish(trainer: Any, logger: MetricsLogger, root: Path, start_step: int, train_seconds: float,
-            metadata: dict[str, Any] | None) -> TrainOutcome:
+def _finish(
+    trainer: Any,
+    logger: MetricsLogger,
+    root: Path,
+    start_step: int,
+    train_seconds: float,
+    metadata: dict[str, Any] | None,
+) -> TrainOutcome:
     """Flush the metrics, export the policy, append the history: what follows every training loop."""
     import mlflow
 
@@ -156,8 +187,9 @@ def _finish(trainer: Any, logger: MetricsLogger, root: Path, start_step: int, tr
     from opentinker.agents.trainer import dashboard_remedies
 
     logger.flush()
-    run_log().info("trained to env step %d in %.1f s (%d iterations)", trainer.global_step, train_seconds,
-                   len(logger.history))
+    run_log().info(
+        "trained to env step %d in %.1f s (%d iterations)", trainer.global_step, train_seconds, len(logger.history)
+    )
     remedies = dashboard_remedies(logger.history)
     mlflow.MlflowClient().set_tag(logger.run_id, "opentinker.dashboard_remedies", "; ".join(remedies) or "none")
     export_dir = export_policy(trainer, root / "export", metadata={**(metadata or {}), "run_id": logger.run_id})
@@ -175,7 +207,7 @@ def _finish(trainer: Any, logger: MetricsLogger, root: Path, start_step: int, tr
     )
 
 
-_EARLY: dict[str, "EarlyTraining"] = {}
+_EARLY: dict[str, EarlyTraining] = {}
 """In-process trainings started before their flow run, by run directory (``start_early``)."""
 
 
@@ -196,8 +228,12 @@ class EarlyTraining:
     def _run(self) -> None:
         started = time.perf_counter()
         try:
-            self.trainer.train(self.steps, callback=self._callback, checkpoint_dir=_checkpoint_dir(self.root),
-                               checkpoint_every=self.checkpoint_every)
+            self.trainer.train(
+                self.steps,
+                callback=self._callback,
+                checkpoint_dir=_checkpoint_dir(self.root),
+                checkpoint_every=self.checkpoint_every,
+            )
         except BaseException as exc:  # re-raised in the flow's training task, which owns the failure
             self.error = exc
         self.seconds = time.perf_counter() - started
@@ -213,8 +249,14 @@ class EarlyTraining:
             self._thread.join()
             if self.error is not None:
                 raise self.error
-            return _finish(self.trainer, self.logger, self.root, self.start_step, self.seconds,
-                           {"env_id": json.loads(self.args)[0]})
+            return _finish(
+                self.trainer,
+                self.logger,
+                self.root,
+                self.start_step,
+                self.seconds,
+                {"env_id": json.loads(self.args)[0]},
+            )
         finally:
             self.env.close()
 
@@ -226,8 +268,17 @@ class EarlyTraining:
         self.env.close()
 
 
-def start_early(env_id: str, steps: int, seed: int, directory: str, algorithm: str, config: dict[str, Any] | None,
-                num_envs: int, resume: bool, checkpoint_every: int | None) -> EarlyTraining:
+def start_early(
+    env_id: str,
+    steps: int,
+    seed: int,
+    directory: str,
+    algorithm: str,
+    config: dict[str, Any] | None,
+    num_envs: int,
+    resume: bool,
+    checkpoint_every: int | None,
+) -> EarlyTraining:
     """Start in-process training for ``train_policy`` to adopt (same arguments); ``cancel()`` it if the flow fails."""
     from opentinker.envs import RemoteEnv
 

@@ -1,4 +1,5 @@
 """Small typed values passed between tasks: ids, URIs, numbers — never tensors."""
+
 from __future__ import annotations
 
 from pydantic import BaseModel, Field

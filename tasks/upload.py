@@ -4,6 +4,7 @@ MLflow stores artifacts under the experiment's location (the data dir, or S3 whe
 With S3 configured the checkpoint is also mirrored with boto3 to ``s3://BUCKET/checkpoints/RUN_NAME/``
 so that another machine can resume from it. Transient IO is retried with exponential backoff.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,10 @@ def render_reports(
         )
     )
     return [
-        ("plots", str(plots.learning_curve(history, out / "learning_curve.png", evaluation.mean if evaluation else None))),
+        (
+            "plots",
+            str(plots.learning_curve(history, out / "learning_curve.png", evaluation.mean if evaluation else None)),
+        ),
         ("plots", str(plots.perf_metrics(history, out / "perf_metrics.png"))),
         ("config", str(config)),
         ("", str(card)),

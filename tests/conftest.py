@@ -2,6 +2,7 @@
 
 Fixture modules live in tests/fixtures/ (one per area) and are star-imported here.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,9 +16,9 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-from fixtures.stack import *  # noqa: F401,F403,E402
-from fixtures.pipeline import *  # noqa: F401,F403,E402
-from fixtures.serving import *  # noqa: F401,F403,E402
-from fixtures.federated import *  # noqa: F401,F403,E402
-from fixtures.llm import *  # noqa: F401,F403,E402
-from fixtures.ray import *  # noqa: F401,F403,E402
+from fixtures.federated import *  # noqa: F403, E402
+from fixtures.llm import *  # noqa: F403, E402
+from fixtures.pipeline import *  # noqa: F403, E402
+from fixtures.ray import *  # noqa: F403, E402
+from fixtures.serving import *  # noqa: F403, E402
+from fixtures.stack import *  # noqa: F403, E402

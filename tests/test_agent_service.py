@@ -1,4 +1,5 @@
 """AgentService over real HTTP (``bentoml serve`` on loopback): auth, validation, tools, restart, tracing."""
+
 from __future__ import annotations
 
 import httpx
@@ -11,16 +12,27 @@ API_KEY = "agent-test-key-0123456789"
 
 @pytest.mark.slow
 def test_agent_service_auth_validation_and_conversation_survives_restart(tmp_path):
-    config = {"llm": "scripted", "tools": ["python_repl", "web_search"], "memory_window": 3,
-              "checkpoint_db": str(tmp_path / "threads.sqlite"), "tracing": False}
+    config = {
+        "llm": "scripted",
+        "tools": ["python_repl", "web_search"],
+        "memory_window": 3,
+        "checkpoint_db": str(tmp_path / "threads.sqlite"),
+        "tracing": False,
+    }
     service = serve_agent(API_KEY, config, log_path=tmp_path / "agent-1.log")
     try:
         body = {"thread_id": "t-1", "message": "the code word is kiwi"}
         assert httpx.post(f"{service.url}/chat", json=body, timeout=30).status_code == 401
-        wrong = httpx.post(f"{service.url}/chat", json=body, timeout=30, headers={"Authorization": "Bearer nope-nope-nope"})
+        wrong = httpx.post(
+            f"{service.url}/chat", json=body, timeout=30, headers={"Authorization": "Bearer nope-nope-nope"}
+        )
         assert wrong.status_code == 401
-        bad = httpx.post(f"{service.url}/chat", json={"thread_id": "has space", "message": "  "}, timeout=30,
-                         headers={"Authorization": f"Bearer {API_KEY}"})
+        bad = httpx.post(
+            f"{service.url}/chat",
+            json={"thread_id": "has space", "message": "  "},
+            timeout=30,
+            headers={"Authorization": f"Bearer {API_KEY}"},
+        )
         assert bad.status_code == 400
         assert {tuple(e["loc"]) for e in bad.json()["detail"]} == {("thread_id",), ("message",)}
 
@@ -41,7 +53,7 @@ def test_agent_service_auth_validation_and_conversation_survives_restart(tmp_pat
         other = restarted.chat("t-2", "hello")
         assert "Earlier: (nothing)" in other["reply"]  # threads stay apart
         history = restarted.history("t-1")
-        assert [m["content"] for m in history["messages"] if m["type"] == "human"][0] == "the code word is kiwi"
+        assert next(m["content"] for m in history["messages"] if m["type"] == "human") == "the code word is kiwi"
     finally:
         restarted.stop()
 

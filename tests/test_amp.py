@@ -1,4 +1,5 @@
 """Mixed precision: autocast really runs in the chosen dtype; safe mode skips a NaN step and falls back to fp32."""
+
 from __future__ import annotations
 
 import logging
@@ -52,8 +53,17 @@ def test_safe_mode_skips_a_nan_step_and_falls_back_to_fp32(caplog):
 
 
 def test_safe_mode_fallback_survives_a_checkpoint(tmp_path):
-    trainer = DQNTrainer("CartPole-v1", seed=0, device="cpu", amp_mode="safe", num_envs=2, n_steps=8,
-                         learning_starts=16, batch_size=8, buffer_size=64)
+    trainer = DQNTrainer(
+        "CartPole-v1",
+        seed=0,
+        device="cpu",
+        amp_mode="safe",
+        num_envs=2,
+        n_steps=8,
+        learning_starts=16,
+        batch_size=8,
+        buffer_size=64,
+    )
     trainer.amp.fallback_reason = "non-finite gradients under torch.bfloat16"
     resumed = DQNTrainer.load(trainer.save(tmp_path / "c.pt"))
     assert not resumed.amp.active and resumed.amp.fallback_reason == trainer.amp.fallback_reason

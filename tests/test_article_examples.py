@@ -1,6 +1,7 @@
 """The article's examples (the README shows them too), each copied exactly as printed; only its `...`
 placeholders and `my_dataset` are filled in, and names a snippet uses without importing are imported above it.
 Then the article's troubleshooting table as behaviour: a reset connection, a worker out of memory, NaN under AMP."""
+
 from __future__ import annotations
 
 import math
@@ -17,11 +18,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
-
 from fixtures.federated import expert_transitions, small_fed_config
+
 from opentinker import RemoteEnv, remote  # example 2 uses both; example 1 imports RemoteEnv itself
 from opentinker.envs import EnvAPIWarning, EnvSpecError, WorkerOutOfMemoryError
-
 
 # -- 1. The core workflow -----------------------------------------------------------------------------------------
 EXAMPLE_1 = """
@@ -38,8 +38,10 @@ service = trainer.deploy(api_key='your_key')
 def test_example_1_core_workflow_as_written(tmp_path):
     """The whole snippet, 1e6 steps included, in a fresh interpreter (as a reader runs it); then the service answers."""
     script = tmp_path / "example_1.py"
-    script.write_text(EXAMPLE_1 + "print('ACTION', service.predict([0.0, 0.1, 0.0, -0.1]), trainer.global_step,\n"
-                      "      trainer.evaluate(episodes=5).mean)\nservice.stop()\n")
+    script.write_text(
+        EXAMPLE_1 + "print('ACTION', service.predict([0.0, 0.1, 0.0, -0.1]), trainer.global_step,\n"
+        "      trainer.evaluate(episodes=5).mean)\nservice.stop()\n"
+    )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     action, steps, mean = done.stdout.split("ACTION")[1].split()
@@ -60,15 +62,15 @@ def test_train_steps_accept_integral_floats_only():
 # -- 2. A custom environment (the article subclasses RemoteEnv) ------------------------------------------------------
 class MyEnv(RemoteEnv):
     def __init__(self):
-        super().__init__(parallel=4)      # parallelism of each env instance
-        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)      # must be defined explicitly
-        self.action_space = gym.spaces.Discrete(2)           # otherwise serialisation fails
+        super().__init__(parallel=4)  # parallelism of each env instance
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)  # must be defined explicitly
+        self.action_space = gym.spaces.Discrete(2)  # otherwise serialisation fails
 
-    @remote(priority=2)                   # a high-priority task
+    @remote(priority=2)  # a high-priority task
     def step(self, action):
         # use numpy, not torch tensors
         obs, reward, done, info = np.full(2, 0.5 * action, np.float32), float(action), False, {}
-        return obs, reward, done, info    # note: the old 4-tuple
+        return obs, reward, done, info  # note: the old 4-tuple
 
 
 def test_example_2_subclass_runs_on_ray_workers(ray_session):
@@ -155,15 +157,13 @@ def test_subclass_that_pickles_large_warns_with_the_size():
 # -- 3. Multi-agent groups -------------------------------------------------------------------------------------------
 def test_example_3_agent_group_configure():
     from opentinker.multiagent import AgentGroup
+
     group = AgentGroup(
-        policy_mapping={'predator': 'PPO', 'prey': 'DQN'},
-        shared_memory=True                    # lets agents communicate
+        policy_mapping={"predator": "PPO", "prey": "DQN"},
+        shared_memory=True,  # lets agents communicate
     )
     # hyper-parameters set per group
-    group.configure(
-        predator={'lr': 3e-4, 'gamma': 0.99},
-        prey={'epsilon_decay': 0.995}
-    )
+    group.configure(predator={"lr": 3e-4, "gamma": 0.99}, prey={"epsilon_decay": 0.995})
 
     from opentinker.agents.multiagent import AgentGroup as EngineAgentGroup
 
@@ -173,23 +173,24 @@ def test_example_3_agent_group_configure():
     assert predator.optimizer.param_groups[0]["lr"] == pytest.approx(3e-4) and predator.config.gamma == 0.99
     trainer.train(steps=64)
     t = prey.global_step // prey.config.num_envs  # joint steps of each env copy
-    assert t == 32 and prey.epsilon() == pytest.approx(max(prey.config.end_e, 0.995 ** t))
-    with pytest.raises(ValueError, match=r"configure\(prey=\.\.\.\): unknown DQN hyper-parameter 'epsilon_dacay'; "
-                                         r"valid: \[.*'epsilon_decay'.*'lr'.*\]"):
-        group.configure(prey={'epsilon_dacay': 0.9})
+    assert t == 32 and prey.epsilon() == pytest.approx(max(prey.config.end_e, 0.995**t))
+    with pytest.raises(
+        ValueError,
+        match=r"configure\(prey=\.\.\.\): unknown DQN hyper-parameter 'epsilon_dacay'; "
+        r"valid: \[.*'epsilon_decay'.*'lr'.*\]",
+    ):
+        group.configure(prey={"epsilon_dacay": 0.9})
 
 
 # -- 4. LLM agents ---------------------------------------------------------------------------------------------------
 def test_example_4_hosted_model_offline_says_what_to_configure(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    from opentinker.llm import WebSearch, PythonREPL  # the snippet uses both without importing them
+    from opentinker.llm import PythonREPL, WebSearch  # the snippet uses both without importing them
+
     with pytest.raises(ValueError, match=r"llm='gpt-4'.*langchain-openai.*OPENAI_API_KEY.*llm='local'"):
         from opentinker.llm import LangChainAgent
-        agent = LangChainAgent(
-            llm='gpt-4',
-            tools=[WebSearch(), PythonREPL()],
-            memory_window=5
-        )
+
+        agent = LangChainAgent(llm="gpt-4", tools=[WebSearch(), PythonREPL()], memory_window=5)
         # tool calls are parallelised automatically
         result = agent.run("Analyse the NASDAQ:TSLA price trend over the last 30 days")  # noqa: F841
 
@@ -220,9 +221,10 @@ def test_example_5_federated_client_round_over_rest_with_tls(article_federation,
     np.savez(my_dataset, **expert_transitions(0, episodes=4, seed=0))
 
     from opentinker.federated import FLClient
+
     client = FLClient(
-        strategy='fedavg',
-        aggregation_interval=300              # aggregate every 5 minutes
+        strategy="fedavg",
+        aggregation_interval=300,  # aggregate every 5 minutes
     )
     # each party's local data never leaves it
     client.train(local_data=my_dataset)
@@ -269,8 +271,13 @@ def test_connection_reset_names_cause_and_fix(article_federation):
     thread.start()
     try:
         with pytest.raises(deploy.FederationError, match=r"ConnectionReset: .*firewall.*transport='rest'"):
-            deploy.start_site(article_federation, SiteConfig(site_id=0), timeout=120, max_wait_time=5,
-                              address=f"127.0.0.1:{resetter.getsockname()[1]}")
+            deploy.start_site(
+                article_federation,
+                SiteConfig(site_id=0),
+                timeout=120,
+                max_wait_time=5,
+                address=f"127.0.0.1:{resetter.getsockname()[1]}",
+            )
     finally:
         stop.set()
         thread.join()

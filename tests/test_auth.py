@@ -1,4 +1,5 @@
 """API-key hashing, key resolution and the ASGI middlewares (in-process ASGI; the served HTTP path is in test_serving)."""
+
 from __future__ import annotations
 
 import os
@@ -88,7 +89,12 @@ def _client(key_hash: str, max_bytes: int = 64) -> TestClient:
 
 def test_middleware_requires_the_bearer_key_except_on_health(key_hash):
     client = _client(key_hash)
-    for headers in ({}, {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"}, {"Authorization": "Bearer wrong-key"}):
+    for headers in (
+        {},
+        {"Authorization": KEY},
+        {"Authorization": f"Basic {KEY}"},
+        {"Authorization": "Bearer wrong-key"},
+    ):
         resp = client.post("/act", headers=headers, content=b"{}")
         assert resp.status_code == 401, headers
         assert resp.headers["www-authenticate"].startswith("Bearer")
@@ -129,4 +135,7 @@ def test_non_json_content_type_gets_415(key_hash):
     resp = client.post("/act", content=b"obs=1", headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert resp.status_code == 415 and "application/json" in resp.json()["error"]
     assert client.post("/act", json={"obs": [1]}).status_code == 200
-    assert client.post("/act", content=b"{}", headers={"Content-Type": "application/json; charset=utf-8"}).status_code == 200
+    assert (
+        client.post("/act", content=b"{}", headers={"Content-Type": "application/json; charset=utf-8"}).status_code
+        == 200
+    )

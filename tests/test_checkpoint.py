@@ -1,4 +1,5 @@
 """Checkpoints: resume-then-train gives bit-identical weights to an uninterrupted run; writes are atomic."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,16 @@ import torch
 from opentinker.agents import DQNTrainer, PPOTrainer
 
 PPO_KW = dict(num_envs=8, n_steps=16, num_minibatches=2, update_epochs=2, total_steps=8 * 16 * 6)
-DQN_KW = dict(num_envs=4, n_steps=8, learning_starts=64, train_frequency=4, batch_size=32, buffer_size=1000,
-              target_network_frequency=96, total_steps=4 * 8 * 12)
+DQN_KW = dict(
+    num_envs=4,
+    n_steps=8,
+    learning_starts=64,
+    train_frequency=4,
+    batch_size=32,
+    buffer_size=1000,
+    target_network_frequency=96,
+    total_steps=4 * 8 * 12,
+)
 
 
 def assert_same_state(a: dict, b: dict) -> None:
@@ -19,12 +28,15 @@ def assert_same_state(a: dict, b: dict) -> None:
         assert torch.equal(a[key], b[key]), key
 
 
-@pytest.mark.parametrize("cls, env_id, kw, steps, split", [
-    (PPOTrainer, "CartPole-v1", PPO_KW, 8 * 16 * 6, 8 * 16 * 3),
-    (PPOTrainer, "Pendulum-v1", dict(PPO_KW, num_envs=4), 4 * 16 * 6, 4 * 16 * 2),
-    (PPOTrainer, "Pendulum-v1", dict(PPO_KW, num_envs=4, norm_obs=True, norm_reward=True), 4 * 16 * 6, 4 * 16 * 2),
-    (DQNTrainer, "CartPole-v1", DQN_KW, 4 * 8 * 12, 4 * 8 * 5),
-])
+@pytest.mark.parametrize(
+    "cls, env_id, kw, steps, split",
+    [
+        (PPOTrainer, "CartPole-v1", PPO_KW, 8 * 16 * 6, 8 * 16 * 3),
+        (PPOTrainer, "Pendulum-v1", dict(PPO_KW, num_envs=4), 4 * 16 * 6, 4 * 16 * 2),
+        (PPOTrainer, "Pendulum-v1", dict(PPO_KW, num_envs=4, norm_obs=True, norm_reward=True), 4 * 16 * 6, 4 * 16 * 2),
+        (DQNTrainer, "CartPole-v1", DQN_KW, 4 * 8 * 12, 4 * 8 * 5),
+    ],
+)
 def test_resume_is_bit_exact(tmp_path, cls, env_id, kw, steps, split):
     kw = dict(kw, total_steps=steps)
     straight = cls(env_id, seed=7, **kw)

@@ -1,4 +1,5 @@
 """CLI errors for the pipeline commands: clear message naming the field, exit code 1, no traceback."""
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,7 @@ def test_bad_env_id_names_the_field_and_the_id():
         ('steps = "many"', ["steps", "valid integer", "'many'"]),
         ("steps = -5", ["steps", "greater than 0"]),
         ("stepz = 100", ["stepz", "unknown field"]),
-        ('[ppo]\nlearning_rat = 0.1', ["ppo", "unknown PPOConfig field 'learning_rat'", "learning_rate"]),
+        ("[ppo]\nlearning_rat = 0.1", ["ppo", "unknown PPOConfig field 'learning_rat'", "learning_rate"]),
         ("[ppo]\ngamma = 3.0", ["ppo", "gamma", "[0, 1]"]),
         ("steps = [", ["not valid TOML"]),
     ],
@@ -48,7 +49,10 @@ def test_bad_config_file_names_the_field(tmp_path, body, expected):
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        ('policy_mapping = {predator = "PPO", prey = "A3C"}', ["multi-agent", "policy_mapping['prey']", "'A3C'", "['DQN', 'PPO']"]),
+        (
+            'policy_mapping = {predator = "PPO", prey = "A3C"}',
+            ["multi-agent", "policy_mapping['prey']", "'A3C'", "['DQN', 'PPO']"],
+        ),
         ('policy_mapping = {predator = "PPO"}\n[configs.prey]\nlr = 0.1', ["unknown kind 'prey'", "['predator']"]),
         ('policy_mapping = {predator = "PPO", prey = "DQN"}\nstepz = 3', ["multi-agent", "stepz", "unknown field"]),
     ],
@@ -65,10 +69,14 @@ def test_a_policy_mapping_makes_train_run_the_group_flow(tmp_path):
     config = tmp_path / "hunt.toml"
     config.write_text('policy_mapping = {predator = "PPO", prey = "DQN"}\n[configs.prey]\nepsilon_decay = 0.99\n')
     params = load_train_params(config, env_id="pursuit", steps=512)
-    assert isinstance(params, MultiAgentParams) and params.steps == 512 and params.configs["prey"]["epsilon_decay"] == 0.99
+    assert (
+        isinstance(params, MultiAgentParams) and params.steps == 512 and params.configs["prey"]["epsilon_decay"] == 0.99
+    )
     assert isinstance(load_train_params(None, env_id="CartPole-v1"), TrainParams)
     # Deployments run the single-agent train_flow: a group config is refused, not silently misread.
-    _fails_cleanly(["schedule", "pursuit", "--config", str(config), "--cron", "0 3 * * *"], "policy_mapping", "opentinker train")
+    _fails_cleanly(
+        ["schedule", "pursuit", "--config", str(config), "--cron", "0 3 * * *"], "policy_mapping", "opentinker train"
+    )
 
 
 def test_missing_config_file_and_bad_cron(tmp_path):
@@ -93,8 +101,13 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     exe = Path(sys.executable).with_name("opentinker")
     config = tmp_path / "bad.json"
     config.write_text('{"env_id": "CartPole-v1", "eval_episodes": 0}')
-    done = subprocess.run([str(exe), "train", "CartPole-v1", "--config", str(config)], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "COLUMNS": "200"})
+    done = subprocess.run(
+        [str(exe), "train", "CartPole-v1", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     assert "eval_episodes" in output and "greater than 0" in output

@@ -1,4 +1,5 @@
 """`opentinker cluster up|status|down`: separate raylets on loopback, placement observable by node id."""
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,13 @@ print(json.dumps({"task_node": ray.get(long_rollout.remote(marker), timeout=400)
 
 def _cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPENTINKER_DATA_DIR": str(data_dir), "COLUMNS": "200"}
-    return subprocess.run([str(Path(sys.executable).parent / "opentinker"), "cluster", *args], env=env, text=True,
-                          capture_output=True, timeout=900)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "opentinker"), "cluster", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=900,
+    )
 
 
 def _run_driver(address: str) -> dict:
@@ -90,9 +96,13 @@ def test_rollout_tasks_run_on_the_worker_node_and_survive_its_replacement(tmp_pa
 
         # Lose the worker node mid-task; a replacement joins; the retried task finishes on the new node.
         marker = tmp_path / "attempts.txt"
-        driver = subprocess.Popen([sys.executable, "-c", FAILOVER_DRIVER, str(marker)], text=True,
-                                  env={**os.environ, "OPENTINKER_RAY_ADDRESS": cluster.address},
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        driver = subprocess.Popen(
+            [sys.executable, "-c", FAILOVER_DRIVER, str(marker)],
+            text=True,
+            env={**os.environ, "OPENTINKER_RAY_ADDRESS": cluster.address},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         deadline = time.monotonic() + 240
         while not marker.exists() and time.monotonic() < deadline and driver.poll() is None:
             time.sleep(0.5)

@@ -1,5 +1,6 @@
 """`train_flow` on a multi-node Ray cluster, reached through settings alone: rollout actors on the worker node,
 the run survives losing that node when a replacement joins, and it trains exactly what local mode trains."""
+
 from __future__ import annotations
 
 import json
@@ -76,23 +77,56 @@ def test_train_flow_on_a_cluster_uses_the_worker_node_survives_its_loss_and_matc
     from opentinker.flows.train import train_flow
     from opentinker.tasks.train import run_dir
 
-    params = small_train_params(seed=3, steps=20_480, checkpoint_every=CHECKPOINT_EVERY, rollout_num_cpus=0.5,
-                                rollout_num_gpus=0.0, model_name="test-cluster-flow", run_name="cluster-flow")
+    params = small_train_params(
+        seed=3,
+        steps=20_480,
+        checkpoint_every=CHECKPOINT_EVERY,
+        rollout_num_cpus=0.5,
+        rollout_num_gpus=0.0,
+        model_name="test-cluster-flow",
+        run_name="cluster-flow",
+    )
     doomed = params.model_copy(update={"steps": 2 * PAUSE_AT, "run_name": "cluster-flow-lost"})
-    cluster_data, handshake, out, log = tmp_path / "user-data", tmp_path / "handshake", tmp_path / "out.txt", tmp_path / "driver.log"
+    cluster_data, handshake, out, log = (
+        tmp_path / "user-data",
+        tmp_path / "handshake",
+        tmp_path / "out.txt",
+        tmp_path / "driver.log",
+    )
     handshake.mkdir()
     cluster = LocalCluster(root=tmp_path / "cluster", settings=Settings(data_dir=tmp_path))
     driver = None
     try:
         address = cluster.up(nodes=2, cpus_per_node=1, object_store_mb=128)
         head_port, lost_port = (cluster.nodes()[name].ports["node_manager"] for name in ("head", "worker-1"))
-        env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "OPENTINKER_MLFLOW_TRACKING_URI")}
-        env.update(OPENTINKER_RAY_ADDRESS=address, OPENTINKER_ROLLOUT_RESOURCE=WORKER_RESOURCE,
-                   OPENTINKER_DATA_DIR=str(cluster_data), PREFECT_HOME=str(tmp_path / "prefect"))
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("RAY_ADDRESS", "OPENTINKER_MLFLOW_TRACKING_URI")
+        }
+        env.update(
+            OPENTINKER_RAY_ADDRESS=address,
+            OPENTINKER_ROLLOUT_RESOURCE=WORKER_RESOURCE,
+            OPENTINKER_DATA_DIR=str(cluster_data),
+            PREFECT_HOME=str(tmp_path / "prefect"),
+        )
         with out.open("w") as stdout, log.open("w") as stderr:
-            driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(handshake), str(PAUSE_AT), params.model_dump_json(),
-                                       doomed.model_dump_json()], env=env, text=True, stdout=stdout, stderr=stderr,
-                                      start_new_session=True)
+            driver = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    DRIVER,
+                    str(handshake),
+                    str(PAUSE_AT),
+                    params.model_dump_json(),
+                    doomed.model_dump_json(),
+                ],
+                env=env,
+                text=True,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
 
         # Local mode (this process's own Ray, no rollout resource), same seed and config, while the cluster run starts.
         local = train_flow(params.model_copy(update={"run_name": "cluster-flow-local"}))
@@ -114,7 +148,7 @@ def test_train_flow_on_a_cluster_uses_the_worker_node_survives_its_loss_and_matc
         cluster.down()
 
     lines = out.read_text().splitlines()
-    report = json.loads(next(line for line in lines if line.startswith("RESULT "))[len("RESULT "):])
+    report = json.loads(next(line for line in lines if line.startswith("RESULT "))[len("RESULT ") :])
     result, ids = report["result"], {node["port"]: node["id"] for node in report["nodes"]}
     lost, new, head = ids[lost_port], ids[replacement.ports["node_manager"]], ids[head_port]
     tags = mlflow.MlflowClient(f"sqlite:///{cluster_data / 'mlflow.db'}").get_run(result["run_id"]).data.tags
@@ -130,7 +164,7 @@ def test_train_flow_on_a_cluster_uses_the_worker_node_survives_its_loss_and_matc
         np.testing.assert_array_equal(actual[key], expected[key], err_msg=key)
     assert result["eval_mean"] == local.eval_mean
 
-    failure = json.loads(next(line for line in lines if line.startswith("FAILED "))[len("FAILED "):])
+    failure = json.loads(next(line for line in lines if line.startswith("FAILED "))[len("FAILED ") :])
     assert failure["type"] == "ClusterResourceError", failure
     assert "no alive Ray node can host the rollout actors" in failure["message"]
     assert "'rollout_node': 0.001" in failure["message"] and "OPENTINKER_ROLLOUT_NODE_TIMEOUT_S" in failure["message"]

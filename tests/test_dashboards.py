@@ -4,6 +4,7 @@ opened in headless Chromium (Debian's ``chromium`` + ``chromium-driver``, instal
 Screenshots of every page checked go to ``$OPENTINKER_SCREENSHOT_DIR`` (default: the test's tmp dir);
 ``docs/screenshots/`` holds a committed set from such a run (README, "Where to look").
 """
+
 from __future__ import annotations
 
 import json
@@ -62,14 +63,26 @@ def trained_through_the_stack(s3_server, mlflow_server, prefect_server, tmp_path
     """`opentinker train` as a user runs it with the stack's variables: (stdout, MLflow run, flow run id)."""
     root = tmp_path_factory.mktemp("dashboards")
     (root / "train.toml").write_text(CONFIG)
-    env = {**os.environ, "OPENTINKER_DATA_DIR": str(root / "data"), "COLUMNS": "200",
-           "OPENTINKER_MLFLOW_TRACKING_URI": mlflow_server, "OPENTINKER_PREFECT_API_URL": prefect_server,
-           "PREFECT_API_URL": prefect_server, "OPENTINKER_S3_ENDPOINT_URL": s3_server.endpoint_url,
-           "OPENTINKER_S3_ACCESS_KEY": s3_server.access_key, "OPENTINKER_S3_SECRET_KEY": s3_server.secret_key,
-           "OPENTINKER_S3_BUCKET": s3_server.bucket}
-    train = subprocess.run([str(Path(sys.executable).parent / "opentinker"), "train", "CartPole-v1",
-                            "--config", str(root / "train.toml")], env=env, cwd=root, text=True,
-                           capture_output=True, timeout=600)
+    env = {
+        **os.environ,
+        "OPENTINKER_DATA_DIR": str(root / "data"),
+        "COLUMNS": "200",
+        "OPENTINKER_MLFLOW_TRACKING_URI": mlflow_server,
+        "OPENTINKER_PREFECT_API_URL": prefect_server,
+        "PREFECT_API_URL": prefect_server,
+        "OPENTINKER_S3_ENDPOINT_URL": s3_server.endpoint_url,
+        "OPENTINKER_S3_ACCESS_KEY": s3_server.access_key,
+        "OPENTINKER_S3_SECRET_KEY": s3_server.secret_key,
+        "OPENTINKER_S3_BUCKET": s3_server.bucket,
+    }
+    train = subprocess.run(
+        [str(Path(sys.executable).parent / "opentinker"), "train", "CartPole-v1", "--config", str(root / "train.toml")],
+        env=env,
+        cwd=root,
+        text=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert train.returncode == 0, train.stdout + train.stderr
     run_id = re.search(r"MLflow run: (\w+)", train.stdout)[1]
     run = mlflow.MlflowClient(mlflow_server).get_run(run_id)
@@ -122,8 +135,9 @@ def _click_tab(driver, name: str) -> None:
 def _task_runs(api_url: str, flow_run_id: str) -> dict[str, str]:
     """Task name (without Prefect's ``-abc`` suffix) → task run id, from the server's API."""
     body = json.dumps({"flow_runs": {"id": {"any_": [flow_run_id]}}, "limit": 50}).encode()
-    request = urllib.request.Request(f"{api_url}/task_runs/filter", data=body,
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"{api_url}/task_runs/filter", data=body, headers={"content-type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         return {run["name"].rsplit("-", 1)[0]: run["id"] for run in json.load(response)}
 
@@ -131,17 +145,27 @@ def _task_runs(api_url: str, flow_run_id: str) -> dict[str, str]:
 def test_the_cli_prints_links_to_the_ml_views_once(trained_through_the_stack, mlflow_server):
     stdout, run, _ = trained_through_the_stack
     assert "View run" not in stdout and "opentinker stack up" not in stdout
-    assert f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}" \
-           "?workflowType=machine_learning" in stdout
+    assert (
+        f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        "?workflowType=machine_learning" in stdout
+    )
     assert f"{mlflow_server}/#/models/browser-cartpole/versions/1?workflowType=machine_learning" in stdout
 
 
 def test_prefect_flow_run_page_shows_the_completed_run_its_stages_logs_and_artifacts(
-        trained_through_the_stack, prefect_server, browser, screenshots):
+    trained_through_the_stack, prefect_server, browser, screenshots
+):
     *_, flow_run_id = trained_through_the_stack
     ui = prefect_server.removesuffix("/api")
-    page = _open(browser, f"{ui}/runs/flow-run/{flow_run_id}", "Completed", "Ray ready", "trained to env step",
-                 "mean return", "promoted: first champion")
+    page = _open(
+        browser,
+        f"{ui}/runs/flow-run/{flow_run_id}",
+        "Completed",
+        "Ray ready",
+        "trained to env step",
+        "mean return",
+        "promoted: first champion",
+    )
     assert "Can't connect" not in page
     _click_tab(browser, "Artifacts")
     _wait_for(browser, "training-summary", "mlflow-run")
@@ -151,14 +175,24 @@ def test_prefect_flow_run_page_shows_the_completed_run_its_stages_logs_and_artif
     browser.save_screenshot(str(screenshots / "prefect-flow-run.png"))
 
     tasks = _task_runs(prefect_server, flow_run_id)
-    assert {"check_storage", "start_tracking_run", "start_ray", "collect_rollouts", "train_policy", "evaluate_policy",
-            "package_model", "publish_summary", "finish_tracking_run"} <= set(tasks), sorted(tasks)
+    assert {
+        "check_storage",
+        "start_tracking_run",
+        "start_ray",
+        "collect_rollouts",
+        "train_policy",
+        "evaluate_policy",
+        "package_model",
+        "publish_summary",
+        "finish_tracking_run",
+    } <= set(tasks), sorted(tasks)
     _open(browser, f"{ui}/runs/task-run/{tasks['start_ray']}", "start_ray", "Completed", "Ray ready")
     browser.save_screenshot(str(screenshots / "prefect-task-run.png"))
 
 
 def test_mlflow_pages_show_curves_dashboard_metrics_plots_and_the_champion(
-        trained_through_the_stack, mlflow_server, browser, screenshots):
+    trained_through_the_stack, mlflow_server, browser, screenshots
+):
     _, run, _ = trained_through_the_stack
     client = mlflow.MlflowClient(mlflow_server)
     version = client.get_model_version_by_alias("browser-cartpole", "champion")
@@ -168,9 +202,19 @@ def test_mlflow_pages_show_curves_dashboard_metrics_plots_and_the_champion(
 
     base = f"{mlflow_server}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
     query = "?workflowType=machine_learning"
-    _open(browser, base + query, "perf/rollout_efficiency", "perf/gradient_delay_ms", "perf/policy_lag",
-                 "perf/rollout_bytes", "perf/cpu_percent", "eval/mean_return", "browser-cartpole",
-                 "opentinker train flow", "Prefect flow run")
+    _open(
+        browser,
+        base + query,
+        "perf/rollout_efficiency",
+        "perf/gradient_delay_ms",
+        "perf/policy_lag",
+        "perf/rollout_bytes",
+        "perf/cpu_percent",
+        "eval/mean_return",
+        "browser-cartpole",
+        "opentinker train flow",
+        "Prefect flow run",
+    )
     _close_mlflow_assistant(browser)
     browser.save_screenshot(str(screenshots / "mlflow-run.png"))
 
@@ -190,7 +234,12 @@ def test_mlflow_pages_show_curves_dashboard_metrics_plots_and_the_champion(
     _close_mlflow_assistant(browser)
     browser.save_screenshot(str(screenshots / "mlflow-artifacts.png"))
 
-    _open(browser, f"{mlflow_server}/#/models/browser-cartpole/versions/{version.version}{query}",
-          "champion", "candidate", "Release gate: promoted: first champion")
+    _open(
+        browser,
+        f"{mlflow_server}/#/models/browser-cartpole/versions/{version.version}{query}",
+        "champion",
+        "candidate",
+        "Release gate: promoted: first champion",
+    )
     _close_mlflow_assistant(browser)
     browser.save_screenshot(str(screenshots / "mlflow-model-version.png"))

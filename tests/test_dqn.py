@@ -1,4 +1,5 @@
 """DQN: target-network update rule, replay buffer, epsilon schedule, a short run that learns."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -61,9 +62,20 @@ def test_epsilon_schedule_and_config_errors():
 
 
 def test_dqn_learns_cartpole():
-    trainer = DQNTrainer("CartPole-v1", seed=0, num_envs=8, n_steps=16, learning_rate=1e-3, learning_starts=1000,
-                         train_frequency=4, batch_size=64, target_network_frequency=500, exploration_fraction=0.4,
-                         buffer_size=20_000, total_steps=15_000)
+    trainer = DQNTrainer(
+        "CartPole-v1",
+        seed=0,
+        num_envs=8,
+        n_steps=16,
+        learning_rate=1e-3,
+        learning_starts=1000,
+        train_frequency=4,
+        batch_size=64,
+        target_network_frequency=500,
+        exploration_fraction=0.4,
+        buffer_size=20_000,
+        total_steps=15_000,
+    )
     before = trainer.evaluate(5).mean
     metrics = trainer.train(12_000)
     after = trainer.evaluate(5).mean

@@ -1,4 +1,5 @@
 """Env SDK contract: BaseEnv space checks, make_env errors, validate_env reports, RemoteEnv local API."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -48,14 +49,16 @@ class BrokenEnv(GoodEnv):
         return np.array([self.pos], np.float64), {}
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = super().step(action)
+        obs, _reward, terminated, truncated, info = super().step(action)
         return obs * 100 + np.random.random(), "1", int(terminated), truncated, info
 
 
 def test_base_env_names_class_and_missing_field():
     with pytest.raises(EnvSpecError, match=r"NoSpaces\.observation_space is missing"):
         NoSpaces()
-    with pytest.raises(EnvSpecError, match=r"WrongSpace\.observation_space must be a gymnasium\.spaces\.Space, got tuple"):
+    with pytest.raises(
+        EnvSpecError, match=r"WrongSpace\.observation_space must be a gymnasium\.spaces\.Space, got tuple"
+    ):
         WrongSpace()
     assert GoodEnv().observation_space.shape == (1,)
 
@@ -128,7 +131,7 @@ def test_remote_env_vector_api_is_numpy_and_autoresets():
     assert obs.shape == (3, 1) and obs.dtype == np.float32
     done_seen = False
     for _ in range(8):  # always right: every copy reaches +3 within 4 steps, then resets on the next step
-        obs, reward, terminated, truncated, _ = env.step(np.ones(3, np.int64))
+        obs, reward, terminated, _truncated, _ = env.step(np.ones(3, np.int64))
         assert isinstance(reward, np.ndarray) and reward.shape == (3,)
         done_seen |= bool(terminated.any())
     assert done_seen and np.all(np.abs(obs) <= 3)

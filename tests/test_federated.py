@@ -1,4 +1,5 @@
 """Federated building blocks without Flower processes: config validation, server checkpoint, site task, DP mod."""
+
 from __future__ import annotations
 
 import json
@@ -31,16 +32,27 @@ def test_run_config_errors_name_the_field():
 def test_site_node_config_round_trips_through_flower_syntax():
     from flwr.common.config import parse_config_args  # how flower-supernode parses --node-config
 
-    site = SiteConfig(site_id=2, pole_length=0.7, state_dir="/tmp/x y", strategy="fedavg", dp_clip=1.5,
-                      dataset="/data/site 2/transitions.npz")
+    site = SiteConfig(
+        site_id=2,
+        pole_length=0.7,
+        state_dir="/tmp/x y",
+        strategy="fedavg",
+        dp_clip=1.5,
+        dataset="/data/site 2/transitions.npz",
+    )
     parsed = parse_config_args([site.to_node_config()])
     assert SiteConfig.from_node_config(parsed) == site
 
 
 def test_checkpoint_keeps_last_complete_round(tmp_path):
     weights = {"a": np.arange(6.0).reshape(2, 3), "b": np.ones(2)}
-    checkpoint.save(tmp_path, checkpoint.ServerState(1, weights, {"m_t": {"a": np.zeros((2, 3))}}, [{"round": 1}], "run1"))
-    checkpoint.save(tmp_path, checkpoint.ServerState(2, {k: v + 1 for k, v in weights.items()}, {}, [{"round": 1}, {"round": 2}], "run1"))
+    checkpoint.save(
+        tmp_path, checkpoint.ServerState(1, weights, {"m_t": {"a": np.zeros((2, 3))}}, [{"round": 1}], "run1")
+    )
+    checkpoint.save(
+        tmp_path,
+        checkpoint.ServerState(2, {k: v + 1 for k, v in weights.items()}, {}, [{"round": 1}, {"round": 2}], "run1"),
+    )
     (tmp_path / ".round-0003.npz.tmp").write_bytes(b"half-written")  # a crash mid-write of round 3
     state = checkpoint.load(tmp_path)
     assert state.round == 2 and state.mlflow_run_id == "run1" and len(state.history) == 2
@@ -55,20 +67,42 @@ def test_site_variants_differ_and_shape_check_names_tensors():
     env = task.make_site_env("CartPole-v1", task.SiteVariant(pole_length=0.9, gravity=12.0))
     assert env.unwrapped.length == 0.9 and env.unwrapped.gravity == 12.0
     expected = {"w": np.zeros((4, 2)), "b": np.zeros(2)}
-    with pytest.raises(task.WeightShapeError, match=r"'w' has shape \(4, 3\), expected \(4, 2\).*missing 'b'|missing 'b'.*'w' has shape"):
+    with pytest.raises(
+        task.WeightShapeError,
+        match=r"'w' has shape \(4, 3\), expected \(4, 2\).*missing 'b'|missing 'b'.*'w' has shape",
+    ):
         task.check_shapes(expected, {"w": np.zeros((4, 3))}, "reply from site 1")
 
 
 def _train_message(weights, interval=1.0):
-    config = ConfigRecord({"strategy": "fedavg", "env": "CartPole-v1", "seed": 0, "eval-episodes": 2,
-                           "aggregation-interval": interval, "local-steps": 512})
-    metadata = Metadata(run_id=7, message_id="m1", src_node_id=1, dst_node_id=2, reply_to_message_id="", group_id="",
-                        created_at=time.time(), ttl=600.0, message_type=MessageType.TRAIN)  # as the SuperNode delivers it
+    config = ConfigRecord(
+        {
+            "strategy": "fedavg",
+            "env": "CartPole-v1",
+            "seed": 0,
+            "eval-episodes": 2,
+            "aggregation-interval": interval,
+            "local-steps": 512,
+        }
+    )
+    metadata = Metadata(
+        run_id=7,
+        message_id="m1",
+        src_node_id=1,
+        dst_node_id=2,
+        reply_to_message_id="",
+        group_id="",
+        created_at=time.time(),
+        ttl=600.0,
+        message_type=MessageType.TRAIN,
+    )  # as the SuperNode delivers it
     return Message(RecordDict({"arrays": to_record(weights), "config": config}), metadata=metadata)
 
 
 def _context(tmp_path, **node_config):
-    return Context(run_id=7, node_id=1, node_config={"state-dir": str(tmp_path), **node_config}, state=RecordDict(), run_config={})
+    return Context(
+        run_id=7, node_id=1, node_config={"state-dir": str(tmp_path), **node_config}, state=RecordDict(), run_config={}
+    )
 
 
 def test_local_dp_clips_the_update_and_a_wrong_strategy_is_refused(tmp_path):
@@ -82,7 +116,9 @@ def test_local_dp_clips_the_update_and_a_wrong_strategy_is_refused(tmp_path):
 
     plain = app(_train_message(global_weights), _context(tmp_path / "plain", **{"site-id": 0}))
     assert not plain.has_error() and update_norm(plain) > 0.2
-    private = app(_train_message(global_weights), _context(tmp_path / "dp", **{"site-id": 0, "dp-clip": 0.05, "dp-epsilon": 1e6}))
+    private = app(
+        _train_message(global_weights), _context(tmp_path / "dp", **{"site-id": 0, "dp-clip": 0.05, "dp-epsilon": 1e6})
+    )
     assert not private.has_error()
     assert update_norm(private) <= 0.05 * 1.01  # clipped; epsilon huge so the Gaussian noise is negligible
     with pytest.raises(SiteRefusedError, match="agreed to strategy 'fedprox' but the run uses 'fedavg'"):

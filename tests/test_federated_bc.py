@@ -1,5 +1,6 @@
 """Federated behaviour cloning: sites whose `local_data` is an offline transition dataset (validation, the site's
 BC step, and a 3-site non-IID run on Flower's simulation engine that must learn CartPole from the datasets alone)."""
+
 from __future__ import annotations
 
 import time
@@ -27,16 +28,22 @@ def expert():
     return expert_transitions(site_id=1, episodes=1, seed=0)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.pop("actions"), r"missing field\(s\) \['actions'\]"),
-    (lambda d: d.update(obs=d["obs"][:, :3]), r"'obs' rows have shape \(3,\), the observation space expects \(4,\)"),
-    (lambda d: d["actions"].__setitem__(5, 2), r"'actions' out of range: values span \[0, 2\].*allows \[0, 1\]"),
-    (lambda d: d["obs"].__setitem__((7, 1), np.nan), r"'obs' has a NaN or infinite value \(first at row 7\)"),
-    (lambda d: d.update(rewards=d["rewards"][:-1]), r"'rewards' has \d+ rows but 'obs' has \d+"),
-    (lambda d: d.update(next_obs=d["next_obs"][:, :2]), r"'next_obs' rows have shape \(2,\)"),
-    (lambda d: d.update(returns=d["rewards"]), r"unknown field\(s\) \['returns'\]"),
-    (lambda d: d.update(actions=d["actions"] + 0.5), r"'actions' must be whole numbers"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.pop("actions"), r"missing field\(s\) \['actions'\]"),
+        (
+            lambda d: d.update(obs=d["obs"][:, :3]),
+            r"'obs' rows have shape \(3,\), the observation space expects \(4,\)",
+        ),
+        (lambda d: d["actions"].__setitem__(5, 2), r"'actions' out of range: values span \[0, 2\].*allows \[0, 1\]"),
+        (lambda d: d["obs"].__setitem__((7, 1), np.nan), r"'obs' has a NaN or infinite value \(first at row 7\)"),
+        (lambda d: d.update(rewards=d["rewards"][:-1]), r"'rewards' has \d+ rows but 'obs' has \d+"),
+        (lambda d: d.update(next_obs=d["next_obs"][:, :2]), r"'next_obs' rows have shape \(2,\)"),
+        (lambda d: d.update(returns=d["rewards"]), r"unknown field\(s\) \['returns'\]"),
+        (lambda d: d.update(actions=d["actions"] + 0.5), r"'actions' must be whole numbers"),
+    ],
+)
 def test_dataset_errors_name_the_field(expert, change, message):
     data = {key: value.copy() for key, value in expert.items()}
     change(data)
@@ -78,7 +85,9 @@ def test_local_data_forms(expert, tmp_path):
     assert site.pole_length == 0.7 and site.dataset == str((tmp_path / "site-2" / "dataset.npz").resolve())
     np.testing.assert_array_equal(np.load(site.dataset)["obs"], expert["obs"])  # in-memory arrays kept on the site
     np.savez(tmp_path / "own.npz", **expert)
-    assert apply_local_data(SiteConfig(), str(tmp_path / "own.npz"), tmp_path / "x").dataset == str((tmp_path / "own.npz").resolve())
+    assert apply_local_data(SiteConfig(), str(tmp_path / "own.npz"), tmp_path / "x").dataset == str(
+        (tmp_path / "own.npz").resolve()
+    )
     assert apply_local_data(SiteConfig(), {"gravity": 11.0}, tmp_path / "x") == SiteConfig(gravity=11.0)
     with pytest.raises(FederatedConfigError, match="local_data: dataset: missing field"):
         apply_local_data(SiteConfig(), {"obs": expert["obs"]}, tmp_path / "x")
@@ -87,11 +96,31 @@ def test_local_data_forms(expert, tmp_path):
 
 
 def _train_message(weights):
-    config = ConfigRecord({"strategy": "fedavg", "env": "CartPole-v1", "seed": 0, "eval-episodes": 2,
-                           "aggregation-interval": 30.0, "local-steps": 512, "bc-epochs": 3, "bc-batch-size": 64,
-                           "bc-learning-rate": 1e-3, "bc-box-loss": "mse"})
-    metadata = Metadata(run_id=8, message_id="m1", src_node_id=1, dst_node_id=2, reply_to_message_id="", group_id="",
-                        created_at=time.time(), ttl=600.0, message_type=MessageType.TRAIN)
+    config = ConfigRecord(
+        {
+            "strategy": "fedavg",
+            "env": "CartPole-v1",
+            "seed": 0,
+            "eval-episodes": 2,
+            "aggregation-interval": 30.0,
+            "local-steps": 512,
+            "bc-epochs": 3,
+            "bc-batch-size": 64,
+            "bc-learning-rate": 1e-3,
+            "bc-box-loss": "mse",
+        }
+    )
+    metadata = Metadata(
+        run_id=8,
+        message_id="m1",
+        src_node_id=1,
+        dst_node_id=2,
+        reply_to_message_id="",
+        group_id="",
+        created_at=time.time(),
+        ttl=600.0,
+        message_type=MessageType.TRAIN,
+    )
     return Message(RecordDict({"arrays": to_record(weights), "config": config}), metadata=metadata)
 
 
@@ -103,8 +132,13 @@ def test_dataset_site_trains_the_actor_and_reports_its_sample_count(expert, tmp_
     global_weights = task.get_weights(task.new_trainer("CartPole-v1", task.default_variant(1), seed=0))
 
     def context(dataset):
-        return Context(run_id=8, node_id=1, state=RecordDict(), run_config={},
-                       node_config={"state-dir": str(tmp_path / "state"), "site-id": 1, "dataset": str(dataset)})
+        return Context(
+            run_id=8,
+            node_id=1,
+            state=RecordDict(),
+            run_config={},
+            node_config={"state-dir": str(tmp_path / "state"), "site-id": 1, "dataset": str(dataset)},
+        )
 
     reply = app(_train_message(global_weights), context(tmp_path / "good.npz"))
     assert not reply.has_error()
@@ -139,6 +173,8 @@ def test_federated_bc_on_non_iid_datasets_learns_cartpole_on_every_site(ray_sess
     for _ in range(config.num_server_rounds):
         task.train_bc_local(alone, data, seconds=60.0, config=BCConfig(epochs=config.bc_epochs))
     alone_return = task.evaluate(alone, episodes=config.eval_episodes)
-    print(f"federated BC returns by round: {[entry['return/mean'] for entry in result.history]}; "
-          f"site 0 alone {alone_return:.1f}, federated {last['return/site-0']:.1f}")
+    print(
+        f"federated BC returns by round: {[entry['return/mean'] for entry in result.history]}; "
+        f"site 0 alone {alone_return:.1f}, federated {last['return/site-0']:.1f}"
+    )
     assert last["return/site-0"] > alone_return

@@ -1,5 +1,6 @@
 """Flower's deployment engine with real processes on loopback: one SuperLink (TLS, SuperNode auth) and one
 SuperNode per site, started once per session by the `federation` fixture (`deploy.up(3)`)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,9 @@ from fixtures.federated import expert_transitions, small_fed_config
 
 from opentinker.federated import deploy
 from opentinker.federated.api import FLClient
-from opentinker.flows.federated_flow import federated_flow
 from opentinker.federated.certs import CertPaths, generate_certs, generate_site_key
 from opentinker.federated.config import SiteConfig
+from opentinker.flows.federated_flow import federated_flow
 from opentinker.tasks.model_store import load_registered_policy
 
 
@@ -39,8 +40,14 @@ def test_site_with_an_unregistered_key_is_refused(federation, tmp_path):
 def test_site_trusting_another_ca_cannot_connect(federation, tmp_path):
     other = generate_certs(tmp_path / "other-ca", 1)
     with pytest.raises(deploy.FederationError):
-        deploy.start_site(federation, SiteConfig(site_id=8), private_key=federation.cert_paths.site_key(0),
-                          root_cert=other.ca_cert, timeout=300, max_wait_time=5)
+        deploy.start_site(
+            federation,
+            SiteConfig(site_id=8),
+            private_key=federation.cert_paths.site_key(0),
+            root_cert=other.ca_cert,
+            timeout=300,
+            max_wait_time=5,
+        )
     assert "8" not in federation.site_pids
 
 
@@ -49,8 +56,13 @@ def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
     rejoining with an offline dataset (behaviour cloning) next to two PPO sites.
 
     The run goes through the Prefect `federated_flow` (federation check → flwr run → registry check)."""
-    config = small_fed_config(run_name="deploy-kill", num_server_rounds=2, min_completion_rate=0.6,
-                              round_timeout=180.0, register_as="fed-deploy")
+    config = small_fed_config(
+        run_name="deploy-kill",
+        num_server_rounds=2,
+        min_completion_rate=0.6,
+        round_timeout=180.0,
+        register_as="fed-deploy",
+    )
     outcome: dict = {}
     flow_args = dict(config=dataclasses.asdict(config), root=federation.root)
     runner = threading.Thread(target=lambda: outcome.update(result=federated_flow(**flow_args)))
@@ -62,7 +74,8 @@ def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
         # Same key, same node id: the site rejoins through the seed API, now training on in-memory transitions.
         dataset = expert_transitions(site_id=2, episodes=1, seed=3)
         FLClient(strategy="fedavg", aggregation_interval=60, site_id=2, federation=federation.root).train(
-            local_data={"dataset": dataset, "pole_length": 0.65, "gravity": 10.78})
+            local_data={"dataset": dataset, "pole_length": 0.65, "gravity": 10.78}
+        )
         federation.site_pids.update(deploy.Federation.load(federation.root).site_pids)
     finally:
         runner.join(timeout=1500)

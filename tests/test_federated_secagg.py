@@ -1,5 +1,6 @@
 """SecAgg+ on Flower's simulation engine: the server gets the same sample-weighted average as plain FedAvg without
 seeing any one site's weights (deterministic behaviour-cloning sites make the two runs comparable)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,8 +25,14 @@ def test_secagg_plus_round_equals_plain_fedavg(ray_session, tmp_path):
     sizes = [len(np.load(site.dataset)["obs"]) for site in sites]
     runs = {}
     for secure in (False, True):
-        config = small_fed_config(run_name=f"secagg-{secure}", num_server_rounds=1, register_as="", eval_episodes=1,
-                                  secure_aggregation=secure, secagg_max_weight=max(sizes))
+        config = small_fed_config(
+            run_name=f"secagg-{secure}",
+            num_server_rounds=1,
+            register_as="",
+            eval_episodes=1,
+            secure_aggregation=secure,
+            secagg_max_weight=max(sizes),
+        )
         result = simulate(config, sites)
         assert result.status == "FINISHED", result.error
         runs[secure] = (result, checkpoint.load(checkpoint_dir(config)).weights)
@@ -36,8 +43,10 @@ def test_secagg_plus_round_equals_plain_fedavg(ray_session, tmp_path):
     assert list(masked_weights) == list(plain_weights) == list(initial)
     moved = max(float(np.abs(plain_weights[k] - initial[k]).max()) for k in initial)
     gap = max(float(np.abs(masked_weights[k] - plain_weights[k]).max()) for k in initial)
-    print(f"round 1 moved the model by {moved:.4f}; SecAgg+ vs plain FedAvg differ by at most {gap:.2e}; round 1 took "
-          f"{masked.history[1]['round/seconds']:.2f}s with SecAgg+, {plain.history[1]['round/seconds']:.2f}s without")
+    print(
+        f"round 1 moved the model by {moved:.4f}; SecAgg+ vs plain FedAvg differ by at most {gap:.2e}; round 1 took "
+        f"{masked.history[1]['round/seconds']:.2f}s with SecAgg+, {plain.history[1]['round/seconds']:.2f}s without"
+    )
     # SecAgg+ quantises the masked updates (2^22 levels over [-8, 8]): close to plain FedAvg but not bit-equal,
     # which also shows the masked path (not the plain one) produced the model.
     assert moved > 0.05 and 0 < gap < 1e-3, (moved, gap)

@@ -1,4 +1,5 @@
 """Flower's simulation engine (virtual sites on Ray): learning, MLflow tracking, registry, resume, bad replies."""
+
 from __future__ import annotations
 
 import mlflow
@@ -62,14 +63,23 @@ def _client_app_with_a_truncated_site(bad_site: int) -> ClientApp:
 
 
 def test_mismatched_reply_is_rejected_and_the_completion_floor_fails_loudly(ray_session):
-    config = small_fed_config(run_name="sim-floor", strategy="fedprox", num_server_rounds=1, min_completion_rate=1.0,
-                              register_as="")
+    config = small_fed_config(
+        run_name="sim-floor", strategy="fedprox", num_server_rounds=1, min_completion_rate=1.0, register_as=""
+    )
     with pytest.raises(CompletionFloorError) as failure:
-        run_simulation(server_app=build_server_app(config), client_app=_client_app_with_a_truncated_site(1),
-                       num_supernodes=3, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        run_simulation(
+            server_app=build_server_app(config),
+            client_app=_client_app_with_a_truncated_site(1),
+            num_supernodes=3,
+            backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        )
     message = str(failure.value)
     assert "round 1: 2 valid replies from 3 sites" in message and "needs 3" in message
-    assert "rejected" in message and "site 1" in message and "'actor.4.weight' has shape (2, 32), expected (2, 64)" in message
+    assert (
+        "rejected" in message
+        and "site 1" in message
+        and "'actor.4.weight' has shape (2, 32), expected (2, 64)" in message
+    )
     state = checkpoint.load(checkpoint_dir(config))
     assert state.round == 0  # the failed round left the last good checkpoint untouched
     assert np.isfinite(state.history[0]["return/mean"])

@@ -1,6 +1,7 @@
 """Any algorithm and any env through the pipeline: DQN and continuous PPO flows register models that are served
 over HTTP; a ``module:Class`` env trains from the CLI on Ray workers; the gate without a reward threshold;
 observation statistics survive checkpoint -> export -> serving; bad input exits 1 with one line."""
+
 from __future__ import annotations
 
 import threading
@@ -53,10 +54,29 @@ def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
     from opentinker.flows.train import train_flow
     from opentinker.tasks.model_store import load_registered_policy
 
-    dqn = train_flow(TrainParams(env_id="CartPole-v1", algorithm="dqn", steps=2048, seed=2, eval_episodes=2,
-                                 champion_threshold=0.0, model_name="algo-dqn", run_name="algo-dqn"))
-    pendulum = train_flow(TrainParams(env_id="Pendulum-v1", steps=4096, seed=2, eval_episodes=2,
-                                      ppo={"norm_obs": True}, model_name="algo-pendulum", run_name="algo-pendulum"))
+    dqn = train_flow(
+        TrainParams(
+            env_id="CartPole-v1",
+            algorithm="dqn",
+            steps=2048,
+            seed=2,
+            eval_episodes=2,
+            champion_threshold=0.0,
+            model_name="algo-dqn",
+            run_name="algo-dqn",
+        )
+    )
+    pendulum = train_flow(
+        TrainParams(
+            env_id="Pendulum-v1",
+            steps=4096,
+            seed=2,
+            eval_episodes=2,
+            ppo={"norm_obs": True},
+            model_name="algo-pendulum",
+            run_name="algo-pendulum",
+        )
+    )
     client = _client()
     dqn_run, pendulum_run = client.get_run(dqn.run_id), client.get_run(pendulum.run_id)
     assert dqn_run.data.params["algorithm"] == "dqn" and dqn_run.data.params["dqn.batch_size"] == "64"  # preset
@@ -88,8 +108,14 @@ def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
         assert dqn_server.metadata()["action_space"]["type"] == "Discrete"
         meta = pendulum_server.metadata()
         assert meta["algorithm"] == "ppo"
-        assert meta["action_space"] | {"repr": ""} == {"repr": "", "type": "Box", "low": [-2.0], "high": [2.0],
-                                                       "shape": [1], "dtype": "float32"}
+        assert meta["action_space"] | {"repr": ""} == {
+            "repr": "",
+            "type": "Box",
+            "low": [-2.0],
+            "high": [2.0],
+            "shape": [1],
+            "dtype": "float32",
+        }
         over_http = np.array([pendulum_server.predict(o.tolist()) for o in obs], np.float32)
         np.testing.assert_allclose(over_http, in_process, rtol=1e-5, atol=1e-5)
         far = pendulum_server.predict([1.0, 0.0, 8.0])  # saturating input: the action is clipped into the space
@@ -101,8 +127,10 @@ def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
 
 def test_a_module_class_env_trains_from_the_cli_on_ray_workers(tmp_path):
     config = tmp_path / "corridor.toml"
-    config.write_text('workers = 2\nnum_envs = 4\neval_episodes = 2\nmodel_name = "corridor"\n'
-                      'run_name = "corridor"\n[ppo]\nn_steps = 32\n')
+    config.write_text(
+        'workers = 2\nnum_envs = 4\neval_episodes = 2\nmodel_name = "corridor"\n'
+        'run_name = "corridor"\n[ppo]\nn_steps = 32\n'
+    )
     result = CliRunner().invoke(app, ["train", "fixtures.corridor:Corridor", "--steps", "512", "--config", str(config)])
     assert result.exit_code == 0, result.output
     client = _client()
@@ -118,14 +146,17 @@ def test_a_module_class_env_trains_from_the_cli_on_ray_workers(tmp_path):
     assert version.tags["gate.rule"].startswith("beat champion")  # the env has no reward threshold
 
 
-@pytest.mark.parametrize(("args", "config", "expected"), [
-    (["train", "CartPole-v1", "--algo", "a2c"], None, "algorithm"),
-    (["train", "no_such_pkg.envs:MyEnv"], None, "env_id"),
-    (["train", "Pendulum-v1", "--algo", "dqn"], None, "algorithm"),
-    (["train", "CartPole-v1", "--algo", "dqn"], "[dqn]\nbatch_sise = 32\n", "dqn"),
-    (["train", "CartPole-v1"], "[dqn]\nbatch_size = 32\n", "dqn"),
-    (["train", "CartPole-v1"], "[ppo]\nnum_envs = 32\n", "num_envs"),
-])
+@pytest.mark.parametrize(
+    ("args", "config", "expected"),
+    [
+        (["train", "CartPole-v1", "--algo", "a2c"], None, "algorithm"),
+        (["train", "no_such_pkg.envs:MyEnv"], None, "env_id"),
+        (["train", "Pendulum-v1", "--algo", "dqn"], None, "algorithm"),
+        (["train", "CartPole-v1", "--algo", "dqn"], "[dqn]\nbatch_sise = 32\n", "dqn"),
+        (["train", "CartPole-v1"], "[dqn]\nbatch_size = 32\n", "dqn"),
+        (["train", "CartPole-v1"], "[ppo]\nnum_envs = 32\n", "num_envs"),
+    ],
+)
 def test_bad_algorithm_env_or_override_exits_1_with_one_line(tmp_path, args, config, expected):
     if config is not None:
         path = tmp_path / "bad.toml"
@@ -180,8 +211,10 @@ def test_cli_training_starts_before_its_flow_run_and_keeps_every_metric(tmp_path
     """``opentinker train`` on an in-process env starts training while Prefect starts; the flow adopts it and the
     metrics logged before its MLflow run existed are all there, at their steps."""
     config = tmp_path / "early.toml"
-    config.write_text('num_envs = 4\neval_episodes = 2\nchampion_threshold = 0.0\nmodel_name = "early"\n'
-                      'run_name = "early"\n[ppo]\nn_steps = 32\n')
+    config.write_text(
+        'num_envs = 4\neval_episodes = 2\nchampion_threshold = 0.0\nmodel_name = "early"\n'
+        'run_name = "early"\n[ppo]\nn_steps = 32\n'
+    )
     result = CliRunner().invoke(app, ["train", "CartPole-v1", "--steps", "2048", "--config", str(config)])
     assert result.exit_code == 0, result.output
     client = _client()

@@ -1,5 +1,6 @@
 """Worker death mid-run: Ray restarts the rollout actor and replays its seeded rollout; the flow completes
 and the trained weights equal those of an uninterrupted run with the same seed."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """train_flow end to end on real Ray, MLflow (session SQLite store) and Prefect (local mode); cache, resume, gate."""
+
 from __future__ import annotations
 
 import shutil
@@ -24,16 +25,29 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
     assert run.info.status == "FINISHED"
     assert run.data.params["env_id"] == "CartPole-v1" and run.data.params["ppo.n_steps"] == "128"
     assert run.data.tags["prefect.flow_run_id"]
-    for key in ("charts/episodic_return_mean", "charts/sps", "losses/value", "perf/cpu_percent",
-                "perf/rollout_efficiency", "eval/mean_return"):
+    for key in (
+        "charts/episodic_return_mean",
+        "charts/sps",
+        "losses/value",
+        "perf/cpu_percent",
+        "perf/rollout_efficiency",
+        "eval/mean_return",
+    ):
         assert key in run.data.metrics, key
     sps = client.get_metric_history(result.run_id, "charts/sps")
     steps = [m.step for m in sps]
     assert steps == sorted(steps) and len(steps) >= 4 and steps[-1] == result.global_step >= params.steps
 
-    artifacts = {a.path for d in ("", "plots", "config", "checkpoint") for a in client.list_artifacts(result.run_id, d or None)}
-    assert {"plots/learning_curve.png", "plots/perf_metrics.png", "config/config.json", "model_card.md",
-            "checkpoint/checkpoint.pt"} <= artifacts
+    artifacts = {
+        a.path for d in ("", "plots", "config", "checkpoint") for a in client.list_artifacts(result.run_id, d or None)
+    }
+    assert {
+        "plots/learning_curve.png",
+        "plots/perf_metrics.png",
+        "config/config.json",
+        "model_card.md",
+        "checkpoint/checkpoint.pt",
+    } <= artifacts
     card = Path(mlflow.artifacts.download_artifacts(run_id=result.run_id, artifact_path="model_card.md")).read_text()
     assert f"{result.eval_mean:.2f}" in card and "CartPole-v1" in card
 
@@ -41,7 +55,9 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
     champion = client.get_model_version_by_alias(result.model_name, "champion")  # threshold 0: first champion
     assert str(candidate.version) == str(champion.version) == result.model_version
     assert candidate.run_id == result.run_id
-    assert candidate.tags["gate.decision"].startswith("promoted") and float(candidate.tags["eval.mean"]) == pytest.approx(result.eval_mean, abs=1e-3)
+    assert candidate.tags["gate.decision"].startswith("promoted") and float(
+        candidate.tags["eval.mean"]
+    ) == pytest.approx(result.eval_mean, abs=1e-3)
     assert champion.description.startswith("Release gate: promoted")
     model = client.get_logged_model(champion.source.removeprefix("models:/"))  # eval metrics show on the model's page
     assert {"eval/mean_return", "eval/std_return"} <= {metric.key for metric in model.metrics}
@@ -94,7 +110,9 @@ def _hand_made_policy(source: Path, target: Path, balance: bool) -> Path:
     """An MLP export whose greedy action is ``3θ + θ' > 0`` (balances CartPole: 500) or always 0 (falls: ~9)."""
     shutil.copytree(source, target)
     weights = dict(np.load(source / "weights.npz"))
-    actor = sorted((k for k in weights if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1]))
+    actor = sorted(
+        (k for k in weights if k.startswith("actor.") and k.endswith(".weight")), key=lambda k: int(k.split(".")[1])
+    )
     for key in weights:
         weights[key] = np.zeros_like(weights[key])
     if balance:

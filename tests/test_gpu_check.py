@@ -1,4 +1,5 @@
 """bench/gpu_check.py on a machine without CUDA says so in its JSON line and exits 0 (the GPU path needs a GPU)."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """GRPO for the agent's language model, on the tiny Llama built in code: the maths, learning, resume, Ray rollouts,
 text envs and their failure modes (bad names, malformed tool calls, tool time-outs)."""
+
 from __future__ import annotations
 
 import os
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from opentinker.agents.grpo import (
     GRPOConfig,
     GRPOTrainer,
@@ -28,8 +30,15 @@ from opentinker.envs.text_tasks import (
 )
 
 CACHE = str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache")  # shared with the local_chat_model fixture
-TINY = {"base_model": "tiny", "cache_dir": CACHE, "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 6,
-        "eval_prompts": 4, "eval_batch": 4}
+TINY = {
+    "base_model": "tiny",
+    "cache_dir": CACHE,
+    "group_size": 4,
+    "prompts_per_step": 2,
+    "max_new_tokens": 6,
+    "eval_prompts": 4,
+    "eval_batch": 4,
+}
 
 
 def test_group_advantages_are_normalised_within_each_group_and_zero_for_equal_rewards():
@@ -104,13 +113,26 @@ def _shout(rng: np.random.Generator, n: int) -> list[TextExample]:
 @pytest.fixture
 def shout_task(monkeypatch):
     """A text task whose verifier the random tiny model can satisfy a little, and learn to satisfy more."""
-    monkeypatch.setitem(TEXT_TASKS, "shout", TextTaskSpec("shout", "reply in capitals", _shout, (), max_turns=1,
-                                                          size=(16, 4), reward_fn=_upper_share))
+    monkeypatch.setitem(
+        TEXT_TASKS,
+        "shout",
+        TextTaskSpec("shout", "reply in capitals", _shout, (), max_turns=1, size=(16, 4), reward_fn=_upper_share),
+    )
 
 
 def test_tiny_model_learns_a_target_behaviour_from_a_verifier_reward(shout_task):
-    config = GRPOConfig(**{**TINY, "task": "shout", "group_size": 8, "prompts_per_step": 2, "max_new_tokens": 4,
-                           "temperature": 1.0, "learning_rate": 5e-2, "kl_coef": 0.0})
+    config = GRPOConfig(
+        **{
+            **TINY,
+            "task": "shout",
+            "group_size": 8,
+            "prompts_per_step": 2,
+            "max_new_tokens": 4,
+            "temperature": 1.0,
+            "learning_rate": 5e-2,
+            "kl_coef": 0.0,
+        }
+    )
     trainer = GRPOTrainer(config, seed=0, workers=1, backend="local")
     try:
         before = trainer.evaluate(split="train", prompts=8).mean_reward
@@ -154,8 +176,9 @@ def test_rollouts_are_the_same_on_one_and_two_ray_workers(ray_session):
                 again = trainer.rollout(3, [5, 9, 11])[0]
         finally:
             trainer.close()
-        assert [t.completion_ids for e in episodes for t in e.turns] == \
-            [t.completion_ids for e in again for t in e.turns]
+        assert [t.completion_ids for e in episodes for t in e.turns] == [
+            t.completion_ids for e in again for t in e.turns
+        ]
         runs.append([(e.group, e.index, [t.completion_ids for t in e.turns]) for e in episodes])
         assert 0 < sent < 10_000_000  # only the adapter crosses, not the model
     assert runs[0] == runs[1]
@@ -175,11 +198,13 @@ def test_text_envs_pass_validate_env_and_splits_do_not_overlap():
 def test_tool_calls_run_and_failures_become_observations_or_negative_rewards():
     from opentinker.agents.llm import PythonREPL, SandboxLimits
 
-    env = TextEnv([TextExample("What is 6 * 7?", "42")], tools=[PythonREPL(limits=SandboxLimits(wall_time_s=1.0))],
-                  max_turns=3)
+    env = TextEnv(
+        [TextExample("What is 6 * 7?", "42")], tools=[PythonREPL(limits=SandboxLimits(wall_time_s=1.0))], max_turns=3
+    )
     env.reset(seed=0)
     obs, reward, terminated, truncated, info = env.step(
-        '<tool_call>{"name": "python_repl", "arguments": {"code": "print(6*7)"}}</tool_call>')
+        '<tool_call>{"name": "python_repl", "arguments": {"code": "print(6*7)"}}</tool_call>'
+    )
     assert obs == '<tool_result name="python_repl">42</tool_result>' and reward == 0 and not terminated
     loop = '<tool_call>{"name": "python_repl", "arguments": {"code": "while True: pass"}}</tool_call>'
     obs, reward, *_ = env.step(loop)
@@ -215,6 +240,6 @@ def test_cli_reports_bad_task_algo_and_config_field(tmp_path):
     bad_algo = runner.invoke(app, ["train", "CartPole-v1", "--algo", "a2c"])
     assert bad_algo.exit_code == 1 and "algorithm" in bad_algo.output
     config = tmp_path / "grpo.toml"
-    config.write_text('[grpo]\ngroup_sise = 4\n')
+    config.write_text("[grpo]\ngroup_sise = 4\n")
     bad_field = runner.invoke(app, ["train", "arithmetic", "--algo", "grpo", "--config", str(config)])
     assert bad_field.exit_code == 1 and "group_sise" in bad_field.output

@@ -1,5 +1,6 @@
 """infra/k8s manifests: strict schema validation (kubernetes-validate's offline schemas), a structural check of the
 KubeRay RayCluster (a CRD without an offline schema) with its pod templates validated as Pods, and cross-references."""
+
 from __future__ import annotations
 
 import copy
@@ -28,24 +29,48 @@ RAYCLUSTER_SCHEMA = {
             "properties": {
                 "rayVersion": {"type": "string"},
                 "enableInTreeAutoscaling": {"type": "boolean"},
-                "autoscalerOptions": {"type": "object", "properties": {
-                    "upscalingMode": {"enum": ["Default", "Aggressive", "Conservative"]},
-                    "idleTimeoutSeconds": {"type": "integer", "minimum": 0}}, "additionalProperties": False},
-                "headGroupSpec": {"type": "object", "required": ["rayStartParams", "template"], "properties": {
-                    "serviceType": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
-                    "rayStartParams": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "template": {"type": "object"}}, "additionalProperties": False},
-                "workerGroupSpecs": {"type": "array", "minItems": 1, "items": {
+                "autoscalerOptions": {
                     "type": "object",
-                    "required": ["groupName", "replicas", "minReplicas", "maxReplicas", "rayStartParams", "template"],
                     "properties": {
-                        "groupName": {"type": "string", "pattern": "^[a-z0-9-]+$"},
-                        "replicas": {"type": "integer", "minimum": 0},
-                        "minReplicas": {"type": "integer", "minimum": 0},
-                        "maxReplicas": {"type": "integer", "minimum": 1},
+                        "upscalingMode": {"enum": ["Default", "Aggressive", "Conservative"]},
+                        "idleTimeoutSeconds": {"type": "integer", "minimum": 0},
+                    },
+                    "additionalProperties": False,
+                },
+                "headGroupSpec": {
+                    "type": "object",
+                    "required": ["rayStartParams", "template"],
+                    "properties": {
+                        "serviceType": {"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
                         "rayStartParams": {"type": "object", "additionalProperties": {"type": "string"}},
-                        "template": {"type": "object"}},
-                    "additionalProperties": False}},
+                        "template": {"type": "object"},
+                    },
+                    "additionalProperties": False,
+                },
+                "workerGroupSpecs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": [
+                            "groupName",
+                            "replicas",
+                            "minReplicas",
+                            "maxReplicas",
+                            "rayStartParams",
+                            "template",
+                        ],
+                        "properties": {
+                            "groupName": {"type": "string", "pattern": "^[a-z0-9-]+$"},
+                            "replicas": {"type": "integer", "minimum": 0},
+                            "minReplicas": {"type": "integer", "minimum": 0},
+                            "maxReplicas": {"type": "integer", "minimum": 1},
+                            "rayStartParams": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "template": {"type": "object"},
+                        },
+                        "additionalProperties": False,
+                    },
+                },
             },
             "additionalProperties": False,
         },
@@ -67,8 +92,12 @@ def _validate(doc: dict) -> None:
         jsonschema.validate(doc, RAYCLUSTER_SCHEMA)
         spec = doc["spec"]
         for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
-            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "template", **group["template"].get("metadata", {})},
-                   "spec": group["template"]["spec"]}
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "template", **group["template"].get("metadata", {})},
+                "spec": group["template"]["spec"],
+            }
             kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
         for group in spec["workerGroupSpecs"]:
             assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"], group["groupName"]
@@ -120,13 +149,17 @@ def test_references_resolve_and_kustomization_lists_every_manifest():
     for doc in docs:
         if doc["kind"] in {"Deployment", "StatefulSet"}:
             pod_labels.append(doc["spec"]["template"]["metadata"]["labels"])
-            assert doc["spec"]["selector"]["matchLabels"].items() <= doc["spec"]["template"]["metadata"]["labels"].items()
+            assert (
+                doc["spec"]["selector"]["matchLabels"].items() <= doc["spec"]["template"]["metadata"]["labels"].items()
+            )
     for doc in docs:
         for ref in _refs(doc):
             assert ref in defined, f"{doc['kind']}/{doc['metadata']['name']} refers to missing {ref}"
         if doc["kind"] == "Service":
             selector = doc["spec"]["selector"]
-            assert any(selector.items() <= labels.items() for labels in pod_labels), f"Service {doc['metadata']['name']} selects no pods"
+            assert any(selector.items() <= labels.items() for labels in pod_labels), (
+                f"Service {doc['metadata']['name']} selects no pods"
+            )
     listed = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())["resources"]
     assert sorted(listed) == sorted(p.name for p in MANIFESTS)
 
@@ -150,13 +183,24 @@ def _refs(node) -> list[tuple[str, str]]:
 
 
 def test_config_map_alone_points_opentinker_at_the_cluster_services():
-    config = next(doc for doc in _all_documents() if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "opentinker-config")
+    config = next(
+        doc for doc in _all_documents() if doc["kind"] == "ConfigMap" and doc["metadata"]["name"] == "opentinker-config"
+    )
     fields = {name.upper() for name in Settings.model_fields}
-    values = {key.removeprefix("OPENTINKER_").lower(): value for key, value in config["data"].items() if key.startswith("OPENTINKER_")}
+    values = {
+        key.removeprefix("OPENTINKER_").lower(): value
+        for key, value in config["data"].items()
+        if key.startswith("OPENTINKER_")
+    }
     assert {key.upper() for key in values} <= fields, "every OPENTINKER_* key must be a Settings field"
     settings = Settings(**values)
     services = {doc["metadata"]["name"]: doc for doc in _all_documents() if doc["kind"] == "Service"}
-    assert settings.ray_address == "ray://opentinker-head-svc:10001"  # KubeRay names the head service <cluster>-head-svc
+    assert (
+        settings.ray_address == "ray://opentinker-head-svc:10001"
+    )  # KubeRay names the head service <cluster>-head-svc
     assert settings.tracking_uri == f"http://mlflow:{services['mlflow']['spec']['ports'][0]['port']}"
-    assert settings.prefect_api_url == f"http://prefect-server:{services['prefect-server']['spec']['ports'][0]['port']}/api"
+    assert (
+        settings.prefect_api_url
+        == f"http://prefect-server:{services['prefect-server']['spec']['ports'][0]['port']}/api"
+    )
     assert settings.artifact_root == f"s3://{settings.s3_bucket}/mlflow"

@@ -1,12 +1,19 @@
 """LangChainAgent plumbing with the deterministic scripted model (real LangChain tool-calling interface)."""
+
 from __future__ import annotations
 
 import pytest
 from fixtures.llm import failing_tool, make_slow_tool
 from langchain_core.messages import AIMessage, HumanMessage
 
-from opentinker.agents.llm import (LangChainAgent, LocalDocsBackend, PolicyTool, ScriptedChatModel, WebSearch,
-                                   resolve_chat_model)
+from opentinker.agents.llm import (
+    LangChainAgent,
+    LocalDocsBackend,
+    PolicyTool,
+    ScriptedChatModel,
+    WebSearch,
+    resolve_chat_model,
+)
 from opentinker.agents.llm.memory import messages_outside_window
 
 
@@ -15,7 +22,10 @@ def test_scripted_model_emits_real_tool_calls_via_bind_tools():
     model = ScriptedChatModel().bind_tools([slow])
     reply = model.invoke([HumanMessage('/slow_echo {"text": "a"} /slow_echo {"text": "b"} /unknown {"x": 1}')])
     assert isinstance(reply, AIMessage)
-    assert [(c["name"], c["args"]) for c in reply.tool_calls] == [("slow_echo", {"text": "a"}), ("slow_echo", {"text": "b"})]
+    assert [(c["name"], c["args"]) for c in reply.tool_calls] == [
+        ("slow_echo", {"text": "a"}),
+        ("slow_echo", {"text": "b"}),
+    ]
     assert len({c["id"] for c in reply.tool_calls}) == 2
     assert reply.usage_metadata["total_tokens"] > 0
 
@@ -27,9 +37,12 @@ def test_two_tool_calls_in_one_turn_run_concurrently_and_keep_their_ids(tmp_path
         reply = agent.chat('/slow_echo {"text": "first"} /slow_echo {"text": "second"}')
     finally:
         agent.close()
-    (a, a_start, a_end), (b, b_start, b_end) = sorted(log)
+    (_a, a_start, a_end), (_b, b_start, b_end) = sorted(log)
     assert max(a_start, b_start) < min(a_end, b_end), "the two calls did not overlap in time"
-    assert [(c.args["text"], c.content) for c in reply.tool_calls] == [("first", "echo:first"), ("second", "echo:second")]
+    assert [(c.args["text"], c.content) for c in reply.tool_calls] == [
+        ("first", "echo:first"),
+        ("second", "echo:second"),
+    ]
     assert all(c.latency_s >= 1.4 for c in reply.tool_calls)
     ids = [c.id for c in reply.tool_calls]
     assert len(set(ids)) == 2 and all(f"[{i}]" in reply.text for i in ids)  # results went back under their call ids
@@ -39,7 +52,7 @@ def test_max_parallel_tools_bounds_concurrency(tmp_path):
     log: list = []
     agent = LangChainAgent("scripted", [make_slow_tool(0.5, log)], checkpointer="memory", max_parallel_tools=1)
     agent.chat('/slow_echo {"text": "a"} /slow_echo {"text": "b"}')
-    (_, a_start, a_end), (_, b_start, b_end) = sorted(log, key=lambda r: r[1])
+    (_, _a_start, a_end), (_, b_start, _b_end) = sorted(log, key=lambda r: r[1])
     assert b_start >= a_end, "with max_parallel_tools=1 the calls must not overlap"
 
 
@@ -72,8 +85,14 @@ def test_memory_window_keeps_last_turns_and_summarises_the_rest():
 
 
 def test_window_never_splits_a_turn():
-    messages = [HumanMessage("1"), AIMessage("", tool_calls=[{"name": "t", "args": {}, "id": "c1"}]),
-                AIMessage("done 1"), HumanMessage("2"), AIMessage("done 2"), HumanMessage("3")]
+    messages = [
+        HumanMessage("1"),
+        AIMessage("", tool_calls=[{"name": "t", "args": {}, "id": "c1"}]),
+        AIMessage("done 1"),
+        HumanMessage("2"),
+        AIMessage("done 2"),
+        HumanMessage("3"),
+    ]
     dropped = messages_outside_window(messages, window=2)
     assert [m.text for m in dropped] == ["1", "", "done 1"]
     assert messages_outside_window(messages, window=3) == []

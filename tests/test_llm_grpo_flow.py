@@ -1,6 +1,7 @@
 """GRPO through the pipeline on the tiny model: probe → train on 2 Ray workers → held-out evaluation → registered
 adapter (base model recorded) → champion gate; then the agent service serves ``models:/NAME@champion`` over HTTP
 (API-key auth) and answers the held-out prompts exactly as the evaluation did."""
+
 from __future__ import annotations
 
 import tempfile
@@ -14,22 +15,46 @@ CACHE = str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache")
 
 def test_grpo_flow_registers_an_adapter_that_the_agent_service_serves(ray_session, tmp_path):
     import mlflow
+
     from opentinker.flows.llm_train import GRPOParams, grpo_train_flow
     from opentinker.serving.agent_service import serve_agent
     from opentinker.tasks.model_store import _client
 
-    grpo = {"base_model": "tiny", "cache_dir": CACHE, "group_size": 2, "prompts_per_step": 2, "max_new_tokens": 6,
-            "eval_prompts": 4, "eval_batch": 4, "learning_rate": 1e-2}
-    params = GRPOParams(task="arithmetic", steps=2, workers=2, grpo=grpo, run_name="grpo-tiny",
-                        model_name="test-grpo-agent", eval_every=1)
+    grpo = {
+        "base_model": "tiny",
+        "cache_dir": CACHE,
+        "group_size": 2,
+        "prompts_per_step": 2,
+        "max_new_tokens": 6,
+        "eval_prompts": 4,
+        "eval_batch": 4,
+        "learning_rate": 1e-2,
+    }
+    params = GRPOParams(
+        task="arithmetic",
+        steps=2,
+        workers=2,
+        grpo=grpo,
+        run_name="grpo-tiny",
+        model_name="test-grpo-agent",
+        eval_every=1,
+    )
     result = grpo_train_flow(params)
     assert result.global_step == 2 and result.model_version == "1"
     assert result.aliases == ["candidate", "champion"] and "first champion" in result.decision
     version = _client().get_model_version("test-grpo-agent", "1")
     assert version.tags["base_model"] == "tiny" and version.tags["task"] == "arithmetic"
     run = mlflow.get_run(result.run_id)
-    for key in ("train/reward_mean", "train/kl", "train/completions_per_s", "train/tokens_per_s",
-                "train/valid_tool_call_rate", "train/response_tokens", "eval/success_rate", "heldout/success_rate"):
+    for key in (
+        "train/reward_mean",
+        "train/kl",
+        "train/completions_per_s",
+        "train/tokens_per_s",
+        "train/valid_tool_call_rate",
+        "train/response_tokens",
+        "eval/success_rate",
+        "heldout/success_rate",
+    ):
         assert key in run.data.metrics, key
     steps = [m.step for m in _client().get_metric_history(result.run_id, "eval/success_rate")]
     assert steps == [0, 1]  # the base model at step 0, then every eval_every steps
@@ -49,9 +74,16 @@ def test_grpo_flow_registers_an_adapter_that_the_agent_service_serves(ray_sessio
     from opentinker.envs.text_tasks import task_examples
 
     table = mlflow.load_table("episodes/heldout_step_000002.json", run_ids=[result.run_id])
-    service = serve_agent(API_KEY, {"llm": "models:/test-grpo-agent@champion", "tools": ["python_repl"],
-                                    "tracing": False, "checkpoint_db": str(tmp_path / "threads.sqlite")},
-                          log_path=tmp_path / "agent.log")
+    service = serve_agent(
+        API_KEY,
+        {
+            "llm": "models:/test-grpo-agent@champion",
+            "tools": ["python_repl"],
+            "tracing": False,
+            "checkpoint_db": str(tmp_path / "threads.sqlite"),
+        },
+        log_path=tmp_path / "agent.log",
+    )
     try:
         unauthorised = httpx.post(f"{service.url}/chat", json={"thread_id": "t", "message": "hi"}, timeout=30)
         assert unauthorised.status_code == 401

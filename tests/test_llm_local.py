@@ -1,4 +1,5 @@
 """The bundled SmolLM2-135M through the real agent loop: tool call → sandboxed tool result → final answer."""
+
 from __future__ import annotations
 
 from langchain_core.messages import HumanMessage

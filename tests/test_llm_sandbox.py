@@ -1,4 +1,5 @@
 """PythonREPL's sandbox: escapes are refused or killed and reported; normal code works; the agent carries on."""
+
 from __future__ import annotations
 
 import time
@@ -21,16 +22,19 @@ def test_writes_inside_the_sandbox_dir_work():
     assert result.ok and "'kept'" in result.output
 
 
-@pytest.mark.parametrize("code, expected", [
-    ("open('/etc/hostname').read()", "outside the sandbox directory"),
-    ("open('../escape.txt', 'w').write('x')", "outside the sandbox directory"),
-    ("import os; os.listdir('/')", "outside the sandbox directory"),
-    ("import socket; socket.socket()", "socket.__new__ is not allowed"),
-    ("import urllib.request; urllib.request.urlopen('http://127.0.0.1:9')", "not allowed"),
-    ("import subprocess; subprocess.run(['echo', 'hi'])", "subprocess.Popen is not allowed"),
-    ("import os\nwhile True: os.fork()", "os.fork is not allowed"),
-    ("import ctypes; ctypes.CDLL(None).getpid()", "not allowed"),
-])
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("open('/etc/hostname').read()", "outside the sandbox directory"),
+        ("open('../escape.txt', 'w').write('x')", "outside the sandbox directory"),
+        ("import os; os.listdir('/')", "outside the sandbox directory"),
+        ("import socket; socket.socket()", "socket.__new__ is not allowed"),
+        ("import urllib.request; urllib.request.urlopen('http://127.0.0.1:9')", "not allowed"),
+        ("import subprocess; subprocess.run(['echo', 'hi'])", "subprocess.Popen is not allowed"),
+        ("import os\nwhile True: os.fork()", "os.fork is not allowed"),
+        ("import ctypes; ctypes.CDLL(None).getpid()", "not allowed"),
+    ],
+)
 def test_escape_attempts_are_refused_and_reported(code, expected):
     result = run_python(code, LIMITS)
     assert not result.ok

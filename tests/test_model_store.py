@@ -1,4 +1,5 @@
 """The MLflow model format: log, register, alias, resolve and load policies (real MLflow store on SQLite)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,7 +47,9 @@ def test_local_export_dir_is_accepted_and_versioned_by_content(registered_polici
     ref = model_store.resolve_policy(copy)
     assert ref.version.startswith("local-") and ref.version == model_store.resolve_policy(source).version
     obs = _random_obs(registered_policies.policy("1"), 16)
-    np.testing.assert_array_equal(model_store.load_registered_policy(copy).act(obs), registered_policies.policy("1").act(obs))
+    np.testing.assert_array_equal(
+        model_store.load_registered_policy(copy).act(obs), registered_policies.policy("1").act(obs)
+    )
     shutil.copy(registered_policies.exports["2"] / "weights.npz", copy / "weights.npz")
     assert model_store.resolve_policy(copy).version != ref.version, "new weights, new version"
 

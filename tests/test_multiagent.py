@@ -1,4 +1,5 @@
 """AgentGroup: mapping/config errors, kind layout, shared memory, checkpoint/resume and per-kind exports."""
+
 import numpy as np
 import pytest
 import torch
@@ -8,8 +9,15 @@ from opentinker.agents.multiagent import AgentGroup, GroupTrainer
 from opentinker.envs.pursuit import PursuitEnv
 
 SMALL = dict(n_predators=2, n_prey=3, grid_size=6, max_cycles=12)
-FAST = {"prey": {"learning_starts": 64, "buffer_size": 512, "batch_size": 32, "train_frequency": 8,
-                 "target_network_frequency": 64}}
+FAST = {
+    "prey": {
+        "learning_starts": 64,
+        "buffer_size": 512,
+        "batch_size": 32,
+        "train_frequency": 8,
+        "target_network_frequency": 64,
+    }
+}
 
 
 def seed_group(shared_memory=False):
@@ -24,7 +32,9 @@ def test_unknown_algorithm_is_named():
 
 def test_unknown_kind_in_configure_is_named():
     group = AgentGroup(policy_mapping={"predator": "PPO", "prey": "DQN"})
-    with pytest.raises(ValueError, match=r"configure: unknown kind 'wolf'; kinds in policy_mapping: \['predator', 'prey'\]"):
+    with pytest.raises(
+        ValueError, match=r"configure: unknown kind 'wolf'; kinds in policy_mapping: \['predator', 'prey'\]"
+    ):
         group.configure(wolf={"lr": 1e-3})
 
 
@@ -55,8 +65,10 @@ def test_agents_without_a_kind_and_kinds_without_agents_are_named():
 
 
 def test_mapping_function_and_prefixes_share_one_network_per_kind():
-    by_function = AgentGroup({"hunters": "PPO", "runners": "PPO"},
-                             agent_to_kind=lambda a: "hunters" if a.startswith("predator") else "runners")
+    by_function = AgentGroup(
+        {"hunters": "PPO", "runners": "PPO"},
+        agent_to_kind=lambda a: "hunters" if a.startswith("predator") else "runners",
+    )
     trainer = by_function.build("pursuit", num_envs=2, device="cpu", **SMALL)
     assert trainer.joint.agents == {"hunters": ["predator_0", "predator_1"], "runners": ["prey_0", "prey_1", "prey_2"]}
     assert trainer.trainers["runners"].config.num_envs == 2 * 3  # columns: env copies x agents, one shared network
@@ -80,8 +92,10 @@ def test_shared_memory_appends_previous_step_means():
     joint.step({"predator": np.zeros(2, np.int64), "prey": np.zeros(3, np.int64)})
     obs = joint.observations("prey")
     alive = joint.alive["prey"][0]
-    np.testing.assert_allclose(obs[alive][:, d:2 * d], np.broadcast_to(before["predator"].mean(0), (alive.sum(), d)))
-    np.testing.assert_allclose(obs[alive][:, 2 * d:], np.broadcast_to(before["prey"].mean(0), (alive.sum(), d)), atol=1e-6)
+    np.testing.assert_allclose(obs[alive][:, d : 2 * d], np.broadcast_to(before["predator"].mean(0), (alive.sum(), d)))
+    np.testing.assert_allclose(
+        obs[alive][:, 2 * d :], np.broadcast_to(before["prey"].mean(0), (alive.sum(), d)), atol=1e-6
+    )
 
 
 # -- training plumbing, checkpoint/resume, export ------------------------------------------------------------------
@@ -107,7 +121,8 @@ def test_every_kind_trains_with_its_own_algorithm_and_frozen_kinds_do_not(tmp_pa
 
 def test_checkpoint_resume_is_bit_exact(tmp_path):
     group = AgentGroup({"predator": "PPO", "prey": "DQN"}, shared_memory=True).configure(
-        predator={"lr": 3e-4, "gamma": 0.99}, prey={"epsilon_decay": 0.95, **FAST["prey"]})
+        predator={"lr": 3e-4, "gamma": 0.99}, prey={"epsilon_decay": 0.95, **FAST["prey"]}
+    )
     trainer = group.build("pursuit", num_envs=2, n_steps=16, seed=3, device="cpu", **SMALL)
     trainer.train(64, checkpoint_dir=tmp_path)
     trainer.train(128)
@@ -136,15 +151,28 @@ def test_export_one_policy_per_kind_and_evaluate(tmp_path):
 
 
 def test_any_parallel_env_instance_is_accepted():
-    trainer = AgentGroup({"predator": "DQN", "prey": "PPO"}).build(PursuitEnv(n_predators=1, n_prey=1), num_envs=2,
-                                                                    n_steps=8, device="cpu")
+    trainer = AgentGroup({"predator": "DQN", "prey": "PPO"}).build(
+        PursuitEnv(n_predators=1, n_prey=1), num_envs=2, n_steps=8, device="cpu"
+    )
     trainer.train(16)
     assert trainer.global_step == 16
 
 
 # -- rollouts on Ray workers ------------------------------------------------------------------------------------
-ROLLOUT_FIELDS = ("obs", "actions", "logprobs", "values", "rewards", "terminated", "truncated", "valid", "last_obs",
-                  "last_values", "episode_returns", "episode_lengths")
+ROLLOUT_FIELDS = (
+    "obs",
+    "actions",
+    "logprobs",
+    "values",
+    "rewards",
+    "terminated",
+    "truncated",
+    "valid",
+    "last_obs",
+    "last_values",
+    "episode_returns",
+    "episode_lengths",
+)
 
 
 def assert_same_rollouts(a, b):

@@ -1,4 +1,5 @@
 """The multi-agent Prefect flow: per-kind metrics in one MLflow run, one registered model per kind."""
+
 import numpy as np
 
 SMALL = dict(n_predators=2, n_prey=3, grid_size=6, max_cycles=12)
@@ -15,9 +16,19 @@ def test_flow_logs_per_kind_metrics_and_registers_one_model_per_kind():
     from opentinker.tasks.tracking import configure_mlflow
     from opentinker.tasks.train import run_dir
 
-    params = MultiAgentParams(env_kwargs=SMALL, configs={"predator": {"lr": 1e-3}, "prey": FAST_PREY}, steps=128,
-                              num_envs=2, n_steps=16, eval_episodes=2, run_name="ma-flow", model_name="test-hunt",
-                              shared_memory=True, backend="local", workers=2)  # two in-process shards
+    params = MultiAgentParams(
+        env_kwargs=SMALL,
+        configs={"predator": {"lr": 1e-3}, "prey": FAST_PREY},
+        steps=128,
+        num_envs=2,
+        n_steps=16,
+        eval_episodes=2,
+        run_name="ma-flow",
+        model_name="test-hunt",
+        shared_memory=True,
+        backend="local",
+        workers=2,
+    )  # two in-process shards
     result = multiagent_train_flow(params)
     assert result.global_step == 128 and set(result.models) == {"predator", "prey"}
     assert len(result.evaluation["prey"].returns) == 2 * SMALL["n_prey"]
@@ -27,8 +38,14 @@ def test_flow_logs_per_kind_metrics_and_registers_one_model_per_kind():
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED"
     assert run.data.params["backend"] == "local" and run.data.params["workers"] == "2"
-    for name in ("predator/losses/policy", "prey/losses/td_loss", "prey/charts/epsilon", "charts/agent_steps_per_s",
-                 "eval/prey/mean_length", "eval/predator/mean"):
+    for name in (
+        "predator/losses/policy",
+        "prey/losses/td_loss",
+        "prey/charts/epsilon",
+        "charts/agent_steps_per_s",
+        "eval/prey/mean_length",
+        "eval/predator/mean",
+    ):
         assert name in run.data.metrics, name
     assert [m.step for m in client.get_metric_history(result.run_id, "charts/sps")] == [32, 64, 96, 128]
 

@@ -3,6 +3,7 @@
 With shared memory on, a kind's policy observes its own observation with the channel appended (the previous
 step's mean observation per kind), so that is what a client sends; the raw observation alone is refused.
 """
+
 from __future__ import annotations
 
 import httpx
@@ -28,8 +29,10 @@ def test_a_kinds_exported_policy_is_served_over_http(tmp_path):
     assert obs.shape == (2 * SMALL["n_prey"], 3 * raw_dim)
     action_space = trainer.action_spaces["prey"]
 
-    with deploy(export, SERVING_API_KEY, log_path=tmp_path / "server.log") as service, \
-            httpx.Client(base_url=service.url, timeout=30) as http:
+    with (
+        deploy(export, SERVING_API_KEY, log_path=tmp_path / "server.log") as service,
+        httpx.Client(base_url=service.url, timeout=30) as http,
+    ):
         meta = http.post("/metadata", json={}, headers=AUTH).json()
         assert meta["algorithm"] == "dqn" and meta["observation_space"]["shape"] == [3 * raw_dim]
         for row in obs:

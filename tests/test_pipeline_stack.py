@@ -1,4 +1,5 @@
 """train_flow against the local stack: the real MLflow server (artifacts proxied to SeaweedFS S3), listed with boto3."""
+
 from __future__ import annotations
 
 import mlflow
@@ -23,8 +24,9 @@ def test_train_flow_on_the_stack_puts_artifacts_in_s3(s3_server, mlflow_server):
     from opentinker.flows.train import train_flow
     from opentinker.infra.s3 import s3_client
 
-    params = small_train_params(steps=2048, run_name="stack-run", model_name="stack-cartpole", experiment="stack-test",
-                                eval_episodes=2)
+    params = small_train_params(
+        steps=2048, run_name="stack-run", model_name="stack-cartpole", experiment="stack-test", eval_episodes=2
+    )
     with settings_env(**_stack_env(s3_server, mlflow_server)):
         result = train_flow(params)
         client = mlflow.MlflowClient(mlflow_server)
@@ -33,8 +35,13 @@ def test_train_flow_on_the_stack_puts_artifacts_in_s3(s3_server, mlflow_server):
         listed = s3_client().list_objects_v2(Bucket=s3_server.bucket)
     keys = {item["Key"] for item in listed.get("Contents", [])}
     run_keys = {key.split(f"{result.run_id}/artifacts/", 1)[1] for key in keys if f"{result.run_id}/artifacts/" in key}
-    assert {"plots/learning_curve.png", "plots/perf_metrics.png", "config/config.json", "model_card.md",
-            "checkpoint/checkpoint.pt"} <= run_keys, sorted(keys)
+    assert {
+        "plots/learning_curve.png",
+        "plots/perf_metrics.png",
+        "config/config.json",
+        "model_card.md",
+        "checkpoint/checkpoint.pt",
+    } <= run_keys, sorted(keys)
     assert f"checkpoints/{params.resolved_run_name}/checkpoint.pt" in keys
     assert any("policy.json" in key for key in keys)  # the logged MLflow model's export dir
 
@@ -43,7 +50,9 @@ def test_wrong_s3_credentials_fail_fast_and_register_nothing(s3_server, mlflow_s
     from opentinker.flows.train import train_flow
     from opentinker.infra.s3 import S3Error
 
-    params = small_train_params(steps=512, run_name="bad-creds", model_name="bad-creds-cartpole", experiment="stack-test")
+    params = small_train_params(
+        steps=512, run_name="bad-creds", model_name="bad-creds-cartpole", experiment="stack-test"
+    )
     with settings_env(**_stack_env(s3_server, mlflow_server, OPENTINKER_S3_SECRET_KEY="wrong-secret")):
         with pytest.raises(S3Error, match="rejected the credentials"):
             train_flow(params)

@@ -1,4 +1,5 @@
 """MLflow tracking and registry on a real PostgreSQL server; concurrent writers lose nothing, versions stay unique."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,9 @@ import pytest
 from opentinker.infra.postgres import cluster_dir, find_bindir, start_postgres
 from opentinker.infra.services import start_mlflow
 
-pytestmark = pytest.mark.skipif(find_bindir() is None, reason="PostgreSQL server binaries (Debian `postgresql`) not installed")
+pytestmark = pytest.mark.skipif(
+    find_bindir() is None, reason="PostgreSQL server binaries (Debian `postgresql`) not installed"
+)
 
 WRITERS = 4
 VERSIONS_PER_WRITER = 3
@@ -82,7 +85,9 @@ def test_tracking_and_registry_are_stored_in_postgres(postgres_mlflow):
 
     assert client.get_model_version_by_alias(name, "champion").run_id == run.info.run_id
     assert _rows(db_uri, "SELECT value FROM params WHERE run_uuid = %s AND key = 'lr'", run.info.run_id) == [("0.001",)]
-    assert _rows(db_uri, "SELECT alias, version FROM registered_model_aliases WHERE name = %s", name) == [("champion", 1)]
+    assert _rows(db_uri, "SELECT alias, version FROM registered_model_aliases WHERE name = %s", name) == [
+        ("champion", 1)
+    ]
 
 
 @pytest.mark.slow
@@ -97,9 +102,16 @@ def test_concurrent_writers_get_unique_versions_and_lose_nothing(postgres_mlflow
     go = tmp_path / "go"
     # Half the writers go through the tracking server, half straight to the database (each its own engine).
     uris = [server if i % 2 == 0 else db_uri for i in range(WRITERS)]
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, uri, experiment_id, model, str(go), str(VERSIONS_PER_WRITER), str(STEPS)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ})
-               for uri in uris]
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, uri, experiment_id, model, str(go), str(VERSIONS_PER_WRITER), str(STEPS)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ},
+        )
+        for uri in uris
+    ]
     time.sleep(1.0)
     go.touch()
     results = []

@@ -1,4 +1,5 @@
 """PPO: loss pieces against hand-computed values, the public trainer API, and short runs that learn."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,19 @@ from opentinker.agents.ppo import clipped_policy_loss, explained_variance, norma
 from opentinker.envs import EnvSpecError
 
 DASHBOARD_METRICS = {
-    "charts/episodic_return_mean", "charts/episodic_return_min", "charts/episodic_return_max", "charts/sps",
-    "losses/policy", "losses/value", "losses/entropy", "losses/approx_kl", "losses/explained_variance",
-    "perf/rollout_efficiency", "perf/gradient_delay_ms", "perf/policy_lag", "perf/rollout_bytes",
+    "charts/episodic_return_mean",
+    "charts/episodic_return_min",
+    "charts/episodic_return_max",
+    "charts/sps",
+    "losses/policy",
+    "losses/value",
+    "losses/entropy",
+    "losses/approx_kl",
+    "losses/explained_variance",
+    "perf/rollout_efficiency",
+    "perf/gradient_delay_ms",
+    "perf/policy_lag",
+    "perf/rollout_bytes",
 }
 
 
@@ -80,15 +91,24 @@ def test_metrics_policy_act_and_export_round_trip(tmp_path):
     exported = load_policy(export_policy(trainer, tmp_path / "export", metadata={"run": "abc"}))
     assert exported.spec["metadata"] == {"run": "abc"} and exported.spec["env_id"] == "CartPole-v1"
     np.testing.assert_array_equal(exported.act(obs), actions)
-    acts, probs, values = exported.act_with_info(obs)
+    _acts, probs, values = exported.act_with_info(obs)
     assert probs.shape == (5, 2) and np.allclose(probs.sum(1), 1) and values.shape == (5,)
     with pytest.raises(ValueError, match=r"expected \(batch, 4\)"):
         exported.act(np.zeros((2, 3)))
 
 
 def test_ppo_learns_cartpole():
-    trainer = PPOTrainer("CartPole-v1", seed=0, num_envs=64, n_steps=32, learning_rate=1e-3, gamma=0.98,
-                         gae_lambda=0.8, ent_coef=0.0, total_steps=200_000)
+    trainer = PPOTrainer(
+        "CartPole-v1",
+        seed=0,
+        num_envs=64,
+        n_steps=32,
+        learning_rate=1e-3,
+        gamma=0.98,
+        gae_lambda=0.8,
+        ent_coef=0.0,
+        total_steps=200_000,
+    )
     curve = []
     trainer.train(45_000, callback=lambda m, step: curve.append(m.get("charts/episodic_return_mean", 0.0)))
     first, last = curve[0], float(np.mean(curve[-5:]))
@@ -96,9 +116,21 @@ def test_ppo_learns_cartpole():
 
 
 def test_ppo_learns_pendulum_continuous():
-    trainer = PPOTrainer("Pendulum-v1", seed=0, num_envs=16, n_steps=128, learning_rate=1e-3, gamma=0.9,
-                         gae_lambda=0.95, ent_coef=0.0, update_epochs=10, num_minibatches=8, reward_scale=0.1,
-                         clip_vloss=False, total_steps=100_000)
+    trainer = PPOTrainer(
+        "Pendulum-v1",
+        seed=0,
+        num_envs=16,
+        n_steps=128,
+        learning_rate=1e-3,
+        gamma=0.9,
+        gae_lambda=0.95,
+        ent_coef=0.0,
+        update_epochs=10,
+        num_minibatches=8,
+        reward_scale=0.1,
+        clip_vloss=False,
+        total_steps=100_000,
+    )
     before = trainer.evaluate(5).mean
     trainer.train(32_768)
     after = trainer.evaluate(5).mean

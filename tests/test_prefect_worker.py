@@ -1,5 +1,6 @@
 """A train_flow deployment on a process work pool is picked up by a real `prefect worker` process and finishes,
 registering a model version in the MLflow store the worker's flow run used."""
+
 from __future__ import annotations
 
 import os
@@ -28,13 +29,31 @@ def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
         f'model_name = "{MODEL}"\nrun_name = "worker-run"\nseed = 5\nnum_envs = 4\nworkers = 1\n'
         "eval_episodes = 2\nchampion_threshold = 0.0\n[ppo]\nn_steps = 128\n"
     )
-    env = {**os.environ, "PREFECT_API_URL": prefect_server, "OPENTINKER_PREFECT_API_URL": prefect_server,
-           "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_server,
+        "OPENTINKER_PREFECT_API_URL": prefect_server,
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+    }
     bin_dir = Path(sys.executable).parent
     deployed = subprocess.run(
-        [str(bin_dir / "opentinker"), "deploy", "CartPole-v1", "--pool", POOL, "--name", "worker-test",
-         "--steps", "2048", "--config", str(config)],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            str(bin_dir / "opentinker"),
+            "deploy",
+            "CartPole-v1",
+            "--pool",
+            POOL,
+            "--name",
+            "worker-test",
+            "--steps",
+            "2048",
+            "--config",
+            str(config),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     assert "train/worker-test" in deployed.stdout
@@ -44,7 +63,10 @@ def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
     with log.open("w") as out:
         worker = subprocess.Popen(
             [str(prefect_exe), "worker", "start", "--pool", POOL, "--type", "process", "--name", "test-worker"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
     try:
         with temporary_settings({PREFECT_API_URL: prefect_server}):

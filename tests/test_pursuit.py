@@ -1,4 +1,5 @@
 """The pursuit env: PettingZoo Parallel API conformance, capture rules, observations, episode ends."""
+
 import warnings
 
 import numpy as np
@@ -52,8 +53,8 @@ def test_capture_rewards_removes_prey_and_shares_credit():
 def test_walls_clip_moves_and_time_limit_truncates():
     env = PursuitEnv(n_predators=1, n_prey=1, grid_size=5, capture_radius=0, max_cycles=3)
     _place(env, [[0, 0]], [[4, 4]])
-    for t in range(3):
-        obs, rew, term, trunc, _ = env.step({"predator_0": LEFT, "prey_0": UP})
+    for _t in range(3):
+        _obs, _rew, term, trunc, _ = env.step({"predator_0": LEFT, "prey_0": UP})
     assert env.pred_pos.tolist() == [[0, 0]] and env.prey_pos.tolist() == [[4, 4]]
     assert all(trunc.values()) and not any(term.values()) and env.agents == []
 
@@ -68,4 +69,3 @@ def test_observation_holds_nearest_opponents_and_allies():
     np.testing.assert_allclose(obs[2:8], [0.1, 0.0, 1.0, 0.0, -0.3, 1.0], atol=1e-6)
     np.testing.assert_allclose(obs[8:11], [-0.5, -0.5, 1.0], atol=1e-6)
     assert env.observation_space("predator_0").contains(obs)
-

@@ -1,5 +1,6 @@
 """RemoteEnv on real Ray actors: same data as the local backend, exact recovery from a killed worker,
 validation on the worker, and @remote tasks with priorities."""
+
 from __future__ import annotations
 
 import os

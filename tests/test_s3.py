@@ -1,4 +1,5 @@
 """S3 client and SeaweedFS: real put/get, and clear errors for a dead endpoint or wrong credentials."""
+
 from __future__ import annotations
 
 import os
@@ -32,12 +33,17 @@ def test_ensure_bucket_creates_once_and_is_idempotent(s3_server):
 
 
 def test_wrong_credentials_are_named_in_the_error(s3_server):
-    settings = Settings(s3_endpoint_url=s3_server.endpoint_url, s3_access_key=s3_server.access_key,
-                        s3_secret_key="not-the-secret", s3_bucket=s3_server.bucket)
+    settings = Settings(
+        s3_endpoint_url=s3_server.endpoint_url,
+        s3_access_key=s3_server.access_key,
+        s3_secret_key="not-the-secret",
+        s3_bucket=s3_server.bucket,
+    )
     with pytest.raises(S3Error, match="rejected the credentials"):
         ensure_bucket(settings=settings)
-    unknown_key = Settings(s3_endpoint_url=s3_server.endpoint_url, s3_access_key="nobody",
-                           s3_secret_key="x", s3_bucket=s3_server.bucket)
+    unknown_key = Settings(
+        s3_endpoint_url=s3_server.endpoint_url, s3_access_key="nobody", s3_secret_key="x", s3_bucket=s3_server.bucket
+    )
     with pytest.raises(S3Error, match="OPENTINKER_S3_ACCESS_KEY"):
         ensure_bucket(settings=unknown_key)
 
@@ -62,6 +68,8 @@ def test_mlflow_server_proxies_artifacts_to_s3(mlflow_server, s3_server, tmp_pat
 
     objects = s3_client(s3_server.settings()).list_objects_v2(Bucket=s3_server.bucket, Prefix="mlflow/")["Contents"]
     keys = [obj["Key"] for obj in objects]
-    assert any(key.startswith(f"mlflow/{experiment_id}/{run.info.run_id}/") and key.endswith("note.txt") for key in keys)
+    assert any(
+        key.startswith(f"mlflow/{experiment_id}/{run.info.run_id}/") and key.endswith("note.txt") for key in keys
+    )
     downloaded = client.download_artifacts(run.info.run_id, "note.txt", str(tmp_path / "back"))
     assert open(downloaded).read() == "stored in seaweedfs"

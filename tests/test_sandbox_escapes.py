@@ -5,6 +5,7 @@ been disarmed by rewriting its closure (the issue's third reproduction), which s
 namespaces, read-only filesystem, seccomp, limits) holds on its own. After every call no process the call
 started may remain.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from opentinker.agents.llm import (
     PythonREPL,
     SandboxLimits,
@@ -84,23 +86,30 @@ def invoke(code: str, guard: str = "on") -> str:
 
 # --- the issue's five reproductions, verbatim -------------------------------------------------------------
 
+
 def test_cffi_system_call():
-    out = invoke('import cffi,sys; f=cffi.FFI(); f.cdef("int system(const char*);"); sys.stdout.flush(); '
-                 'f.dlopen(None).system(b"id; head -2 /etc/passwd")')
+    out = invoke(
+        'import cffi,sys; f=cffi.FFI(); f.cdef("int system(const char*);"); sys.stdout.flush(); '
+        'f.dlopen(None).system(b"id; head -2 /etc/passwd")'
+    )
     assert "ModuleNotFoundError" in out  # cffi is not in the sandbox; the ctypes equivalent is tried below
 
 
 def test_guard_helper_replaced():
-    out = invoke('import os,posixpath; wd=os.getcwd(); posixpath.realpath=lambda p,*a,**k: wd+"/x"; '
-                 'print(open("/etc/passwd").read())')
+    out = invoke(
+        'import os,posixpath; wd=os.getcwd(); posixpath.realpath=lambda p,*a,**k: wd+"/x"; '
+        'print(open("/etc/passwd").read())'
+    )
     assert "FileNotFoundError" in out  # the guard was fooled; the filesystem has no /etc
 
 
 def test_guard_closure_rewritten():
-    out = invoke('import gc; g=[o for o in gc.get_objects() if getattr(o,"__name__","")=="guard" and '
-                 'hasattr(o,"__closure__")][0]; d=dict(zip(g.__code__.co_freevars,g.__closure__)); '
-                 'd["blocked_prefixes"].cell_contents=("\\0",); d["writable_root"].cell_contents="/"; '
-                 'import subprocess; print(subprocess.run(["id"],capture_output=True).stdout)')
+    out = invoke(
+        'import gc; g=[o for o in gc.get_objects() if getattr(o,"__name__","")=="guard" and '
+        'hasattr(o,"__closure__")][0]; d=dict(zip(g.__code__.co_freevars,g.__closure__)); '
+        'd["blocked_prefixes"].cell_contents=("\\0",); d["writable_root"].cell_contents="/"; '
+        'import subprocess; print(subprocess.run(["id"],capture_output=True).stdout)'
+    )
     assert "FileNotFoundError" in out  # guard gone, but there is no `id` (nor any binary but python)
 
 
@@ -129,7 +138,8 @@ print("exitcode", p.exitcode)
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
 def test_process_limit_holds_for_any_uid(guard):
     started = time.monotonic()
-    out = invoke("""import os
+    out = invoke(
+        """import os
 n = 0
 try:
     while n < 200:
@@ -138,7 +148,9 @@ try:
         n += 1
 except BaseException as exc:
     print("stopped after", n, type(exc).__name__)
-""", guard)
+""",
+        guard,
+    )
     assert "stopped after" in out
     assert int(out.split("stopped after")[1].split()[0]) < LIMITS.max_processes
     assert time.monotonic() - started < LIMITS.wall_time_s + 10
@@ -159,8 +171,10 @@ HOST_READS = {
     "host_pid_environment": f"print(open('/proc/{os.getpid()}/environ', 'rb').read())",
     "proc_root_traversal": "print(os.listdir('/proc/1/root')); print(open('/proc/1/root/etc/passwd').read())",
     "symlink_to_host": "os.symlink('/etc/passwd', '/tmp/l'); print(open('/tmp/l').read())",
-    "proc_self_exe": ("import subprocess; print(subprocess.run(['/proc/self/exe', '-c', "
-                      "'print(open(\"/etc/passwd\").read())'], capture_output=True))"),
+    "proc_self_exe": (
+        "import subprocess; print(subprocess.run(['/proc/self/exe', '-c', "
+        "'print(open(\"/etc/passwd\").read())'], capture_output=True))"
+    ),
 }
 
 
@@ -168,8 +182,14 @@ HOST_READS = {
 @pytest.mark.parametrize("name", sorted(HOST_READS))
 def test_host_files_and_environment_are_out_of_reach(name, guard):
     out = invoke(f"import os\nattempt({name!r}, lambda: exec({HOST_READS[name]!r}, globals()))", guard)
-    assert "refused" in out or name in ("root_listing", "home", "environment", "pid1_environment",
-                                         "parent_environment", "proc_self_exe")
+    assert "refused" in out or name in (
+        "root_listing",
+        "home",
+        "environment",
+        "pid1_environment",
+        "parent_environment",
+        "proc_self_exe",
+    )
     host_only = set(os.listdir(os.path.expanduser("~"))) - {Path(os.path.realpath(sys.executable)).parts[2]}
     if name == "home":
         assert not any(f"'{entry}'" in out for entry in host_only), out
@@ -179,13 +199,22 @@ def test_host_files_and_environment_are_out_of_reach(name, guard):
 
 # --- writing outside -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
 def test_writes_outside_the_sandbox_fail_and_leave_nothing(guard, tmp_path):
-    targets = [tmp_path / "marker", PROJECT_FILE.parent / f"marker-{secrets.token_hex(4)}", Path("/etc/marker"),
-               Path("/usr/lib/marker"), Path("/dev/shm/marker"), Path("/marker")]
+    targets = [
+        tmp_path / "marker",
+        PROJECT_FILE.parent / f"marker-{secrets.token_hex(4)}",
+        Path("/etc/marker"),
+        Path("/usr/lib/marker"),
+        Path("/dev/shm/marker"),
+        Path("/marker"),
+    ]
     code = "".join(f"attempt({str(p)!r}, lambda: open({str(p)!r}, 'w').write('x'))\n" for p in targets)
-    code += ("attempt('sysctl', lambda: os.close(os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)))\n"
-             "attempt('proc_self', lambda: os.close(os.open('/proc/self/oom_score_adj', os.O_WRONLY)))\n")
+    code += (
+        "attempt('sysctl', lambda: os.close(os.open('/proc/sys/kernel/core_pattern', os.O_WRONLY)))\n"
+        "attempt('proc_self', lambda: os.close(os.open('/proc/self/oom_score_adj', os.O_WRONLY)))\n"
+    )
     out = invoke("import os\n" + code, guard)
     assert out.count("refused") == len(targets) + 2, out
     assert not any(p.exists() for p in targets)
@@ -203,14 +232,20 @@ SPAWNS = {
     "posix_spawnp": "print(os.waitpid(os.posix_spawnp('id', ['id'], {}), 0))",
     "forkpty": "pid, fd = os.forkpty()\nif pid == 0:\n    os.execv('/bin/sh', ['sh'])\nprint(pid)",
     "pty_spawn": "import pty; pty.spawn(['/bin/sh', '-c', 'id'])",
-    "asyncio": ("import asyncio\nasync def main():\n    p = await asyncio.create_subprocess_exec('id')\n"
-                "    print(await p.wait())\nasyncio.run(main())"),
+    "asyncio": (
+        "import asyncio\nasync def main():\n    p = await asyncio.create_subprocess_exec('id')\n"
+        "    print(await p.wait())\nasyncio.run(main())"
+    ),
     "ctypes_system": "import ctypes; print(ctypes.CDLL(None).system(b'id; cat /etc/passwd'))",
     "ctypes_execve": "import ctypes; print(ctypes.CDLL(None).execv(b'/bin/sh', None))",
-    "multiprocessing_fork": ("import multiprocessing as mp; p = mp.get_context('fork').Process("
-                             "target=lambda: print(open('/etc/passwd').read())); p.start(); p.join()"),
-    "python_child": ("import subprocess, sys; print(subprocess.run([sys.executable, '-c', "
-                     "'print(open(\"/etc/passwd\").read())'], capture_output=True))"),
+    "multiprocessing_fork": (
+        "import multiprocessing as mp; p = mp.get_context('fork').Process("
+        "target=lambda: print(open('/etc/passwd').read())); p.start(); p.join()"
+    ),
+    "python_child": (
+        "import subprocess, sys; print(subprocess.run([sys.executable, '-c', "
+        "'print(open(\"/etc/passwd\").read())'], capture_output=True))"
+    ),
 }
 
 
@@ -223,18 +258,22 @@ def test_process_creation_paths_reach_nothing(name, guard):
 
 # --- host processes: seeing, signalling, surviving ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
 def test_host_processes_are_invisible_and_unsignallable(guard):
     received: list[int] = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, _: received.append(signum))
     canary = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        code = TRY + f"""import os, signal
+        code = (
+            TRY
+            + f"""import os, signal
 attempt("pids", lambda: sorted(p for p in os.listdir("/proc") if p.isdigit()))
 attempt("kill_test", lambda: os.kill({os.getpid()}, signal.SIGUSR1))
 attempt("kill_canary", lambda: os.kill({canary.pid}, signal.SIGKILL))
 attempt("kill_all", lambda: os.kill(-1, signal.SIGKILL))
-"""  # not invoke(): the canary is this test's own child
+"""
+        )  # not invoke(): the canary is this test's own child
         out = PythonREPL(limits=LIMITS).invoke({"code": (DISARM if guard == "disarmed" else "") + code})
         assert canary.poll() is None, "a host process was killed from the sandbox"
         assert received == []
@@ -252,7 +291,8 @@ attempt("kill_all", lambda: os.kill(-1, signal.SIGKILL))
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
 def test_nothing_survives_the_call(guard, tmp_path):
     token = secrets.token_hex(8)
-    invoke(f"""import os, sys
+    invoke(
+        f"""import os, sys
 def daemon():
     if os.fork() == 0:
         os.setsid()
@@ -260,23 +300,31 @@ def daemon():
             os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(30)  # {token}"])
         os._exit(0)
 attempt("daemon", daemon)
-""", guard)
+""",
+        guard,
+    )
     assert not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or ())]
 
 
 def test_sandbox_dies_with_a_killed_caller():
     """--die-with-parent: a caller killed mid-call (SIGKILL, no cleanup) takes the whole sandbox with it."""
     token = secrets.token_hex(8)
-    code = DISARM + f"""import subprocess, sys, time
+    code = (
+        DISARM
+        + f"""import subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # {token}"])
 time.sleep(60)"""
+    )
     cgroups = set(Path("/sys/fs/cgroup/pids").glob("opentinker-sandbox-*"))
     call = f"from opentinker.agents.llm import SandboxLimits, run_python; run_python({code!r}, SandboxLimits(60))"
     caller = subprocess.Popen([sys.executable, "-c", call])
 
     def sandboxed() -> list[psutil.Process]:  # the caller's own command line holds the token too
-        return [p for p in psutil.process_iter(["cmdline"])
-                if token in " ".join(p.info["cmdline"] or ()) and p.pid != caller.pid]
+        return [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if token in " ".join(p.info["cmdline"] or ()) and p.pid != caller.pid
+        ]
 
     try:
         deadline = time.monotonic() + 60
@@ -296,6 +344,7 @@ time.sleep(60)"""
 
 # --- resource exhaustion -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
 def test_memory_hog_is_stopped(guard):
     out = invoke("attempt('hog', lambda: len(bytearray(3 * 1024 ** 3)))", guard)
@@ -304,7 +353,8 @@ def test_memory_hog_is_stopped(guard):
 
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
 def test_disk_filler_hits_the_tmpfs_cap(guard):
-    out = invoke("""import os
+    out = invoke(
+        """import os
 written = 0
 def fill():
     global written
@@ -315,7 +365,9 @@ def fill():
                 written += 1
 attempt("fill", fill)
 print("written_mb", written)
-""", guard)
+""",
+        guard,
+    )
     assert "No space left" in out or "File too large" in out, out
     assert int(out.split("written_mb")[1].split()[0]) <= LIMITS.disk_mb
 
@@ -331,16 +383,21 @@ def test_output_flood_is_cut_and_killed():
 
 def test_infinite_loop_is_killed_with_its_children():
     token = secrets.token_hex(8)
-    result = run_python(DISARM + f"""import subprocess, sys
+    result = run_python(
+        DISARM
+        + f"""import subprocess, sys
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)  # {token}"], start_new_session=True)
 while True:
-    pass""", LIMITS)
+    pass""",
+        LIMITS,
+    )
     assert result.timed_out, result.report()
     assert sandbox_processes() == []
     assert not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or ())]
 
 
 # --- network -----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture()
 def loopback_server(tmp_path):
@@ -369,8 +426,12 @@ def loopback_server(tmp_path):
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    yield {"port": tcp.getsockname()[1], "unix": str(tmp_path / "host.sock"),
-           "abstract": abstract.getsockname(), "accepted": accepted}
+    yield {
+        "port": tcp.getsockname()[1],
+        "unix": str(tmp_path / "host.sock"),
+        "abstract": abstract.getsockname(),
+        "accepted": accepted,
+    }
     stop.set()
     thread.join()
     for s in (tcp, unix, abstract):
@@ -380,39 +441,52 @@ def loopback_server(tmp_path):
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
 def test_network_and_host_sockets_are_unreachable(guard, loopback_server):
     srv = loopback_server
-    out = invoke(f"""import socket
+    out = invoke(
+        f"""import socket
 def tcp():
-    return socket.create_connection(("127.0.0.1", {srv['port']}), timeout=1)
+    return socket.create_connection(("127.0.0.1", {srv["port"]}), timeout=1)
 def unix(path):
     s = socket.socket(socket.AF_UNIX); s.settimeout(1); s.connect(path); return s
 attempt("tcp", tcp)
-attempt("unix", lambda: unix({srv['unix']!r}))
-attempt("abstract", lambda: unix({srv['abstract']!r}))
+attempt("unix", lambda: unix({srv["unix"]!r}))
+attempt("abstract", lambda: unix({srv["abstract"]!r}))
 attempt("dbus", lambda: unix("/run/dbus/system_bus_socket"))
 attempt("docker", lambda: unix("/var/run/docker.sock"))
 attempt("internet", lambda: socket.create_connection(("1.1.1.1", 53), timeout=1))
 attempt("dns", lambda: socket.getaddrinfo("example.com", 80))
-""", guard)
+""",
+        guard,
+    )
     assert out.count("refused:") == 7, out
     assert srv["accepted"] == []
 
 
 # --- state between calls, identity, kernel attack surface ---------------------------------------------------
 
+
 def test_no_state_carries_over_between_calls():
-    first = invoke("import os, sys\nopen('/tmp/state', 'w').write('kept')\nos.environ['LEFT'] = '1'\n"
-                   "sys.modules['os'].LEFT = 1\nprint('written')", "disarmed")
+    first = invoke(
+        "import os, sys\nopen('/tmp/state', 'w').write('kept')\nos.environ['LEFT'] = '1'\n"
+        "sys.modules['os'].LEFT = 1\nprint('written')",
+        "disarmed",
+    )
     assert "written" in first
-    second = invoke("import os\nattempt('file', lambda: open('/tmp/state').read())\n"
-                    "print('env', os.environ.get('LEFT'), 'attr', getattr(os, 'LEFT', None))", "disarmed")
+    second = invoke(
+        "import os\nattempt('file', lambda: open('/tmp/state').read())\n"
+        "print('env', os.environ.get('LEFT'), 'attr', getattr(os, 'LEFT', None))",
+        "disarmed",
+    )
     assert "file refused" in second and "env None attr None" in second
 
 
 def test_identity_is_unprivileged():
-    out = invoke("import os, socket\nprint(os.getuid(), os.getgid(), socket.gethostname())\n"
-                 "print(open('/proc/self/status').read())\n"
-                 "print('setuid-capable mounts:', [l for l in open('/proc/self/mountinfo') if 'nosuid' not in l])\n"
-                 "attempt('tty', lambda: os.open('/dev/tty', os.O_RDWR))", "disarmed")
+    out = invoke(
+        "import os, socket\nprint(os.getuid(), os.getgid(), socket.gethostname())\n"
+        "print(open('/proc/self/status').read())\n"
+        "print('setuid-capable mounts:', [l for l in open('/proc/self/mountinfo') if 'nosuid' not in l])\n"
+        "attempt('tty', lambda: os.open('/dev/tty', os.O_RDWR))",
+        "disarmed",
+    )
     assert "setuid-capable mounts: []" in out and "tty refused:" in out, out  # no suid; no terminal to inject into
     assert out.startswith("65534 65534 sandbox"), out
     status = dict(line.split(":\t", 1) for line in out.splitlines() if ":\t" in line)
@@ -437,14 +511,17 @@ SYSCALLS = {  # name: (number on x86_64, arguments)
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers are x86_64's")
 def test_kernel_attack_surface_is_filtered():
-    calls = "".join(f"r = libc.syscall({nr}, *{args!r}); print({name!r}, r, ctypes.get_errno())\n"
-                    for name, (nr, args) in SYSCALLS.items())
+    calls = "".join(
+        f"r = libc.syscall({nr}, *{args!r}); print({name!r}, r, ctypes.get_errno())\n"
+        for name, (nr, args) in SYSCALLS.items()
+    )
     out = invoke("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n" + calls, "disarmed")
     for name in SYSCALLS:
         assert f"{name} -1 1\n" in out + "\n", out  # -1 with EPERM: refused by seccomp before any check
 
 
 # --- fail closed, and the explicit opt-out -----------------------------------------------------------------
+
 
 def test_missing_bubblewrap_refuses_to_run_code(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))

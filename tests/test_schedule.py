@@ -1,5 +1,6 @@
 """`opentinker schedule` serves a cron deployment from a real process against a real Prefect server;
 a run triggered through the API executes train_flow and registers a model."""
+
 from __future__ import annotations
 
 import os
@@ -53,9 +54,23 @@ def test_scheduled_deployment_runs_when_triggered_and_registers_a_model(prefect_
     exe = Path(sys.executable).with_name("opentinker")
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(exe), "schedule", "CartPole-v1", "--cron", "0 3 * * *", "--steps", "1024", "--config", str(config),
-             "--name", "nightly-test"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            [
+                str(exe),
+                "schedule",
+                "CartPole-v1",
+                "--cron",
+                "0 3 * * *",
+                "--steps",
+                "1024",
+                "--config",
+                str(config),
+                "--name",
+                "nightly-test",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
     try:
         deployment = _wait_for_deployment(prefect_server, proc, log)

@@ -1,4 +1,5 @@
 """The policy service over real HTTP: one ``bentoml serve`` process per session (fixtures/serving.py)."""
+
 from __future__ import annotations
 
 import json
@@ -98,17 +99,34 @@ BAD_REQUESTS = [
     ("null", {"json": {"obs": None}}, 400, "expected numbers"),
     ("NaN", {"content": b'{"obs": [NaN, 0.0, 0.0, 0.0]}'}, 400, "obs[0] = nan: expected a finite number"),
     ("inf", {"content": b'{"obs": [0.0, 1e999, 0.0, 0.0]}'}, 400, "obs[1] = inf: expected a finite number"),
-    ("out of bounds", {"json": {"obs": [0.0, 0.0, 3.0, 0.0]}}, 400, "obs[2] = 3.0: expected a value within [-0.41887903, 0.41887903]"),
+    (
+        "out of bounds",
+        {"json": {"obs": [0.0, 0.0, 3.0, 0.0]}},
+        400,
+        "obs[2] = 3.0: expected a value within [-0.41887903, 0.41887903]",
+    ),
     ("missing field", {"json": {"observation": [0.0] * 4}}, 400, "Field required"),
     ("non-JSON", {"content": b"obs=1,2,3,4"}, 400, "Invalid JSON"),
     ("truncated JSON", {"content": b'{"obs": [0.0, 0.0'}, 400, "Invalid JSON"),
-    ("form body", {"content": b"obs=1", "headers": {"Content-Type": "application/x-www-form-urlencoded"}}, 415, "expected application/json"),
-    ("oversized", {"content": b'{"obs": [' + b"0.0," * 20_000 + b'0.0]}'}, 413, f"at most {SERVER_SETTINGS['max_body_bytes']} bytes"),
+    (
+        "form body",
+        {"content": b"obs=1", "headers": {"Content-Type": "application/x-www-form-urlencoded"}},
+        415,
+        "expected application/json",
+    ),
+    (
+        "oversized",
+        {"content": b'{"obs": [' + b"0.0," * 20_000 + b"0.0]}"},
+        413,
+        f"at most {SERVER_SETTINGS['max_body_bytes']} bytes",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case, request_kwargs, status, message", BAD_REQUESTS, ids=[c[0] for c in BAD_REQUESTS])
-def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(http, case, request_kwargs, status, message):
+def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(
+    http, case, request_kwargs, status, message
+):
     headers = {"Content-Type": "application/json", **AUTH, **request_kwargs.pop("headers", {})}
     resp = http.post("/act", headers=headers, **request_kwargs)
     assert resp.status_code == status, resp.text
@@ -121,7 +139,9 @@ def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(http
 def test_batch_validation_is_per_request_and_bounded(http):
     bad_row = http.post("/act_batch", json={"obs": [[0.0] * 4, [0.0, 0.0, 9.0, 0.0]]}, headers=AUTH)
     assert bad_row.status_code == 400 and "obs[1][2] = 9.0" in bad_row.text
-    too_many = http.post("/act_batch", json={"obs": [[0.0] * 4] * (SERVER_SETTINGS["max_batch_size"] + 1)}, headers=AUTH)
+    too_many = http.post(
+        "/act_batch", json={"obs": [[0.0] * 4] * (SERVER_SETTINGS["max_batch_size"] + 1)}, headers=AUTH
+    )
     assert too_many.status_code == 400 and f"at most {SERVER_SETTINGS['max_batch_size']} observations" in too_many.text
     empty = http.post("/act_batch", json={"obs": []}, headers=AUTH)
     assert empty.status_code == 400

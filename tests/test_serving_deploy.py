@@ -1,4 +1,5 @@
 """``trainer.deploy()`` end to end: the SDK facade exports the trainer's policy and serves it over real HTTP."""
+
 from __future__ import annotations
 
 import socket

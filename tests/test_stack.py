@@ -1,4 +1,5 @@
 """`opentinker stack up|status|down` as a user runs it: real services that outlive the command, on free ports."""
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,15 @@ from opentinker.infra.settings import Settings
 from opentinker.infra.stack import Stack
 
 
-
 def _cli(data_dir: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OPENTINKER_DATA_DIR": str(data_dir), "COLUMNS": "200"}
-    return subprocess.run([str(Path(sys.executable).parent / "opentinker"), *args], env=env, text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "opentinker"), *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
@@ -41,9 +46,13 @@ def test_stack_up_status_down(tmp_path):
 
         status = _cli(data_dir, "stack", "status", "--env")
         env = dict(line.removeprefix("export ").split("=", 1) for line in status.stdout.splitlines())
-        settings = Settings(data_dir=data_dir, s3_endpoint_url=env["OPENTINKER_S3_ENDPOINT_URL"],
-                            s3_access_key=env["OPENTINKER_S3_ACCESS_KEY"], s3_secret_key=env["OPENTINKER_S3_SECRET_KEY"],
-                            s3_bucket=env["OPENTINKER_S3_BUCKET"])
+        settings = Settings(
+            data_dir=data_dir,
+            s3_endpoint_url=env["OPENTINKER_S3_ENDPOINT_URL"],
+            s3_access_key=env["OPENTINKER_S3_ACCESS_KEY"],
+            s3_secret_key=env["OPENTINKER_S3_SECRET_KEY"],
+            s3_bucket=env["OPENTINKER_S3_BUCKET"],
+        )
         client = s3_client(settings)
         client.put_object(Bucket=settings.s3_bucket, Key="hello.txt", Body=b"from the stack test")
         assert client.get_object(Bucket=settings.s3_bucket, Key="hello.txt")["Body"].read() == b"from the stack test"
@@ -52,11 +61,15 @@ def test_stack_up_status_down(tmp_path):
             assert json.load(response) is True
         assert (data_dir / "stack" / "stack.env").read_text().count("export OPENTINKER_") == 7
         secret = env["OPENTINKER_S3_SECRET_KEY"]
-        holders = [path for path in (data_dir / "stack").rglob("*") if path.is_file() and path.suffix != ".log"
-                   and secret in path.read_text(errors="replace")]
+        holders = [
+            path
+            for path in (data_dir / "stack").rglob("*")
+            if path.is_file() and path.suffix != ".log" and secret in path.read_text(errors="replace")
+        ]
         assert "state.json" not in {path.name for path in holders}
-        assert holders and all(path.stat().st_mode & 0o077 == 0 for path in holders), \
-            [(str(path), oct(path.stat().st_mode)) for path in holders]
+        assert holders and all(path.stat().st_mode & 0o077 == 0 for path in holders), [
+            (str(path), oct(path.stat().st_mode)) for path in holders
+        ]
 
         table = _cli(data_dir, "stack", "status").stdout
         assert table.count("running") == 3 and services["mlflow"].url in table
@@ -78,8 +91,13 @@ def test_down_never_signals_a_process_it_did_not_start(tmp_path):
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         real_start = psutil.Process(bystander.pid).create_time()
-        impostor = ServiceProcess(name="mlflow", pid=bystander.pid, create_time=real_start - 1000,
-                                  url="http://127.0.0.1:1", log=str(tmp_path / "x.log"))
+        impostor = ServiceProcess(
+            name="mlflow",
+            pid=bystander.pid,
+            create_time=real_start - 1000,
+            url="http://127.0.0.1:1",
+            log=str(tmp_path / "x.log"),
+        )
         write_json_atomic(tmp_path / "stack" / "state.json", {"services": {"mlflow": impostor.to_dict()}})
         stack = Stack(root=tmp_path / "stack", settings=Settings(data_dir=tmp_path))
         assert stack.down() == []
@@ -96,8 +114,13 @@ def test_stop_spares_a_stranger_holding_a_dead_leaders_pid(tmp_path):
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         started = psutil.Process(stranger.pid).create_time()
-        dead = ServiceProcess(name="prefect", pid=stranger.pid, create_time=started - 100,
-                              url="http://127.0.0.1:1", log=str(tmp_path / "x.log"))
+        dead = ServiceProcess(
+            name="prefect",
+            pid=stranger.pid,
+            create_time=started - 100,
+            url="http://127.0.0.1:1",
+            log=str(tmp_path / "x.log"),
+        )
         assert dead.family() == []
         dead.stop(timeout=1)
         assert stranger.poll() is None, "stopping a dead service must not signal the process that reused its pid"
@@ -108,8 +131,13 @@ def test_stop_spares_a_stranger_holding_a_dead_leaders_pid(tmp_path):
 
 def test_a_service_that_dies_reports_its_log_tail(tmp_path):
     with pytest.raises(ServiceError, match=r"(?s)mlflow exited before .*Last lines of .*mlflow\.log"):
-        start_mlflow(tmp_path / "mlflow", tmp_path / "mlflow.log", s3=None,
-                     backend_store_uri="nosuchscheme://nowhere", timeout=120)
+        start_mlflow(
+            tmp_path / "mlflow",
+            tmp_path / "mlflow.log",
+            s3=None,
+            backend_store_uri="nosuchscheme://nowhere",
+            timeout=120,
+        )
 
 
 def test_unknown_backend_is_rejected(tmp_path):

@@ -1,4 +1,5 @@
 """state_diff codec: bit-exact round trips on random arrays of every dtype, and real savings on smooth data."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -59,10 +60,13 @@ def test_rendered_cartpole_frames_round_trip_and_shrink(monkeypatch):
     assert len(encoded) < 0.01 * frames.nbytes
 
 
-@pytest.mark.parametrize("make", [
-    lambda rng: np.cumsum(rng.normal(size=(256, 8, 4)), axis=0).astype(np.float32),  # smooth state vectors
-    lambda rng: np.repeat(rng.integers(0, 255, size=(1, 32, 32, 3), dtype=np.uint8), 64, axis=0),  # static frames
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda rng: np.cumsum(rng.normal(size=(256, 8, 4)), axis=0).astype(np.float32),  # smooth state vectors
+        lambda rng: np.repeat(rng.integers(0, 255, size=(1, 32, 32, 3), dtype=np.uint8), 64, axis=0),  # static frames
+    ],
+)
 def test_never_larger_than_plain_zstd(make):
     arr = make(np.random.default_rng(0))
     plain = len(zstandard.ZstdCompressor(level=3).compress(arr.tobytes()))

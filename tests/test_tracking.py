@@ -1,4 +1,5 @@
 """Tracking edge without the engine: the metrics callback against a real MLflow store, plots, model card, gate rule."""
+
 from __future__ import annotations
 
 import struct
@@ -47,8 +48,14 @@ def test_metrics_logger_batches_to_mlflow_against_global_step(run_id, monkeypatc
 
 def test_history_round_trip_and_plots(tmp_path):
     history = [
-        {"step": 100.0 * i, "charts/episodic_return": float(i * i), "charts/episodic_return_min": float(i),
-         "charts/episodic_return_max": float(2 * i * i), "perf/cpu_percent": 50.0, "perf/rollout_efficiency": 0.8}
+        {
+            "step": 100.0 * i,
+            "charts/episodic_return": float(i * i),
+            "charts/episodic_return_min": float(i),
+            "charts/episodic_return_max": float(2 * i * i),
+            "perf/cpu_percent": 50.0,
+            "perf/rollout_efficiency": 0.8,
+        }
         for i in range(1, 20)
     ]
     path = tmp_path / "history.jsonl"
@@ -81,8 +88,14 @@ def test_model_card_names_env_algorithm_eval_commit_and_versions():
 
 @pytest.mark.parametrize(
     ("candidate", "champion", "threshold", "promote"),
-    [(500.0, None, 475.0, True), (400.0, None, 475.0, False), (500.0, 500.0, 475.0, False),
-     (490.0, 500.0, 475.0, False), (500.0, 490.0, 475.0, True), (470.0, 100.0, 475.0, False)],
+    [
+        (500.0, None, 475.0, True),
+        (400.0, None, 475.0, False),
+        (500.0, 500.0, 475.0, False),
+        (490.0, 500.0, 475.0, False),
+        (500.0, 490.0, 475.0, True),
+        (470.0, 100.0, 475.0, False),
+    ],
 )
 def test_promotion_rule(candidate, champion, threshold, promote):
     assert decide(candidate, champion, threshold)[0] is promote
@@ -92,8 +105,12 @@ def test_only_transient_io_is_retried():
     from botocore.exceptions import ClientError, EndpointConnectionError
 
     assert is_transient(EndpointConnectionError(endpoint_url="http://127.0.0.1:1"))
-    assert is_transient(ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "put"))
-    assert not is_transient(ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "put"))
+    assert is_transient(
+        ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "put")
+    )
+    assert not is_transient(
+        ClientError({"Error": {"Code": "AccessDenied"}, "ResponseMetadata": {"HTTPStatusCode": 403}}, "put")
+    )
     assert not is_transient(ValueError("bad input"))
     try:
         try:

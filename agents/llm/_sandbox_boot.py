@@ -4,6 +4,7 @@ argv: WORKDIR MEMORY_MB CPU_S MAX_PROCS MAX_FILE_MB SITE_DIR. Reads the user's c
 installs the audit guard (a second layer inside the bubblewrap sandbox, not a boundary), then runs the code like
 a REPL cell (a trailing expression is printed).
 """
+
 import ast
 import os
 import resource
@@ -26,13 +27,35 @@ def _apply_limits(memory_mb, cpu_s, max_procs, max_file_mb):
 
 def _install_guard(workdir):
     """Refuse sockets, new processes, ctypes, and file access outside ``workdir`` (reads of Python's own files excepted)."""
-    readable_roots = tuple({os.path.realpath(p) + os.sep for p in
-                            (sys.prefix, sys.base_prefix, sys.exec_prefix, *[p for p in sys.path if p])})
+    readable_roots = tuple(
+        {
+            os.path.realpath(p) + os.sep
+            for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, *[p for p in sys.path if p])
+        }
+    )
     writable_root = os.path.realpath(workdir) + os.sep
-    blocked_prefixes = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.system", "os.exec", "os.spawn",
-                        "os.posix_spawn", "os.kill", "os.killpg", "pty.", "ctypes.call_function", "ctypes.dlsym",
-                        "ctypes.cdata", "_posixsubprocess.",
-                        "os.chroot", "os.setuid", "sys.addaudithook", "os.link", "os.symlink")
+    blocked_prefixes = (
+        "socket.",
+        "subprocess.",
+        "os.fork",
+        "os.forkpty",
+        "os.system",
+        "os.exec",
+        "os.spawn",
+        "os.posix_spawn",
+        "os.kill",
+        "os.killpg",
+        "pty.",
+        "ctypes.call_function",
+        "ctypes.dlsym",
+        "ctypes.cdata",
+        "_posixsubprocess.",
+        "os.chroot",
+        "os.setuid",
+        "sys.addaudithook",
+        "os.link",
+        "os.symlink",
+    )
 
     def guard(event, args):
         if event.startswith(blocked_prefixes):
@@ -44,12 +67,26 @@ def _install_guard(workdir):
             real = os.path.realpath(os.fsdecode(path)) + os.sep
             if real.startswith(writable_root):
                 return
-            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & (os.O_WRONLY | os.O_RDWR)
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & (
+                os.O_WRONLY | os.O_RDWR
+            )
             if not writing and real.startswith(readable_roots):
                 return
             raise PermissionError(f"sandbox: access outside the sandbox directory is not allowed: {os.fsdecode(path)}")
-        if event in ("os.chdir", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.rmdir", "os.mkdir",
-                     "shutil.rmtree", "os.chmod", "os.chown", "os.truncate", "os.utime"):
+        if event in (
+            "os.chdir",
+            "os.listdir",
+            "os.scandir",
+            "os.remove",
+            "os.rename",
+            "os.rmdir",
+            "os.mkdir",
+            "shutil.rmtree",
+            "os.chmod",
+            "os.chown",
+            "os.truncate",
+            "os.utime",
+        ):
             target = args[0] if args else "."
             if isinstance(target, int):
                 return
@@ -58,7 +95,9 @@ def _install_guard(workdir):
                 return
             if event in ("os.listdir", "os.scandir") and real.startswith(readable_roots):
                 return  # the import system lists package folders
-            raise PermissionError(f"sandbox: access outside the sandbox directory is not allowed: {os.fsdecode(target)}")
+            raise PermissionError(
+                f"sandbox: access outside the sandbox directory is not allowed: {os.fsdecode(target)}"
+            )
 
     sys.addaudithook(guard)
 

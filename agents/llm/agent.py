@@ -9,14 +9,16 @@ bounds the thread pool), keep their call ids, and a failing tool becomes an erro
 reads instead of an exception. State lives in a LangGraph checkpointer: SQLite under the data dir by default,
 so a restarted process continues a thread where it stopped.
 """
+
 from __future__ import annotations
 
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
@@ -67,24 +69,42 @@ class ToolGuardMiddleware(AgentMiddleware):
         started = time.time()
         try:
             result = handler(request)
-        except Exception as exc:  # noqa: BLE001 — any tool failure is reported to the model, never raised
-            result = ToolMessage(content=f"Error: {type(exc).__name__}: {exc}", tool_call_id=call["id"],
-                                 name=call["name"], status="error")
+        except Exception as exc:
+            result = ToolMessage(
+                content=f"Error: {type(exc).__name__}: {exc}",
+                tool_call_id=call["id"],
+                name=call["name"],
+                status="error",
+            )
         finished = time.time()
         if isinstance(result, ToolMessage):
-            result.response_metadata = {**result.response_metadata, "started_at": started,
-                                        "finished_at": finished, "latency_s": finished - started}
+            result.response_metadata = {
+                **result.response_metadata,
+                "started_at": started,
+                "finished_at": finished,
+                "latency_s": finished - started,
+            }
         return result
 
 
 class LangChainAgent:
     """A tool-using chat agent with a rolling memory window and persisted threads."""
 
-    def __init__(self, llm: str | BaseChatModel | None = "local", tools: Sequence[Any] = (), *,
-                 memory_window: int = 5, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-                 checkpointer: str | Path | BaseCheckpointSaver | None = None, thread_id: str | None = None,
-                 summarizer: Summarizer = extractive_summary, max_parallel_tools: int = 4, max_steps: int = 6,
-                 base_url: str | None = None, api_key: str | None = None):
+    def __init__(
+        self,
+        llm: str | BaseChatModel | None = "local",
+        tools: Sequence[Any] = (),
+        *,
+        memory_window: int = 5,
+        system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+        checkpointer: str | Path | BaseCheckpointSaver | None = None,
+        thread_id: str | None = None,
+        summarizer: Summarizer = extractive_summary,
+        max_parallel_tools: int = 4,
+        max_steps: int = 6,
+        base_url: str | None = None,
+        api_key: str | None = None,
+    ):
         """
         Args:
             llm: a chat model, ``"local"`` (bundled SmolLM2), ``"scripted"``, or ``"provider:model"`` (see ``models``).
@@ -110,9 +130,13 @@ class LangChainAgent:
         self.max_steps = max_steps
         self.checkpointer = _make_checkpointer(checkpointer)
         self._owns_checkpointer = not isinstance(checkpointer, BaseCheckpointSaver)
-        self.graph = create_agent(self.model, self.tools, system_prompt=system_prompt,
-                                  middleware=[RollingMemoryMiddleware(memory_window, summarizer), ToolGuardMiddleware()],
-                                  checkpointer=self.checkpointer)
+        self.graph = create_agent(
+            self.model,
+            self.tools,
+            system_prompt=system_prompt,
+            middleware=[RollingMemoryMiddleware(memory_window, summarizer), ToolGuardMiddleware()],
+            checkpointer=self.checkpointer,
+        )
 
     def run(self, message: str, thread_id: str | None = None) -> str:
         """Send one user message; returns the final answer text."""
@@ -126,14 +150,20 @@ class LangChainAgent:
         if not isinstance(message, str) or not message.strip():
             raise ValueError("message: expected a non-empty string")
         thread = thread_id or self.thread_id
-        run_config = {"configurable": {"thread_id": thread}, "max_concurrency": self.max_parallel_tools,
-                      "recursion_limit": 3 * self.max_steps + 2, **(config or {})}
+        run_config = {
+            "configurable": {"thread_id": thread},
+            "max_concurrency": self.max_parallel_tools,
+            "recursion_limit": 3 * self.max_steps + 2,
+            **(config or {}),
+        }
         before = {m.id for m in self.history(thread)[0]}
         try:
             state = self.graph.invoke({"messages": [HumanMessage(message)]}, run_config)
         except GraphRecursionError:
             state = self.graph.get_state(run_config).values
-            return _reply(state, before, thread, stopped=f"[stopped after {self.max_steps} steps without a final answer]")
+            return _reply(
+                state, before, thread, stopped=f"[stopped after {self.max_steps} steps without a final answer]"
+            )
         return _reply(state, before, thread)
 
     def history(self, thread_id: str | None = None) -> tuple[list[BaseMessage], str]:
@@ -183,14 +213,27 @@ def _reply(state: dict, before: set, thread: str, stopped: str | None = None) ->
         for call in message.tool_calls:
             result = results.get(call["id"])
             meta = result.response_metadata if result is not None else {}
-            records.append(ToolCallRecord(
-                id=call["id"], name=call["name"], args=call["args"],
-                status=(result.status if result is not None else "error"),
-                content=(str(result.content) if result is not None else "no result"),
-                latency_s=meta.get("latency_s"), started_at=meta.get("started_at"), finished_at=meta.get("finished_at")))
+            records.append(
+                ToolCallRecord(
+                    id=call["id"],
+                    name=call["name"],
+                    args=call["args"],
+                    status=(result.status if result is not None else "error"),
+                    content=(str(result.content) if result is not None else "no result"),
+                    latency_s=meta.get("latency_s"),
+                    started_at=meta.get("started_at"),
+                    finished_at=meta.get("finished_at"),
+                )
+            )
     final = next((m for m in reversed(new) if isinstance(m, AIMessage) and not m.tool_calls), None)
     text = stopped or (final.text if final is not None else "")
     if final is not None and not text and final.invalid_tool_calls:
         text = "[the model produced an invalid tool call: " + final.invalid_tool_calls[0].get("error", "") + "]"
-    return AgentReply(text=text, thread_id=thread, tool_calls=records, input_tokens=tokens_in,
-                      output_tokens=tokens_out, summary=state.get("summary", ""))
+    return AgentReply(
+        text=text,
+        thread_id=thread,
+        tool_calls=records,
+        input_tokens=tokens_in,
+        output_tokens=tokens_out,
+        summary=state.get("summary", ""),
+    )

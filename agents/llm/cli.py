@@ -3,6 +3,7 @@
 Everything heavy (LangChain, transformers, BentoML, MLflow) is imported inside the commands so that
 ``opentinker --help`` stays fast; the MLflow/BentoML edges live in ``serving/agent_service.py``.
 """
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,13 @@ import typer
 
 app = typer.Typer(help="LLM agents: chat with tools and memory, or serve them over HTTP.", no_args_is_help=True)
 
-Llm = Annotated[str, typer.Option(help="'local' (bundled SmolLM2-135M), 'scripted', 'models:/NAME@champion' "
-                                       "(a GRPO-trained adapter) or 'provider:model'.")]
+Llm = Annotated[
+    str,
+    typer.Option(
+        help="'local' (bundled SmolLM2-135M), 'scripted', 'models:/NAME@champion' "
+        "(a GRPO-trained adapter) or 'provider:model'."
+    ),
+]
 Tools = Annotated[list[str], typer.Option("--tool", help="Tools to enable (repeat): web_search, python_repl, policy.")]
 
 
@@ -37,16 +43,21 @@ def chat(
     started = time.monotonic()
     reply = agent.chat(message, thread)
     for call in reply.tool_calls:
-        typer.secho(f"[{call.name} {call.args} -> {call.status}, {call.latency_s or 0:.2f}s] {call.content[:200]}",
-                    fg="cyan")
+        typer.secho(
+            f"[{call.name} {call.args} -> {call.status}, {call.latency_s or 0:.2f}s] {call.content[:200]}", fg="cyan"
+        )
     typer.echo(reply.text)
-    typer.secho(f"({reply.input_tokens} in / {reply.output_tokens} out tokens, {time.monotonic() - started:.1f}s)",
-                fg="bright_black")
+    typer.secho(
+        f"({reply.input_tokens} in / {reply.output_tokens} out tokens, {time.monotonic() - started:.1f}s)",
+        fg="bright_black",
+    )
 
 
 @app.command()
 def serve(
-    api_key: Annotated[str | None, typer.Option(help="API key clients must send as 'Authorization: Bearer <key>'.")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="API key clients must send as 'Authorization: Bearer <key>'.")
+    ] = None,
     api_key_file: Annotated[str | None, typer.Option(help="Read the API key from this file.")] = None,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 3001,
@@ -55,8 +66,8 @@ def serve(
     memory_window: Annotated[int, typer.Option(help="User turns kept verbatim.")] = 5,
 ) -> None:
     """Serve the agent (BentoML, API-key auth) until Ctrl+C."""
-    from opentinker.serving.auth import ApiKeyError, resolve_api_key
     from opentinker.serving.agent_service import serve_agent
+    from opentinker.serving.auth import ApiKeyError, resolve_api_key
 
     try:
         key = resolve_api_key(api_key, api_key_file)

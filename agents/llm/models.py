@@ -10,6 +10,7 @@
   provider's integration package and key must be configured, else the error says which, and how to run offline;
 - with ``base_url`` the model is reached through an OpenAI-compatible server (vLLM, Ollama, llama.cpp server).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,8 +20,13 @@ from langchain_core.language_models import BaseChatModel
 LOCAL_NAMES = frozenset({"local", "smollm2", "local:smollm2"})
 
 
-def resolve_chat_model(llm: str | BaseChatModel | None = "local", *, base_url: str | None = None,
-                       api_key: str | None = None, **model_kwargs: Any) -> BaseChatModel:
+def resolve_chat_model(
+    llm: str | BaseChatModel | None = "local",
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    **model_kwargs: Any,
+) -> BaseChatModel:
     """The chat model for ``llm`` (see the module docstring); errors name the option and what was expected."""
     if isinstance(llm, BaseChatModel):
         return llm
@@ -52,6 +58,8 @@ def resolve_chat_model(llm: str | BaseChatModel | None = "local", *, base_url: s
         raise ValueError(f"llm={llm!r} cannot be used here: {exc}. {OFFLINE_HINT}") from exc
 
 
-OFFLINE_HINT = ("Configure the hosted provider (install its LangChain package, e.g. `pip install langchain-openai`, "
-                "and set its key, e.g. OPENAI_API_KEY), point base_url= at an OpenAI-compatible server, or use the "
-                "bundled local model that runs offline: llm='local' (SmolLM2-135M-Instruct).")
+OFFLINE_HINT = (
+    "Configure the hosted provider (install its LangChain package, e.g. `pip install langchain-openai`, "
+    "and set its key, e.g. OPENAI_API_KEY), point base_url= at an OpenAI-compatible server, or use the "
+    "bundled local model that runs offline: llm='local' (SmolLM2-135M-Instruct)."
+)

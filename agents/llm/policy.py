@@ -5,6 +5,7 @@ plain checkpoint), ``"tiny"`` (a randomly initialised 2-layer Llama with SmolLM2
 fixed seed: every process builds the same weights — tests use it), or a transformers checkpoint folder.
 Only the adapter is trained, saved, shipped to rollout workers and registered; the base is rebuilt from its name.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,11 +58,20 @@ def load_base_model(base: str, cache_dir: str | Path | None = None, tokenizer: A
     if base == "smollm2":
         model = AutoModelForCausalLM.from_pretrained(converted_checkpoint(None, cache_dir), dtype=torch.float32)
     elif base == "tiny":
-        config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                             tie_word_embeddings=True, initializer_range=INIT_RANGE,
-                             bos_token_id=tokenizer.bos_token_id,
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            tie_word_embeddings=True,
+            initializer_range=INIT_RANGE,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         with torch.random.fork_rng():
             torch.manual_seed(TINY_SEED)
             model = LlamaForCausalLM(config)
@@ -78,8 +88,14 @@ def add_lora(model: Any, spec: LoraSpec, seed: int) -> Any:
     """Wrap ``model`` in a peft LoRA adapter; A is drawn from ``seed``, B starts at zero (policy = base at first)."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, target_modules=list(spec.targets), lora_dropout=0.0,
-                        bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.alpha,
+        target_modules=list(spec.targets),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return get_peft_model(model, config)
@@ -114,16 +130,18 @@ def save_adapter(model: Any, tokenizer: Any, directory: str | Path, base: str, *
     return directory
 
 
-def load_adapted_model(directory: str | Path, cache_dir: str | Path | None = None,
-                       merge: bool = True) -> tuple[Any, Any, dict]:
+def load_adapted_model(
+    directory: str | Path, cache_dir: str | Path | None = None, merge: bool = True
+) -> tuple[Any, Any, dict]:
     """(model, tokenizer, meta) for a saved adapter: its base model rebuilt, the adapter loaded (and merged)."""
     from peft import PeftModel
 
     directory = Path(directory)
     meta_path = directory / ADAPTER_META
     if not meta_path.is_file():
-        raise FileNotFoundError(f"{directory}: expected an adapter folder with {ADAPTER_META} "
-                                "(agents.llm.policy.save_adapter)")
+        raise FileNotFoundError(
+            f"{directory}: expected an adapter folder with {ADAPTER_META} (agents.llm.policy.save_adapter)"
+        )
     from transformers import AutoTokenizer
 
     meta = json.loads(meta_path.read_text())

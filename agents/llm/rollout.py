@@ -4,6 +4,7 @@ Sampling is seeded per group of episodes by (seed, iteration, group): a group is
 with its own seed, so a retried rollout — or the same step on 1 or 2 workers — gives the same completions.
 Workers receive only the LoRA adapter's tensors each iteration; the base model is rebuilt from its name.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,8 +52,9 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
 
 
 @torch.no_grad()
-def generate(model: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float,
-             seed: int | None) -> list[list[int]]:
+def generate(
+    model: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float, seed: int | None
+) -> list[list[int]]:
     """Completions for a batch of token-id prompts (left-padded, KV-cached ``generate``); greedy when
     ``temperature`` is 0. Each completion ends at its first stop token (kept) or at ``max_new_tokens``."""
     pad = tokenizer.pad_token_id
@@ -60,12 +62,21 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new_t
     input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
     attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     stops = stop_token_ids(tokenizer)
-    sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else \
-        {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if temperature > 0
+        else {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
+    )
     if seed is not None:
         torch.manual_seed(seed)
-    out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                         eos_token_id=stops, pad_token_id=pad, **sampling)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stops,
+        pad_token_id=pad,
+        **sampling,
+    )
     completions = []
     for row in out[:, width:].tolist():
         end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
@@ -73,8 +84,16 @@ def generate(model: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new_t
     return completions
 
 
-def play(model: Any, tokenizer: Any, envs: Sequence[Any], indices: Sequence[int], group: int, max_new_tokens: int,
-         temperature: float, seed: int | None) -> list[Episode]:
+def play(
+    model: Any,
+    tokenizer: Any,
+    envs: Sequence[Any],
+    indices: Sequence[int],
+    group: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int | None,
+) -> list[Episode]:
     """Play one episode per env (``reset(options={"index": i})``), all rows sampled together each turn."""
     episodes, chats = [], []
     for env, index in zip(envs, indices):
@@ -84,8 +103,12 @@ def play(model: Any, tokenizer: Any, envs: Sequence[Any], indices: Sequence[int]
     active = list(range(len(envs)))
     turn = 0
     while active:
-        prompts = [tokenizer.apply_chat_template(chats[i], add_generation_prompt=True, tokenize=True,
-                                                 return_dict=True)["input_ids"] for i in active]
+        prompts = [
+            tokenizer.apply_chat_template(chats[i], add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+            for i in active
+        ]
         turn_seed = None if seed is None else sample_seed(seed, turn)
         completions = generate(model, tokenizer, prompts, max_new_tokens, temperature, turn_seed)
         still = []
@@ -105,28 +128,38 @@ def play(model: Any, tokenizer: Any, envs: Sequence[Any], indices: Sequence[int]
                 still.append(i)
         active, turn = still, turn + 1
     for episode, chat, env in zip(episodes, chats, envs):
-        episode.transcript = chat[1 + len(env.prefix):]
+        episode.transcript = chat[1 + len(env.prefix) :]
     return episodes
 
 
-def evaluate_model(model: Any, tokenizer: Any, task: str, task_seed: int, indices: list[int], max_new_tokens: int,
-                   batch: int, split: str = "heldout", envs: list[Any] | None = None) -> list[Episode]:
+def evaluate_model(
+    model: Any,
+    tokenizer: Any,
+    task: str,
+    task_seed: int,
+    indices: list[int],
+    max_new_tokens: int,
+    batch: int,
+    split: str = "heldout",
+    envs: list[Any] | None = None,
+) -> list[Episode]:
     """Greedy episodes on ``indices`` of a shipped task's split, ``batch`` at a time."""
     from opentinker.envs.text_tasks import make_text_env
 
     envs = envs or [make_text_env(task, split, task_seed) for _ in range(min(batch, len(indices)))]
     episodes = []
     for start in range(0, len(indices), batch):
-        chunk = indices[start:start + batch]
-        episodes += play(model, tokenizer, envs[:len(chunk)], chunk, -1, max_new_tokens, 0.0, None)
+        chunk = indices[start : start + batch]
+        episodes += play(model, tokenizer, envs[: len(chunk)], chunk, -1, max_new_tokens, 0.0, None)
     return episodes
 
 
 class LLMRolloutWorker:
     """A rollout actor: the base model + LoRA adapter, env copies of one task split, one torch thread."""
 
-    def __init__(self, task: str, split: str, task_seed: int, base_model: str, lora: Any, cache_dir: str | None,
-                 threads: int = 1):
+    def __init__(
+        self, task: str, split: str, task_seed: int, base_model: str, lora: Any, cache_dir: str | None, threads: int = 1
+    ):
         from opentinker.envs.text_tasks import make_text_env
 
         from .policy import add_lora, load_base_model
@@ -153,8 +186,16 @@ class LLMRolloutWorker:
             pool.append(self._make_env(split))
         return pool[:n]
 
-    def collect(self, adapter: dict, iteration: int, seed: int, groups: list[tuple[int, int]], group_size: int,
-                max_new_tokens: int, temperature: float) -> list[Episode]:
+    def collect(
+        self,
+        adapter: dict,
+        iteration: int,
+        seed: int,
+        groups: list[tuple[int, int]],
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> list[Episode]:
         """``group_size`` sampled episodes of each (group id, prompt index), each group seeded on its own."""
         from .policy import load_adapter_state
 
@@ -162,12 +203,21 @@ class LLMRolloutWorker:
         envs = self._envs("train", group_size)
         episodes = []
         for group, index in groups:
-            episodes += play(self.model, self.tokenizer, envs, [index] * group_size, group, max_new_tokens,
-                             temperature, sample_seed(seed, iteration, group))
+            episodes += play(
+                self.model,
+                self.tokenizer,
+                envs,
+                [index] * group_size,
+                group,
+                max_new_tokens,
+                temperature,
+                sample_seed(seed, iteration, group),
+            )
         return episodes
 
-    def evaluate(self, adapter: dict | None, split: str, indices: list[int], max_new_tokens: int,
-                 batch: int) -> list[Episode]:
+    def evaluate(
+        self, adapter: dict | None, split: str, indices: list[int], max_new_tokens: int, batch: int
+    ) -> list[Episode]:
         """Greedy episodes on ``indices`` of ``split`` (adapter None: the base model alone)."""
         from .policy import load_adapter_state
 
@@ -175,9 +225,9 @@ class LLMRolloutWorker:
         if adapter is not None:
             load_adapter_state(self.model, adapter)
         with self.model.disable_adapter() if adapter is None else contextlib.nullcontext():
-            return evaluate_model(self.model, self.tokenizer, self.task, self.task_seed, indices, max_new_tokens,
-                                  batch, split, envs)
+            return evaluate_model(
+                self.model, self.tokenizer, self.task, self.task_seed, indices, max_new_tokens, batch, split, envs
+            )
 
     def close(self) -> None:
         pass
-

@@ -16,6 +16,7 @@ A CPython audit hook (``_sandbox_boot.py``) is a second layer that turns most at
 it is not a boundary. Without bwrap or user namespaces the call raises ``SandboxUnavailable`` (fail closed);
 ``OPENTINKER_SANDBOX=none`` opts out for trusted local use (the audit hook and rlimits only).
 """
+
 from __future__ import annotations
 
 import errno
@@ -45,14 +46,55 @@ _WORKDIR = "/tmp"
 _UID = 65534  # nobody
 _SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32")
 _DENIED_SYSCALLS = (
-    "mount", "umount2", "pivot_root", "chroot", "unshare", "setns", "fsopen", "fsconfig", "fsmount", "fspick",
-    "move_mount", "open_tree", "mount_setattr", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
-    "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup",
-    "io_uring_enter", "io_uring_register", "open_by_handle_at", "name_to_handle_at", "personality", "syslog",
-    "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "acct", "swapon", "swapoff",
-    "reboot", "quotactl", "lookup_dcookie")
-_ENV = {"HOME": _WORKDIR, "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1"}
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "unshare",
+    "setns",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "personality",
+    "syslog",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "kexec_load",
+    "kexec_file_load",
+    "acct",
+    "swapon",
+    "swapoff",
+    "reboot",
+    "quotactl",
+    "lookup_dcookie",
+)
+_ENV = {
+    "HOME": _WORKDIR,
+    "LANG": "C.UTF-8",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 class SandboxUnavailable(RuntimeError):
@@ -131,9 +173,24 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     info_r, info_w = os.pipe()
     seccomp = _pipe_with(bpf)
     try:
-        argv = [bwrap, *_layout(), "--size", str(limits.disk_mb * 1024 * 1024), "--tmpfs", _WORKDIR,
-                "--remount-ro", "/", "--chdir", _WORKDIR, "--seccomp", str(seccomp), "--info-fd", str(info_w),
-                "--", *_boot_argv(_interpreter(), _WORKDIR, _SITE, limits)]
+        argv = [
+            bwrap,
+            *_layout(),
+            "--size",
+            str(limits.disk_mb * 1024 * 1024),
+            "--tmpfs",
+            _WORKDIR,
+            "--remount-ro",
+            "/",
+            "--chdir",
+            _WORKDIR,
+            "--seccomp",
+            str(seccomp),
+            "--info-fd",
+            str(info_w),
+            "--",
+            *_boot_argv(_interpreter(), _WORKDIR, _SITE, limits),
+        ]
         if cgroup is not None:
             cgroup.mkdir()
             (cgroup / "pids.max").write_text(str(limits.max_processes + 2))  # + bwrap's own two processes
@@ -146,19 +203,40 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
 
 
 def _boot_argv(python: str, workdir: str, site: str, limits: SandboxLimits) -> list[str]:
-    return [python, "-I", "-S", "-B", "-c", _boot_source(), workdir, str(limits.memory_mb),
-            str(int(limits.wall_time_s) + 2), str(limits.max_processes), str(limits.max_file_mb), site]
+    return [
+        python,
+        "-I",
+        "-S",
+        "-B",
+        "-c",
+        _boot_source(),
+        workdir,
+        str(limits.memory_mb),
+        str(int(limits.wall_time_s) + 2),
+        str(limits.max_processes),
+        str(limits.max_file_mb),
+        site,
+    ]
 
 
-def _execute(argv: list[str], code: str, limits: SandboxLimits, cwd: str, info_r: int | None,
-             pass_fds: tuple[int, ...]) -> SandboxResult:
+def _execute(
+    argv: list[str], code: str, limits: SandboxLimits, cwd: str, info_r: int | None, pass_fds: tuple[int, ...]
+) -> SandboxResult:
     """Start ``argv`` (it owns ``pass_fds`` from here), feed it the code, collect output until exit or a limit."""
     env = {} if info_r is not None else {**_ENV, "HOME": cwd}  # bwrap sets the sandbox's own
     started = time.monotonic()
     deadline = started + limits.wall_time_s
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
     finally:
         for fd in pass_fds:
             os.close(fd)  # the child holds them now; the info pipe sees EOF once bwrap is done with it
@@ -194,9 +272,14 @@ def _execute(argv: list[str], code: str, limits: SandboxLimits, cwd: str, info_r
     proc.wait()  # with bwrap this returns once the sandbox's PID namespace is empty
     proc.stdout.close()
     raw = bytes(buf[:cap]).decode("utf-8", errors="replace")
-    return SandboxResult(output=raw[: limits.max_output_chars], exit_code=None if timed_out else proc.returncode,
-                         timed_out=timed_out, truncated=flooded or len(raw) > limits.max_output_chars,
-                         duration_s=time.monotonic() - started, network_isolated=info_r is not None)
+    return SandboxResult(
+        output=raw[: limits.max_output_chars],
+        exit_code=None if timed_out else proc.returncode,
+        timed_out=timed_out,
+        truncated=flooded or len(raw) > limits.max_output_chars,
+        duration_s=time.monotonic() - started,
+        network_isolated=info_r is not None,
+    )
 
 
 def _kill(proc: subprocess.Popen, info_r: int | None) -> None:
@@ -247,10 +330,12 @@ def _pids_cgroup() -> Path | None:
             continue
         if os.access(base, os.W_OK):
             return base
-    raise SandboxUnavailable("running as root, the sandbox's process limit needs a writable cgroup with the pids "
-                             "controller (cgroup v1 /sys/fs/cgroup/pids, or v2 with pids delegated to this "
-                             "process's cgroup); run as a non-root user instead, or set OPENTINKER_SANDBOX=none on "
-                             "a trusted machine")
+    raise SandboxUnavailable(
+        "running as root, the sandbox's process limit needs a writable cgroup with the pids "
+        "controller (cgroup v1 /sys/fs/cgroup/pids, or v2 with pids delegated to this "
+        "process's cgroup); run as a non-root user instead, or set OPENTINKER_SANDBOX=none on "
+        "a trusted machine"
+    )
 
 
 def _remove_cgroup(cgroup: Path) -> None:
@@ -274,9 +359,11 @@ def _boot_source() -> str:
 def _bwrap_path() -> str:
     exe = shutil.which("bwrap")
     if exe is None:
-        raise SandboxUnavailable("bubblewrap (bwrap) is not installed, so untrusted code cannot be isolated: install "
-                                 "the Debian package 'bubblewrap' (./install.sh does), or set OPENTINKER_SANDBOX=none "
-                                 "to run code without OS isolation on a trusted machine")
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed, so untrusted code cannot be isolated: install "
+            "the Debian package 'bubblewrap' (./install.sh does), or set OPENTINKER_SANDBOX=none "
+            "to run code without OS isolation on a trusted machine"
+        )
     return exe
 
 
@@ -289,23 +376,43 @@ def _probe(bwrap: str) -> None:
         return
     seccomp = _pipe_with(_seccomp_bpf())
     try:
-        done = subprocess.run([bwrap, *_layout(), "--seccomp", str(seccomp), "--", _interpreter(), "-I", "-S",
-                               "-c", "pass"], check=False, capture_output=True, text=True, pass_fds=(seccomp,),
-                              timeout=60, env={})
+        done = subprocess.run(
+            [bwrap, *_layout(), "--seccomp", str(seccomp), "--", _interpreter(), "-I", "-S", "-c", "pass"],
+            check=False,
+            capture_output=True,
+            text=True,
+            pass_fds=(seccomp,),
+            timeout=60,
+            env={},
+        )
     finally:
         os.close(seccomp)
     if done.returncode != 0:
-        raise SandboxUnavailable(f"bubblewrap could not create the sandbox ({done.stderr.strip() or done.returncode}):"
-                                 " user namespaces must be allowed (sysctl kernel.unprivileged_userns_clone=1, "
-                                 "user.max_user_namespaces > 0); or set OPENTINKER_SANDBOX=none on a trusted machine")
+        raise SandboxUnavailable(
+            f"bubblewrap could not create the sandbox ({done.stderr.strip() or done.returncode}):"
+            " user namespaces must be allowed (sysctl kernel.unprivileged_userns_clone=1, "
+            "user.max_user_namespaces > 0); or set OPENTINKER_SANDBOX=none on a trusted machine"
+        )
     _PROBED.add(bwrap)
 
 
 @lru_cache(maxsize=1)
 def _layout() -> tuple[str, ...]:
     """bwrap's namespace, identity and read-only filesystem arguments (the same for every call)."""
-    args = ["--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--uid", str(_UID), "--gid", str(_UID), "--hostname", "sandbox", "--clearenv"]
+    args = [
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--uid",
+        str(_UID),
+        "--gid",
+        str(_UID),
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+    ]
     for key, value in _ENV.items():
         args += ["--setenv", key, value]
     for path in _SYSTEM_LIBS:
@@ -344,8 +451,9 @@ def _seccomp_bpf() -> bytes:
     try:
         import pyseccomp
     except (ImportError, OSError) as exc:
-        raise SandboxUnavailable(f"libseccomp is not usable ({exc}): install the Debian package 'libseccomp2' "
-                                 "(./install.sh does)") from exc
+        raise SandboxUnavailable(
+            f"libseccomp is not usable ({exc}): install the Debian package 'libseccomp2' (./install.sh does)"
+        ) from exc
     rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
     for name in _DENIED_SYSCALLS:
         rules.add_rule(pyseccomp.ERRNO(errno.EPERM), name)

@@ -5,11 +5,13 @@ latest user message — ``/python_repl {"code": "print(1)"} /web_search {"query"
 ``AIMessage`` with two ``tool_calls`` — answers tool results by quoting them, and otherwise reports what it can
 see of the conversation (earlier user messages and the memory summary), which makes memory observable.
 """
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
@@ -38,8 +40,14 @@ def command_script(messages: Sequence[BaseMessage], tool_names: tuple[str, ...])
     if calls:
         return AIMessage(content="", tool_calls=calls)
     earlier = [_text(m) for m in messages[:-1] if isinstance(m, HumanMessage)]
-    summary = next((_text(m).split(SUMMARY_HEADER, 1)[1].strip() for m in messages
-                    if isinstance(m, SystemMessage) and SUMMARY_HEADER in _text(m)), "")
+    summary = next(
+        (
+            _text(m).split(SUMMARY_HEADER, 1)[1].strip()
+            for m in messages
+            if isinstance(m, SystemMessage) and SUMMARY_HEADER in _text(m)
+        ),
+        "",
+    )
     lines = [f"You said: {text}", f"Earlier: {' || '.join(earlier) if earlier else '(nothing)'}"]
     if summary:
         lines.append(f"Summary: {summary}")
@@ -56,7 +64,9 @@ def _parse_commands(text: str, tool_names: tuple[str, ...], call_prefix: str) ->
         except json.JSONDecodeError:
             continue
         if isinstance(args, dict):
-            calls.append({"name": match.group(1), "args": args, "id": f"{call_prefix}_{len(calls)}", "type": "tool_call"})
+            calls.append(
+                {"name": match.group(1), "args": args, "id": f"{call_prefix}_{len(calls)}", "type": "tool_call"}
+            )
     return calls
 
 
@@ -75,16 +85,20 @@ class ScriptedChatModel(BaseChatModel):
     def _llm_type(self) -> str:
         return "opentinker-scripted"
 
-    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> "ScriptedChatModel":
+    def bind_tools(self, tools: Sequence[Any], *, tool_choice: Any = None, **kwargs: Any) -> ScriptedChatModel:
         names = tuple(convert_to_openai_tool(t)["function"]["name"] for t in tools)
         return self.model_copy(update={"tool_names": names})
 
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None,
-                  **kwargs: Any) -> ChatResult:
+    def _generate(
+        self, messages: list[BaseMessage], stop: list[str] | None = None, run_manager: Any = None, **kwargs: Any
+    ) -> ChatResult:
         reply = self.script(messages, self.tool_names)
         prompt_tokens = sum(len(_text(m).split()) for m in messages)
         output_tokens = len(_text(reply).split()) + sum(len(json.dumps(c["args"]).split()) for c in reply.tool_calls)
-        reply.usage_metadata = {"input_tokens": prompt_tokens, "output_tokens": output_tokens,
-                                "total_tokens": prompt_tokens + output_tokens}
+        reply.usage_metadata = {
+            "input_tokens": prompt_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": prompt_tokens + output_tokens,
+        }
         reply.response_metadata = {**reply.response_metadata, "model_name": "scripted"}
         return ChatResult(generations=[ChatGeneration(message=reply)])

@@ -3,14 +3,16 @@
 The default index covers the project's own README and docs/*.md, so an offline agent can answer questions about
 OpenTinker. A real web backend (an HTTP search API) only has to implement ``SearchBackend.search``.
 """
+
 from __future__ import annotations
 
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 _WORD = re.compile(r"[a-z0-9_]+")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -104,4 +106,4 @@ def _snippet(text: str, terms: list[str], width: int = 300) -> str:
     lower = flat.lower()
     positions = [lower.find(t) for t in terms if lower.find(t) >= 0]
     start = max(min(positions) - width // 3, 0) if positions else 0
-    return ("…" if start else "") + flat[start:start + width] + ("…" if start + width < len(flat) else "")
+    return ("…" if start else "") + flat[start : start + width] + ("…" if start + width < len(flat) else "")

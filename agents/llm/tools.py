@@ -3,10 +3,12 @@
 Each is a LangChain ``BaseTool`` so any chat model that supports tool calling can use it. Tools report
 failures as text (the model reads them and carries on) instead of raising.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from langchain_core.tools import BaseTool, ToolException
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -67,7 +69,8 @@ class WebSearch(BaseTool):
 
 class _ObservationInput(BaseModel):
     observation: list[float] | list[list[float]] = Field(
-        description="One observation of the environment, as a flat list of numbers (e.g. CartPole: 4 floats).")
+        description="One observation of the environment, as a flat list of numbers (e.g. CartPole: 4 floats)."
+    )
 
 
 class PolicyTool(BaseTool):
@@ -86,8 +89,14 @@ class PolicyTool(BaseTool):
     _predict: Callable[[Any], Any] | None = PrivateAttr(default=None)
     _api_key: str | None = PrivateAttr(default=None)
 
-    def __init__(self, predict: Callable[[Any], Any] | None = None, *, url: str | None = None,
-                 api_key: str | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        predict: Callable[[Any], Any] | None = None,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        **kwargs: Any,
+    ):
         if (predict is None) == (url is None):
             raise ValueError("PolicyTool: give exactly one of predict (a Deployment's predict) or url")
         if url is not None and not api_key:
@@ -102,8 +111,12 @@ class PolicyTool(BaseTool):
     def _post(self, observation: list) -> Any:
         import httpx
 
-        response = httpx.post(f"{self.url}{self.endpoint}", json={"obs": observation}, timeout=self.timeout_s,
-                              headers={"Authorization": f"Bearer {self._api_key}"})
+        response = httpx.post(
+            f"{self.url}{self.endpoint}",
+            json={"obs": observation},
+            timeout=self.timeout_s,
+            headers={"Authorization": f"Bearer {self._api_key}"},
+        )
         if response.status_code != 200:
             raise ToolException(f"policy service answered {response.status_code}: {response.text[:300]}")
         return response.json()["action"]

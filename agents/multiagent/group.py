@@ -3,10 +3,12 @@
 The group is a validated description only (cheap, picklable); ``AgentGroup.build(env, ...)`` turns it into a
 ``GroupTrainer``. Every mistake is reported here, before any env or network exists, naming the kind and field.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from opentinker.agents.config import DQNConfig, EnvConfig, PPOConfig
 
@@ -21,7 +23,9 @@ SHARED_MEMORY_MODES = (False, True, "all", "kind")
 def _algorithm_name(kind: str, algorithm: Any) -> str:
     name = str(algorithm).upper() if isinstance(algorithm, str) else None
     if name not in ALGORITHMS:
-        raise ValueError(f"policy_mapping[{kind!r}]: unknown algorithm {algorithm!r}; expected one of {sorted(ALGORITHMS)}")
+        raise ValueError(
+            f"policy_mapping[{kind!r}]: unknown algorithm {algorithm!r}; expected one of {sorted(ALGORITHMS)}"
+        )
     return name
 
 
@@ -34,8 +38,12 @@ class AgentGroup:
     observation of each kind in the same env copy; "kind" appends only the agent's own kind's mean.
     """
 
-    def __init__(self, policy_mapping: dict[str, str], shared_memory: bool | str = False,
-                 agent_to_kind: Callable[[str], str] | None = None):
+    def __init__(
+        self,
+        policy_mapping: dict[str, str],
+        shared_memory: bool | str = False,
+        agent_to_kind: Callable[[str], str] | None = None,
+    ):
         if not isinstance(policy_mapping, dict) or not policy_mapping:
             raise ValueError(f"policy_mapping must be a non-empty dict kind -> algorithm, got {policy_mapping!r}")
         for kind in policy_mapping:
@@ -54,7 +62,7 @@ class AgentGroup:
     def kinds(self) -> list[str]:
         return list(self.policy_mapping)
 
-    def configure(self, **per_kind: dict[str, Any]) -> "AgentGroup":
+    def configure(self, **per_kind: dict[str, Any]) -> AgentGroup:
         """Per-kind hyper-parameters: ``configure(predator={'lr': 3e-4}, prey={'epsilon_decay': 0.995})``.
 
         Keys are PPOConfig/DQNConfig fields (``epsilon_decay`` is DQN's multiplicative per-step schedule) or the
@@ -71,12 +79,16 @@ class AgentGroup:
             for key, value in params.items():
                 field = ALIASES.get(key, key)
                 if field in GROUP_FIELDS:
-                    raise ValueError(f"configure({kind}=...): {key!r} is shared by the whole group (every kind trains "
-                                     "on the same rollouts); set num_envs=, n_steps=, backend=, workers= in AgentGroup.build")
+                    raise ValueError(
+                        f"configure({kind}=...): {key!r} is shared by the whole group (every kind trains "
+                        "on the same rollouts); set num_envs=, n_steps=, backend=, workers= in AgentGroup.build"
+                    )
                 if field not in fields:
                     valid = sorted(fields - set(GROUP_FIELDS) | set(ALIASES))
-                    raise ValueError(f"configure({kind}=...): unknown {self.policy_mapping[kind]} hyper-parameter "
-                                     f"{key!r}; valid: {valid}")
+                    raise ValueError(
+                        f"configure({kind}=...): unknown {self.policy_mapping[kind]} hyper-parameter "
+                        f"{key!r}; valid: {valid}"
+                    )
                 translated[field] = value
             merged = {**self.configs[kind], **translated}
             config_cls(**merged)  # validates values now, naming the field
@@ -88,24 +100,46 @@ class AgentGroup:
         if self.agent_to_kind is not None:
             kind = self.agent_to_kind(agent)
             if kind not in self.policy_mapping:
-                raise ValueError(f"agent_to_kind({agent!r}) returned {kind!r}, not a kind of policy_mapping {self.kinds}")
+                raise ValueError(
+                    f"agent_to_kind({agent!r}) returned {kind!r}, not a kind of policy_mapping {self.kinds}"
+                )
             return kind
         matches = [k for k in self.policy_mapping if str(agent).startswith(k)]
         if not matches:
-            raise ValueError(f"agent {agent!r} matches no kind of policy_mapping {self.kinds} by id prefix; "
-                             "rename the kinds or pass agent_to_kind=")
+            raise ValueError(
+                f"agent {agent!r} matches no kind of policy_mapping {self.kinds} by id prefix; "
+                "rename the kinds or pass agent_to_kind="
+            )
         return max(matches, key=len)
 
-    def build(self, env: Any, num_envs: int = 1, n_steps: int = 64, seed: int = 0, device: str = "auto",
-              backend: str = "auto", workers: int | None = None, **env_kwargs: Any):
+    def build(
+        self,
+        env: Any,
+        num_envs: int = 1,
+        n_steps: int = 64,
+        seed: int = 0,
+        device: str = "auto",
+        backend: str = "auto",
+        workers: int | None = None,
+        **env_kwargs: Any,
+    ):
         """A ``GroupTrainer`` on ``env``: "pursuit", a PettingZoo ParallelEnv class/factory, or an instance.
 
         ``backend``: "local", "ray" (env copies split over ``workers`` Ray actors) or "auto" (as ``RemoteEnv``).
         """
         from opentinker.agents.multiagent.trainer import GroupTrainer
 
-        return GroupTrainer(self, env, num_envs=num_envs, n_steps=n_steps, seed=seed, device=device, backend=backend,
-                            workers=workers, **env_kwargs)
+        return GroupTrainer(
+            self,
+            env,
+            num_envs=num_envs,
+            n_steps=n_steps,
+            seed=seed,
+            device=device,
+            backend=backend,
+            workers=workers,
+            **env_kwargs,
+        )
 
     def __repr__(self) -> str:
         return f"AgentGroup(policy_mapping={self.policy_mapping}, shared_memory={self.shared_memory or False})"

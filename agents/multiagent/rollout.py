@@ -15,6 +15,7 @@ seeded by (seed, iteration, e), with the policy evaluated on that copy's rows on
 depend on how the copies are split over workers: ``JointWorker`` shards (in-process or on Ray actors, see
 ``envs/ray_backend.RayActorPool``) joined by ``join`` in env-copy order give the same data, bit for bit, as one shard.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,7 +23,8 @@ import dataclasses
 import os
 import pickle
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -31,6 +33,7 @@ from pettingzoo import ParallelEnv
 from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import AUTO_RAY_MIN_PARALLEL, AUTO_RAY_MIN_STEP_S, BACKENDS
 from opentinker.envs.rollout import Rollout, derive_seed
+import itertools
 
 
 def env_factory(env: Any, **env_kwargs: Any) -> Callable[[], ParallelEnv]:
@@ -89,8 +92,16 @@ class JointEnvs:
     ``first`` is the global index of the first copy (a shard of a larger set): it seeds resets and noise.
     """
 
-    def __init__(self, make: Callable[[], ParallelEnv], num_envs: int, kind_of: Callable[[str], str],
-                 kinds: list[str], shared_memory: str | None, seed: int, first: int = 0):
+    def __init__(
+        self,
+        make: Callable[[], ParallelEnv],
+        num_envs: int,
+        kind_of: Callable[[str], str],
+        kinds: list[str],
+        shared_memory: str | None,
+        seed: int,
+        first: int = 0,
+    ):
         self.first = first
         self.envs = [make() for _ in range(num_envs)]
         for env in self.envs:
@@ -100,20 +111,26 @@ class JointEnvs:
         self.agents = {k: [a for a in first.possible_agents if kind_of(a) == k] for k in kinds}
         empty = [k for k, ids in self.agents.items() if not ids]
         if empty:
-            raise ValueError(f"kind(s) {empty} of policy_mapping match no agent of the env {list(first.possible_agents)}")
+            raise ValueError(
+                f"kind(s) {empty} of policy_mapping match no agent of the env {list(first.possible_agents)}"
+            )
         self.raw_spaces: dict[str, gym.Space] = {}
         for kind, ids in self.agents.items():
             spaces = {(str(first.observation_space(a)), str(first.action_space(a))) for a in ids}
             if len(spaces) > 1:
-                raise ValueError(f"agents of kind {kind!r} have different observation/action spaces {sorted(spaces)}; "
-                                 "parameter sharing needs one space per kind: split them into kinds")
+                raise ValueError(
+                    f"agents of kind {kind!r} have different observation/action spaces {sorted(spaces)}; "
+                    "parameter sharing needs one space per kind: split them into kinds"
+                )
             self.raw_spaces[kind] = first.observation_space(ids[0])
         self.action_spaces = {k: first.action_space(ids[0]) for k, ids in self.agents.items()}
         self.kinds, self.shared_memory, self.num_envs = kinds, shared_memory, num_envs
         self.observation_spaces = {k: self._space_with_memory(k) for k in kinds}
         self.finished: dict[str, list[tuple[int, float, int, bool]]] = {k: [] for k in kinds}
-        self.obs = {k: np.zeros((num_envs, len(ids), *self.raw_spaces[k].shape), self.raw_spaces[k].dtype)
-                    for k, ids in self.agents.items()}
+        self.obs = {
+            k: np.zeros((num_envs, len(ids), *self.raw_spaces[k].shape), self.raw_spaces[k].dtype)
+            for k, ids in self.agents.items()
+        }
         self.alive = {k: np.zeros((num_envs, len(ids)), bool) for k, ids in self.agents.items()}
         self.ep_return = {k: np.zeros((num_envs, len(ids))) for k, ids in self.agents.items()}
         self.ep_len = {k: np.zeros((num_envs, len(ids)), np.int64) for k, ids in self.agents.items()}
@@ -124,13 +141,13 @@ class JointEnvs:
             self._reset(e, seed=derive_seed(seed, self.first + e))
 
     # -- shards --------------------------------------------------------------------------------------------------
-    def split(self, sizes: list[int]) -> list["JointEnvs"]:
+    def split(self, sizes: list[int]) -> list[JointEnvs]:
         """Consecutive shards of ``sizes`` copies each (state included), in env-copy order."""
         if sum(sizes) != self.num_envs:
             raise ValueError(f"JointEnvs.split: sizes {sizes} do not add up to num_envs={self.num_envs}")
         bounds = np.cumsum([0, *sizes])
         parts = []
-        for a, b in zip(bounds[:-1], bounds[1:]):
+        for a, b in itertools.pairwise(bounds):
             part = copy.copy(self)
             part.envs, part.num_envs, part.first = self.envs[a:b], int(b - a), self.first + int(a)
             for name in _PER_COPY:
@@ -141,7 +158,7 @@ class JointEnvs:
         return parts
 
     @staticmethod
-    def merge(parts: list["JointEnvs"]) -> "JointEnvs":
+    def merge(parts: list[JointEnvs]) -> JointEnvs:
         """The inverse of ``split``: one JointEnvs holding every shard's copies, in order."""
         whole = copy.copy(parts[0])
         whole.envs = [env for p in parts for env in p.envs]
@@ -151,8 +168,9 @@ class JointEnvs:
         whole.resetting = np.concatenate([p.resetting for p in parts])
         whole.episodes_done = np.concatenate([p.episodes_done for p in parts])
         offsets = np.cumsum([0, *[p.num_envs for p in parts]])
-        whole.finished = {k: [(e + o, *rest) for p, o in zip(parts, offsets) for e, *rest in p.finished[k]]
-                          for k in whole.kinds}
+        whole.finished = {
+            k: [(e + o, *rest) for p, o in zip(parts, offsets) for e, *rest in p.finished[k]] for k in whole.kinds
+        }
         return whole
 
     # -- spaces and observations -----------------------------------------------------------------------------
@@ -172,8 +190,9 @@ class JointEnvs:
                 raise ValueError(f"shared_memory needs Box observations; kind {k!r} observes {self.raw_spaces[k]}")
         lows = [space.low.reshape(-1)] + [self.raw_spaces[k].low.reshape(-1) for k in self._readers(kind)]
         highs = [space.high.reshape(-1)] + [self.raw_spaces[k].high.reshape(-1) for k in self._readers(kind)]
-        return gym.spaces.Box(np.concatenate(lows).astype(np.float32), np.concatenate(highs).astype(np.float32),
-                              dtype=np.float32)
+        return gym.spaces.Box(
+            np.concatenate(lows).astype(np.float32), np.concatenate(highs).astype(np.float32), dtype=np.float32
+        )
 
     def observations(self, kind: str) -> np.ndarray:
         """(num_envs * agents of kind, obs...) — what the kind's policy sees now, channel appended."""
@@ -203,8 +222,10 @@ class JointEnvs:
                 flat = self.obs[k].reshape(self.num_envs, len(self.agents[k]), -1).astype(np.float32)
                 count = valid[k].sum(axis=1, keepdims=True)
                 self.channel[k] = (flat * valid[k][..., None]).sum(axis=1) / np.maximum(count, 1)
-        out = {k: (np.zeros(v.shape, np.float32), np.zeros(v.shape, bool), np.zeros(v.shape, bool), v)
-               for k, v in valid.items()}
+        out = {
+            k: (np.zeros(v.shape, np.float32), np.zeros(v.shape, bool), np.zeros(v.shape, bool), v)
+            for k, v in valid.items()
+        }
         for e, env in enumerate(self.envs):
             if self.resetting[e]:
                 self._reset(e)
@@ -234,8 +255,9 @@ class JointEnvs:
             self.ep_return[kind] += np.where(v, r, 0.0)
             self.ep_len[kind] += v
             for e, j in zip(*np.nonzero(te | tr)):
-                self.finished[kind].append((int(e), float(self.ep_return[kind][e, j]), int(self.ep_len[kind][e, j]),
-                                            bool(te[e, j])))
+                self.finished[kind].append(
+                    (int(e), float(self.ep_return[kind][e, j]), int(self.ep_len[kind][e, j]), bool(te[e, j]))
+                )
                 self.ep_return[kind][e, j], self.ep_len[kind][e, j] = 0.0, 0
         return out
 
@@ -269,7 +291,7 @@ def collect_shard(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: i
     def rows(kind: str, x: np.ndarray, e: int) -> np.ndarray:
         """Env copy ``e``'s rows of a kind's batch (its agents' columns)."""
         n = len(joint.agents[kind])
-        return x[e * n:(e + 1) * n]
+        return x[e * n : (e + 1) * n]
 
     env_s = policy_s = 0.0
     for t in range(n_steps):
@@ -295,9 +317,16 @@ def collect_shard(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: i
     for kind, policy in policies.items():
         last_obs = joint.observations(kind)
         rollouts[kind] = Rollout(
-            **buf[kind], last_obs=last_obs.copy(), last_values=np.concatenate([policy.values(rows(kind, last_obs, e)) for e in range(joint.num_envs)]),
-            episode_returns=np.zeros(0), episode_lengths=np.zeros(0, np.int64),
-            env_step_s=env_s, policy_s=policy_s, worker_wall_s=wall, wall_s=wall)
+            **buf[kind],
+            last_obs=last_obs.copy(),
+            last_values=np.concatenate([policy.values(rows(kind, last_obs, e)) for e in range(joint.num_envs)]),
+            episode_returns=np.zeros(0),
+            episode_lengths=np.zeros(0, np.int64),
+            env_step_s=env_s,
+            policy_s=policy_s,
+            worker_wall_s=wall,
+            wall_s=wall,
+        )
     return Shard(rollouts, ended)
 
 
@@ -311,7 +340,8 @@ def join(shards: list[Shard]) -> tuple[dict[str, Rollout], dict[str, float]]:
         rollouts[kind] = dataclasses.replace(
             Rollout.concat([s.rollouts[kind] for s in shards]),
             episode_returns=np.array([r for _, _, r, _, _ in ended], np.float64),
-            episode_lengths=np.array([n for _, _, _, n, _ in ended], np.int64))
+            episode_lengths=np.array([n for _, _, _, n, _ in ended], np.int64),
+        )
         terminated_fraction[kind] = float(np.mean([d for *_, d in ended])) if ended else float("nan")
     return rollouts, terminated_fraction
 
@@ -322,8 +352,17 @@ class JointWorker:
     given the snapshot its shard returned after the previous iteration restores it first when the worker is
     not where that snapshot left it (a restarted actor), so a retried collect reproduces the same data."""
 
-    def __init__(self, make: Callable[[], ParallelEnv], count: int, kind_of: Callable[[str], str], kinds: list[str],
-                 shared_memory: str | None, seed: int, first: int, keep_snapshots: bool = False):
+    def __init__(
+        self,
+        make: Callable[[], ParallelEnv],
+        count: int,
+        kind_of: Callable[[str], str],
+        kinds: list[str],
+        shared_memory: str | None,
+        seed: int,
+        first: int,
+        keep_snapshots: bool = False,
+    ):
         self.joint = JointEnvs(make, count, kind_of, kinds, shared_memory, seed, first)
         self.seed, self.keep_snapshots, self.next_iteration = seed, keep_snapshots, 0
 
@@ -331,8 +370,14 @@ class JointWorker:
         """(agents per kind, observation space per kind with the channel, action space per kind)."""
         return self.joint.agents, self.joint.observation_spaces, self.joint.action_spaces
 
-    def collect(self, weights: dict[str, dict[str, np.ndarray]], specs: dict[str, dict], n_steps: int, iteration: int,
-                snapshot: bytes | None = None) -> tuple[Shard, bytes | None]:
+    def collect(
+        self,
+        weights: dict[str, dict[str, np.ndarray]],
+        specs: dict[str, dict],
+        n_steps: int,
+        iteration: int,
+        snapshot: bytes | None = None,
+    ) -> tuple[Shard, bytes | None]:
         if snapshot is not None and iteration != self.next_iteration:
             self.restore(snapshot)
         policies = {kind: NumpyPolicy(specs[kind], weights[kind]) for kind in specs}
@@ -354,8 +399,9 @@ class JointWorker:
             env.close()
 
 
-def run_episodes(joint: JointEnvs, policies: dict[str, NumpyPolicy], max_steps: int = 100_000
-                 ) -> dict[str, list[tuple[float, int, bool]]]:
+def run_episodes(
+    joint: JointEnvs, policies: dict[str, NumpyPolicy], max_steps: int = 100_000
+) -> dict[str, list[tuple[float, int, bool]]]:
     """Deterministic actions until every env copy has finished one episode; per kind (return, length, terminated)."""
     for kind in policies:
         joint.take_finished(kind)
@@ -364,8 +410,9 @@ def run_episodes(joint: JointEnvs, policies: dict[str, NumpyPolicy], max_steps: 
     for _ in range(max_steps):
         if (joint.episodes_done > first_episode).all():
             return results
-        actions = {k: p.env_actions(p.sample(joint.observations(k), None, deterministic=True)[0])
-                   for k, p in policies.items()}
+        actions = {
+            k: p.env_actions(p.sample(joint.observations(k), None, deterministic=True)[0]) for k, p in policies.items()
+        }
         still_first = joint.episodes_done == first_episode
         joint.step(actions)
         for kind in policies:

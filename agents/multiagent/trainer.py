@@ -9,14 +9,16 @@ is the engine's ``train_loop``. With ``backend="ray"`` the env copies are split 
 The public shape mirrors the engine's trainers:
 ``train(steps, callback, checkpoint_dir, checkpoint_every)``, ``evaluate``, ``save``/``load``, ``export``.
 """
+
 from __future__ import annotations
 
 import os
 import pickle
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -24,7 +26,14 @@ from opentinker.agents.checkpoint import atomic_save, load_checkpoint
 from opentinker.agents.dqn import DQNTrainer
 from opentinker.agents.export import export_policy
 from opentinker.agents.multiagent.group import AgentGroup
-from opentinker.agents.multiagent.rollout import JointEnvs, JointWorker, env_factory, join, resolve_backend, run_episodes
+from opentinker.agents.multiagent.rollout import (
+    JointEnvs,
+    JointWorker,
+    env_factory,
+    join,
+    resolve_backend,
+    run_episodes,
+)
 from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.agents.ppo import PPOTrainer
 from opentinker.agents.trainer import EnvSpaces, Trainer, check_train_args, torch_threads, train_loop
@@ -57,15 +66,28 @@ class GroupTrainer:
     step takes >= 1 ms). Same seed, same rollouts on either backend and any number of workers.
     """
 
-    def __init__(self, group: AgentGroup, env: Any, num_envs: int = 1, n_steps: int = 64, seed: int = 0,
-                 device: str = "auto", backend: str = "auto", workers: int | None = None, **env_kwargs: Any):
+    def __init__(
+        self,
+        group: AgentGroup,
+        env: Any,
+        num_envs: int = 1,
+        n_steps: int = 64,
+        seed: int = 0,
+        device: str = "auto",
+        backend: str = "auto",
+        workers: int | None = None,
+        **env_kwargs: Any,
+    ):
         for name, value in (("num_envs", num_envs), ("n_steps", n_steps)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GroupTrainer {name} must be an int >= 1, got {value!r}")
         self.group, self.env, self.env_kwargs = group, env, dict(env_kwargs)
         self.num_envs, self.n_steps, self.seed, self.device = num_envs, n_steps, seed, device
-        self.env_id = env if isinstance(env, str) else getattr(env, "metadata", {}).get("name") or getattr(
-            env, "__name__", type(env).__name__)
+        self.env_id = (
+            env
+            if isinstance(env, str)
+            else getattr(env, "metadata", {}).get("name") or getattr(env, "__name__", type(env).__name__)
+        )
         make = env_factory(env, **self.env_kwargs)
         self.backend = resolve_backend(make, backend, num_envs, workers)
         if self.backend == "ray":
@@ -83,16 +105,30 @@ class GroupTrainer:
         for i, kind in enumerate(group.kinds):
             columns = num_envs * len(self.agents[kind])
             self.trainers[kind] = ENGINE[group.policy_mapping[kind]](
-                self.kind_spaces(kind), seed=derive_seed(seed, i), device=device,
-                **{**KIND_DEFAULTS, **group.configs[kind], "n_steps": n_steps, "num_envs": columns})
+                self.kind_spaces(kind),
+                seed=derive_seed(seed, i),
+                device=device,
+                **{**KIND_DEFAULTS, **group.configs[kind], "n_steps": n_steps, "num_envs": columns},
+            )
         self.global_step, self.iteration, self.horizon = 0, 0, None
         self.agent_steps = 0  # actions actually taken by living agents, all kinds
         self.frozen: set[str] = set()
 
     def _worker_args(self, make: Any, keep_snapshots: bool) -> list[tuple]:
         firsts = np.cumsum([0, *self.sizes[:-1]])
-        return [(make, count, self.group.kind_of, self.group.kinds, self.group.shared_memory, self.seed, int(first),
-                 keep_snapshots) for count, first in zip(self.sizes, firsts)]
+        return [
+            (
+                make,
+                count,
+                self.group.kind_of,
+                self.group.kinds,
+                self.group.shared_memory,
+                self.seed,
+                int(first),
+                keep_snapshots,
+            )
+            for count, first in zip(self.sizes, firsts)
+        ]
 
     @property
     def workers(self) -> int:
@@ -102,8 +138,10 @@ class GroupTrainer:
     def joint(self) -> JointEnvs:
         """The env copies themselves, when they live in this process in one shard (local backend, one worker)."""
         if self.backend != "local" or self.workers != 1:
-            raise RuntimeError(f"the env copies are split over {self.workers} {self.backend} workers; "
-                               "GroupTrainer.joint needs backend='local' with workers=1")
+            raise RuntimeError(
+                f"the env copies are split over {self.workers} {self.backend} workers; "
+                "GroupTrainer.joint needs backend='local' with workers=1"
+            )
         return self.pool.workers[0].joint
 
     def kind_spaces(self, kind: str) -> EnvSpaces:
@@ -118,15 +156,23 @@ class GroupTrainer:
     def set_env_state(self, joint: JointEnvs) -> None:
         """Hand ``env_state()``'s copies back to the workers, split by this trainer's shard sizes."""
         if joint.num_envs != self.num_envs:
-            raise ValueError(f"env state holds {joint.num_envs} env copies; this GroupTrainer has num_envs={self.num_envs}")
+            raise ValueError(
+                f"env state holds {joint.num_envs} env copies; this GroupTrainer has num_envs={self.num_envs}"
+            )
         snapshots = [pickle.dumps((part, self.iteration)) for part in joint.split(self.sizes)]
         self.pool.call("restore", [(snapshot,) for snapshot in snapshots])
         if self.backend == "ray":
             self._snapshots = snapshots
 
     def _joint(self, num_envs: int, seed: int) -> JointEnvs:
-        return JointEnvs(env_factory(self.env, **self.env_kwargs), num_envs, self.group.kind_of, self.group.kinds,
-                         self.group.shared_memory, seed)
+        return JointEnvs(
+            env_factory(self.env, **self.env_kwargs),
+            num_envs,
+            self.group.kind_of,
+            self.group.kinds,
+            self.group.shared_memory,
+            seed,
+        )
 
     # -- control ------------------------------------------------------------------------------------------------
     def _check_kinds(self, kinds: tuple[str, ...]) -> None:
@@ -153,9 +199,13 @@ class GroupTrainer:
             if t.horizon is None:
                 t.horizon = self.horizon * self.agents_per_env(kind)
 
-    def train(self, steps: int | float, callback: GroupCallback | None = None,
-              checkpoint_dir: str | os.PathLike | None = None,
-              checkpoint_every: int | None = None) -> dict[str, float]:
+    def train(
+        self,
+        steps: int | float,
+        callback: GroupCallback | None = None,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+    ) -> dict[str, float]:
         """Train every unfrozen kind until ``global_step >= steps``; metrics of the last iteration.
 
         Metric names are the engine's prefixed by the kind (``predator/losses/policy``) plus the group's
@@ -172,8 +222,11 @@ class GroupTrainer:
         start = time.perf_counter()
         weights = {kind: t.policy.numpy_weights() for kind, t in self.trainers.items()}
         specs = {kind: t.rollout_spec() for kind, t in self.trainers.items()}
-        results = self.pool.call("collect", [(snapshot,) for snapshot in self._snapshots],
-                                 broadcast=(weights, specs, self.n_steps, self.iteration))
+        results = self.pool.call(
+            "collect",
+            [(snapshot,) for snapshot in self._snapshots],
+            broadcast=(weights, specs, self.n_steps, self.iteration),
+        )
         self._snapshots = [snapshot for _, snapshot in results]
         rollouts, terminated_fraction = join([shard for shard, _ in results])
         for rollout in rollouts.values():
@@ -224,8 +277,13 @@ class GroupTrainer:
         out = {}
         for kind, rows in results.items():
             returns = [r for r, _, _ in rows]
-            out[kind] = KindEvalResult(float(np.mean(returns)), float(np.std(returns)), returns,
-                                       float(np.mean([n for _, n, _ in rows])), float(np.mean([t for *_, t in rows])))
+            out[kind] = KindEvalResult(
+                float(np.mean(returns)),
+                float(np.std(returns)),
+                returns,
+                float(np.mean([n for _, n, _ in rows])),
+                float(np.mean([t for *_, t in rows])),
+            )
         return out
 
     # -- persistence -------------------------------------------------------------------------------------------
@@ -239,16 +297,36 @@ class GroupTrainer:
             joint = pickle.dumps(self.env_state())
         except Exception as exc:
             raise ValueError(f"cannot checkpoint the group: its env copies are not picklable ({exc})") from exc
-        state = {"format": 1, "group": _try_pickle(self.group), "env": _try_pickle(self.env),
-                 "env_kwargs": self.env_kwargs, "num_envs": self.num_envs, "n_steps": self.n_steps, "seed": self.seed,
-                 "backend": self.backend, "workers": self.workers,
-                 "global_step": self.global_step, "iteration": self.iteration, "horizon": self.horizon,
-                 "agent_steps": self.agent_steps, "frozen": sorted(self.frozen), "joint": joint, "kinds": kinds}
+        state = {
+            "format": 1,
+            "group": _try_pickle(self.group),
+            "env": _try_pickle(self.env),
+            "env_kwargs": self.env_kwargs,
+            "num_envs": self.num_envs,
+            "n_steps": self.n_steps,
+            "seed": self.seed,
+            "backend": self.backend,
+            "workers": self.workers,
+            "global_step": self.global_step,
+            "iteration": self.iteration,
+            "horizon": self.horizon,
+            "agent_steps": self.agent_steps,
+            "frozen": sorted(self.frozen),
+            "joint": joint,
+            "kinds": kinds,
+        }
         return atomic_save(state, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, env: Any = None, group: AgentGroup | None = None, device: str = "auto",
-             backend: str | None = None, workers: int | None = None) -> "GroupTrainer":
+    def load(
+        cls,
+        path: str | os.PathLike,
+        env: Any = None,
+        group: AgentGroup | None = None,
+        device: str = "auto",
+        backend: str | None = None,
+        workers: int | None = None,
+    ) -> GroupTrainer:
         """Rebuild from ``save``; pass ``env``/``group`` when they could not be pickled (lambdas, local classes).
 
         ``backend``/``workers`` default to the saved ones; any other split continues with the same rollouts.
@@ -261,14 +339,28 @@ class GroupTrainer:
         env = env if env is not None else pickle.loads(state["env"])
         if backend is None:
             backend, workers = state.get("backend", "local"), workers or state.get("workers")
-        trainer = cls(group, env, num_envs=state["num_envs"], n_steps=state["n_steps"], seed=state["seed"],
-                      device=device, backend=backend, workers=workers, **state["env_kwargs"])
+        trainer = cls(
+            group,
+            env,
+            num_envs=state["num_envs"],
+            n_steps=state["n_steps"],
+            seed=state["seed"],
+            device=device,
+            backend=backend,
+            workers=workers,
+            **state["env_kwargs"],
+        )
         with tempfile.TemporaryDirectory(prefix="opentinker-group-") as tmp:
             for kind, kind_state in state["kinds"].items():
                 file = atomic_save(kind_state, Path(tmp) / f"{kind}.pt")
-                trainer.trainers[kind] = ENGINE[group.policy_mapping[kind]].load(file, env=trainer.kind_spaces(kind),
-                                                                                 device=device)
-        trainer.global_step, trainer.iteration, trainer.horizon = state["global_step"], state["iteration"], state["horizon"]
+                trainer.trainers[kind] = ENGINE[group.policy_mapping[kind]].load(
+                    file, env=trainer.kind_spaces(kind), device=device
+                )
+        trainer.global_step, trainer.iteration, trainer.horizon = (
+            state["global_step"],
+            state["iteration"],
+            state["horizon"],
+        )
         trainer.agent_steps, trainer.frozen = state["agent_steps"], set(state["frozen"])
         trainer.set_env_state(pickle.loads(state["joint"]))
         return trainer
@@ -277,8 +369,13 @@ class GroupTrainer:
         """One engine export per kind under ``directory/<kind>`` (serve any kind's policy on its own)."""
         out = {}
         for kind, t in self.trainers.items():
-            meta = {**(metadata or {}), "kind": kind, "agents": self.agents[kind],
-                    "shared_memory": self.group.shared_memory or "off", "policy_mapping": self.group.policy_mapping}
+            meta = {
+                **(metadata or {}),
+                "kind": kind,
+                "agents": self.agents[kind],
+                "shared_memory": self.group.shared_memory or "off",
+                "policy_mapping": self.group.policy_mapping,
+            }
             out[kind] = export_policy(t, Path(directory) / kind, metadata=meta)
         return out
 
