@@ -1,6 +1,6 @@
 """RL core, torch + numpy only: configs, policies, PPO, DQN, buffers, checkpoints, export.
 
-Names resolve lazily so that rollout workers importing ``opentinker.agents.numpy_policy`` never load torch.
+Names resolve lazily so that rollout workers importing ``opentinker.envs.numpy_policy`` never load torch.
 """
 
 from __future__ import annotations

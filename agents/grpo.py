@@ -45,7 +45,7 @@ class GRPOConfig:
     task: str = "arithmetic"
     """A shipped text task (``envs.text_tasks.TEXT_TASKS``)."""
     base_model: str = "smollm2"
-    """``"smollm2"``, ``"tiny"`` or a transformers checkpoint folder (``agents.llm.policy``)."""
+    """``"smollm2"``, ``"tiny"`` or a transformers checkpoint folder (``agents.lm_policy``)."""
     group_size: int = 8
     """Completions per prompt; the group's rewards are each other's baseline."""
     prompts_per_step: int = 4
@@ -110,7 +110,7 @@ class GRPOConfig:
 
     @property
     def lora(self):
-        from opentinker.agents.llm.policy import LoraSpec
+        from opentinker.agents.lm_policy import LoraSpec
 
         return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha)
 
@@ -229,7 +229,7 @@ class GRPOTrainer:
     """Learner (this process: base model + LoRA, AdamW) and rollout workers (Ray actors or in-process)."""
 
     def __init__(self, config: GRPOConfig, seed: int = 0, workers: int = 1, backend: str = "ray"):
-        from opentinker.agents.llm.policy import add_lora, load_base_model
+        from opentinker.agents.lm_policy import add_lora, load_base_model
         from opentinker.envs.text_tasks import task_examples
 
         if backend not in ("ray", "local"):
@@ -255,7 +255,7 @@ class GRPOTrainer:
     # -- workers -------------------------------------------------------------------------------------------------
     def _pool(self) -> Any:
         if self.pool is None:
-            from opentinker.agents.llm.rollout import LLMRolloutWorker
+            from opentinker.agents.lm_rollout import LLMRolloutWorker
 
             c = self.config
             args = [(c.task, "train", c.task_seed, c.base_model, c.lora, c.cache_dir)] * self.workers
@@ -281,7 +281,7 @@ class GRPOTrainer:
 
     def rollout(self, iteration: int, indices: list[int]) -> tuple[list, int]:
         """The step's episodes (ordered by group) and the adapter bytes sent to each worker."""
-        from opentinker.agents.llm.policy import adapter_state, state_bytes
+        from opentinker.agents.lm_policy import adapter_state, state_bytes
 
         c = self.config
         adapter = adapter_state(self.policy)
@@ -392,7 +392,7 @@ class GRPOTrainer:
 
     def evaluate(self, split: str = "heldout", prompts: int | None = None, base: bool = False) -> LLMEvalResult:
         """Greedy episodes on the first ``prompts`` examples of ``split`` (``base``: adapter disabled)."""
-        from opentinker.agents.llm.policy import adapter_state
+        from opentinker.agents.lm_policy import adapter_state
 
         c = self.config
         indices = list(range(prompts or c.eval_prompts))
@@ -405,7 +405,7 @@ class GRPOTrainer:
 
     # -- persistence ---------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
-        from opentinker.agents.llm.policy import adapter_state
+        from opentinker.agents.lm_policy import adapter_state
 
         return atomic_save(
             {
@@ -423,7 +423,7 @@ class GRPOTrainer:
 
     @classmethod
     def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray") -> GRPOTrainer:
-        from opentinker.agents.llm.policy import load_adapter_state
+        from opentinker.agents.lm_policy import load_adapter_state
 
         state = load_checkpoint(path)
         trainer = cls(GRPOConfig(**state["config"]), seed=state["seed"], workers=workers, backend=backend)
@@ -435,7 +435,7 @@ class GRPOTrainer:
         return trainer
 
     def save_adapter(self, directory: str | os.PathLike, **meta: Any) -> Path:
-        from opentinker.agents.llm.policy import save_adapter
+        from opentinker.agents.lm_policy import save_adapter
 
         return save_adapter(
             self.policy,

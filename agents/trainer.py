@@ -25,7 +25,7 @@ import torch
 from opentinker.agents.amp import AmpController
 from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, restore_rng_state, rng_state
 from opentinker.agents.config import EnvConfig
-from opentinker.agents.numpy_policy import NumpyPolicy
+from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import RemoteEnv
 from opentinker.envs.rollout import Rollout, build_vector_env
 

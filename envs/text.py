@@ -106,7 +106,7 @@ class TextEnv(BaseEnv):
         return printable(self.example.prompt), {"index": self.index}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        from opentinker.agents.llm.local_model import parse_reply
+        from opentinker.llm.local_model import parse_reply
 
         self.turn += 1
         message = parse_reply(str(action), list(self.tools))
@@ -149,13 +149,13 @@ def _specs(tools: Sequence[Any]) -> list[dict]:
 
 def chat_examples(tools: Sequence[Any]) -> list[dict]:
     """The worked call → result → answer turns ``LocalChatModel`` shows for these tools."""
-    from opentinker.agents.llm.local_model import worked_examples
+    from opentinker.llm.local_model import worked_examples
 
     return worked_examples(_specs(tools))
 
 
 def chat_system_prompt(tools: Sequence[Any], system_prompt: str = "") -> str:
     """The system message the chat model writes for these tools (training and serving see the same text)."""
-    from opentinker.agents.llm.local_model import system_message
+    from opentinker.llm.local_model import system_message
 
     return system_message(_specs(tools), system_prompt)

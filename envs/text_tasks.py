@@ -102,7 +102,7 @@ def task_examples(name: str, split: str = "train", seed: int = 0) -> list[TextEx
 
 
 def task_tools(names: tuple[str, ...]) -> list[Any]:
-    from opentinker.agents.llm import PythonREPL, SandboxLimits, WebSearch
+    from opentinker.llm import PythonREPL, SandboxLimits, WebSearch
 
     made = {
         "python_repl": lambda: PythonREPL(limits=SandboxLimits(wall_time_s=TOOL_WALL_TIME_S)),
@@ -113,7 +113,7 @@ def task_tools(names: tuple[str, ...]) -> list[Any]:
 
 def make_text_env(name: str, split: str = "train", seed: int = 0, **overrides: Any) -> TextEnv:
     """A ``TextEnv`` over one split of a shipped task (``overrides``: TextEnv arguments, e.g. ``tools``)."""
-    from opentinker.agents.llm.agent import (
+    from opentinker.llm.agent import (
         DEFAULT_SYSTEM_PROMPT,  # what a served agent sends: same prompt as trained
     )
 

@@ -34,6 +34,6 @@ from opentinker.federated.cli import app as _federated_app  # noqa: E402
 
 app.add_typer(_federated_app, name="federated")
 
-from opentinker.agents.llm.cli import app as _agent_app  # noqa: E402
+from opentinker.llm.cli import app as _agent_app  # noqa: E402
 
 app.add_typer(_agent_app, name="agent")

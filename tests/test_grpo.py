@@ -146,7 +146,7 @@ def test_tiny_model_learns_a_target_behaviour_from_a_verifier_reward(shout_task)
 
 
 def test_resume_is_bit_exact(tmp_path, shout_task):
-    from opentinker.agents.llm.policy import adapter_state
+    from opentinker.agents.lm_policy import adapter_state
 
     config = GRPOConfig(**{**TINY, "task": "shout"}, learning_rate=1e-2, temperature=1.0)
     straight = GRPOTrainer(config, seed=5, workers=1, backend="local")
@@ -196,7 +196,7 @@ def test_text_envs_pass_validate_env_and_splits_do_not_overlap():
 
 
 def test_tool_calls_run_and_failures_become_observations_or_negative_rewards():
-    from opentinker.agents.llm import PythonREPL, SandboxLimits
+    from opentinker.llm import PythonREPL, SandboxLimits
 
     env = TextEnv(
         [TextExample("What is 6 * 7?", "42")], tools=[PythonREPL(limits=SandboxLimits(wall_time_s=1.0))], max_turns=3

@@ -26,7 +26,7 @@ from opentinker.agents.checkpoint import atomic_save, load_checkpoint
 from opentinker.agents.dqn import DQNTrainer
 from opentinker.agents.export import export_policy
 from opentinker.agents.multiagent.group import AgentGroup
-from opentinker.agents.multiagent.rollout import (
+from opentinker.envs.multiagent import (
     JointEnvs,
     JointWorker,
     env_factory,
@@ -34,7 +34,7 @@ from opentinker.agents.multiagent.rollout import (
     resolve_backend,
     run_episodes,
 )
-from opentinker.agents.numpy_policy import NumpyPolicy
+from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.agents.ppo import PPOTrainer
 from opentinker.agents.trainer import EnvSpaces, Trainer, check_train_args, torch_threads, train_loop
 from opentinker.envs.remote_env import LocalActorPool, split_envs

@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 from pettingzoo import ParallelEnv
 
-from opentinker.agents.numpy_policy import NumpyPolicy
+from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import AUTO_RAY_MIN_PARALLEL, AUTO_RAY_MIN_STEP_S, BACKENDS
 from opentinker.envs.rollout import Rollout, derive_seed
 import itertools

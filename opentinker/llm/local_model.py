@@ -21,7 +21,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from .local_weights import load_local_weights
+from opentinker.agents.lm_weights import load_local_weights
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
@@ -385,8 +385,8 @@ def load_adapter_weights(model_uri: str, cache_dir: str | None = None, num_threa
 
     import torch
 
-    from .local_weights import LocalWeights
-    from .policy import load_adapted_model
+    from opentinker.agents.lm_weights import LocalWeights
+    from opentinker.agents.lm_policy import load_adapted_model
 
     if model_uri not in _ADAPTERS:
         from opentinker.tasks.llm_store import download_adapter
