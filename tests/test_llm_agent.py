@@ -10,11 +10,11 @@ from opentinker.llm import (
     LangChainAgent,
     LocalDocsBackend,
     PolicyTool,
-    ScriptedChatModel,
     WebSearch,
     resolve_chat_model,
 )
 from opentinker.llm.memory import messages_outside_window
+from opentinker.llm.scripted_model import ScriptedChatModel
 
 
 def test_scripted_model_emits_real_tool_calls_via_bind_tools():
