@@ -256,17 +256,11 @@ class GRPOTrainer:
     def _pool(self) -> Any:
         if self.pool is None:
             from opentinker.agents.lm_rollout import LLMRolloutWorker
+            from opentinker.envs.remote_env import actor_pool
 
             c = self.config
             args = [(c.task, "train", c.task_seed, c.base_model, c.lora, c.cache_dir)] * self.workers
-            if self.backend == "ray":
-                from opentinker.envs.ray_backend import RayActorPool
-
-                self.pool = RayActorPool(LLMRolloutWorker, args)
-            else:
-                from opentinker.envs.remote_env import LocalActorPool
-
-                self.pool = LocalActorPool(LLMRolloutWorker, args)
+            self.pool = actor_pool(self.backend, LLMRolloutWorker, args)
         return self.pool
 
     def _split(self, items: list) -> list[list]:
