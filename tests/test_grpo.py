@@ -218,6 +218,15 @@ def test_tool_calls_run_and_failures_become_observations_or_negative_rewards():
     assert reward == 1.0 and terminated and info["success"]
 
 
+def test_a_task_tool_that_is_not_installed_is_a_clear_error(monkeypatch):
+    import dataclasses
+
+    monkeypatch.setitem(TEXT_TASKS, "calc", dataclasses.replace(TEXT_TASKS["arithmetic"], tools=("calculator",)))
+    with pytest.raises(EnvSpecError, match=r"tools: no tool 'calculator' is installed.*python_repl"):
+        make_text_env("calc")
+    assert make_text_env("calc", tools=[]).tools == {}  # tools= from the caller: nothing looked up
+
+
 def test_bad_names_and_fields_are_clear_errors():
     with pytest.raises(EnvSpecError, match="unknown text task 'nope'.*arithmetic"):
         make_text_env("nope")
