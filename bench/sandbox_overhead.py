@@ -32,8 +32,8 @@ def bare() -> str:
 
 
 def sandboxed(mode: str) -> str:
-    from opentinker.llm import run_python
     from opentinker.infra.settings import get_settings
+    from opentinker.llm import run_python
 
     os.environ["OPENTINKER_SANDBOX"] = mode
     get_settings.cache_clear()

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from opentinker.infra.settings import get_settings
 from opentinker.llm import (
     PythonREPL,
     SandboxLimits,
@@ -28,7 +29,6 @@ from opentinker.llm import (
     run_python,
 )
 from opentinker.llm import sandbox as sandbox_module
-from opentinker.infra.settings import get_settings
 
 LIMITS = SandboxLimits(wall_time_s=3, memory_mb=256, max_output_chars=6000, max_processes=8, disk_mb=16)
 SECRET = f"opentinker-secret-{secrets.token_hex(8)}"
