@@ -12,8 +12,9 @@ def _check(name: str, ok: bool, expected: str, value: object) -> None:
 
 
 @dataclass
-class EnvConfig:
-    """Fields shared by every trainer: how the env copies are built when the trainer is given an env id."""
+class TrainerConfig:
+    """Fields every trainer's config has: how its env copies are built (when given an env id), the network, the
+    schedules' horizon and the torch threads while it trains."""
 
     num_envs: int = 8
     """Env copies stepped together (with a RemoteEnv: its ``num_envs``; a different value here is an error)."""
@@ -49,7 +50,7 @@ class EnvConfig:
 
 
 @dataclass
-class PPOConfig(EnvConfig):
+class PPOConfig(TrainerConfig):
     """Proximal Policy Optimisation (clipped objective, GAE), after CleanRL's ppo.py / ppo_continuous_action.py."""
 
     n_steps: int = 128
@@ -101,7 +102,7 @@ class PPOConfig(EnvConfig):
 
 
 @dataclass
-class DQNConfig(EnvConfig):
+class DQNConfig(TrainerConfig):
     """Deep Q-learning with a replay buffer and a target network, after CleanRL's dqn.py."""
 
     num_envs: int = 4
@@ -155,7 +156,7 @@ class DQNConfig(EnvConfig):
         _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
 
 
-CONFIGS: dict[str, type[EnvConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig}
+CONFIGS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig}
 """Algorithm name -> its config class: the pipeline's ``TrainParams`` validates its ``<algorithm>`` table against it."""
 ENV_FIELDS = ("num_envs", "workers", "backend", "state_diff")
-"""``EnvConfig`` fields that say how env copies are built (the pipeline sets them once, at the top level)."""
+"""``TrainerConfig`` fields that say how env copies are built (the pipeline sets them once, at the top level)."""

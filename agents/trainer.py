@@ -24,7 +24,7 @@ import torch
 
 from opentinker.agents.amp import AmpController
 from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, restore_rng_state, rng_state
-from opentinker.agents.config import EnvConfig
+from opentinker.agents.config import TrainerConfig
 from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import RemoteEnv
 from opentinker.envs.rollout import Rollout, build_vector_env
@@ -158,7 +158,7 @@ class Trainer:
     """
 
     algorithm: str
-    config_cls: type[EnvConfig]
+    config_cls: type[TrainerConfig]
     value_based: bool
 
     def __init__(
