@@ -101,7 +101,9 @@ def train_policy(
             env.close()
 
 
-def _env_copies(env_id: str, seed: int, engine: dict[str, Any], ray_options: dict[str, Any] | None = None) -> Any:
+def _env_copies(
+    env_id: str, seed: int, engine: dict[str, Any], ray_options: dict[str, Any] | None = None, validate: bool = True
+) -> Any:
     """The env copies the engine config describes (its ``num_envs``, ``workers``, ``backend``, ``state_diff``)."""
     from opentinker.envs import RemoteEnv
 
@@ -113,6 +115,7 @@ def _env_copies(env_id: str, seed: int, engine: dict[str, Any], ray_options: dic
         state_diff=engine.get("state_diff", False),
         seed=seed,
         ray_options=ray_options,
+        validate=validate,
     )
 
 
@@ -276,7 +279,7 @@ def start_early(
     """Start in-process training for ``train_policy`` to adopt (same arguments); ``cancel()`` it if the flow fails."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    env = _env_copies(env_id, seed, engine)
+    env = _env_copies(env_id, seed, engine, validate=False)  # the flow's probe validates it before adopting
     trainer = _build_trainer(env, seed, root, engine, "auto", resume)
     args = _early_args(env_id, steps, seed, engine, resume, checkpoint_every)
     early = _EARLY[directory] = EarlyTraining(directory, args, env, trainer, steps, checkpoint_every)
