@@ -158,7 +158,7 @@ class DQNConfig(TrainerConfig):
 
 
 CONFIGS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig}
-"""Algorithm name -> its config class: the pipeline's ``TrainParams`` validates its ``<algorithm>`` table against it."""
+"""Algorithm name -> its config class; each is a member of the pipeline's ``TrainParams.engine`` union."""
 ENV_FIELDS = ("num_envs", "workers", "backend", "state_diff")
 """``TrainerConfig`` fields that say how env copies are built (a pipeline config file sets them at the top level)."""
 

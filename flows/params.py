@@ -3,9 +3,13 @@ them."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
+import itertools
 import json
 import re
+import textwrap
 import tomllib
 import typing
 from pathlib import Path
@@ -48,8 +52,11 @@ class EngineParams(BaseModel):
 def engine_params(algorithm: str) -> type[EngineParams]:
     """The ``TrainParams.engine`` union member of an algorithm, built from its config class in ``CONFIGS``."""
     config_cls = CONFIGS[algorithm]
-    hints = typing.get_type_hints(config_cls)
-    fields: dict[str, Any] = {field.name: (hints[field.name] | None, None) for field in dataclasses.fields(config_cls)}
+    hints, docs = typing.get_type_hints(config_cls), _field_docs(config_cls)
+    fields: dict[str, Any] = {
+        field.name: (hints[field.name] | None, Field(None, description=docs.get(field.name)))
+        for field in dataclasses.fields(config_cls)
+    }
     model = create_model(
         config_cls.__name__.replace("Config", "Params"),
         __base__=EngineParams,
@@ -59,6 +66,17 @@ def engine_params(algorithm: str) -> type[EngineParams]:
     )
     model.config_cls = config_cls
     return model
+
+
+def _field_docs(config_cls: type) -> dict[str, str]:
+    """The docstring under each field of a config dataclass (CleanRL style), for Prefect's parameter form."""
+    docs: dict[str, str] = {}
+    for cls in reversed(config_cls.__mro__[:-1]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        for node, doc in itertools.pairwise(body):
+            if isinstance(node, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+                docs[node.target.id] = inspect.cleandoc(doc.value.value)
+    return docs
 
 
 Engine = Annotated[Union[tuple(engine_params(name) for name in CONFIGS)], Field(discriminator="algorithm")]  # noqa: UP007
