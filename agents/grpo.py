@@ -36,6 +36,7 @@ from opentinker.agents.checkpoint import (
     rng_state,
 )
 from opentinker.agents.trainer import check_train_args, train_loop
+from opentinker.infra.checks import check_field, check_ints
 
 
 @dataclass
@@ -77,33 +78,18 @@ class GRPOConfig:
     """Where the de-quantised base model is cached (default ``<data_dir>/llm-cache``)."""
 
     def __post_init__(self) -> None:
-        positive = (
-            "group_size",
-            "prompts_per_step",
-            "max_new_tokens",
-            "update_epochs",
-            "micro_batch",
-            "lora_rank",
-            "lora_alpha",
-            "eval_prompts",
-            "eval_batch",
-        )
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"GRPOConfig.{name}: expected an integer >= 1, got {value!r}")
-        if self.group_size < 2:
-            raise ValueError(
-                f"GRPOConfig.group_size: expected >= 2 (a group is its own baseline), got {self.group_size}"
-            )
+        counts = ("prompts_per_step", "max_new_tokens", "update_epochs", "micro_batch", "lora_rank", "lora_alpha")
+        check_ints(self, (*counts, "eval_prompts", "eval_batch"), prefix="GRPOConfig.")
+        check_ints(self, ("group_size",), minimum=2, prefix="GRPOConfig.")  # a group is its own baseline
         for name in ("temperature", "kl_coef", "learning_rate", "clip_range", "max_grad_norm"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"GRPOConfig.{name}: expected a number >= 0, got {value!r}")
-        if self.temperature == 0:
-            raise ValueError("GRPOConfig.temperature: expected > 0 (a group of greedy completions is all alike)")
-        if self.loss_norm not in ("token", "sequence"):
-            raise ValueError(f"GRPOConfig.loss_norm: expected 'token' or 'sequence', got {self.loss_norm!r}")
+            check_field(f"GRPOConfig.{name}", isinstance(value, (int, float)) and value >= 0, "a number >= 0", value)
+        check_field(
+            "GRPOConfig.temperature", self.temperature > 0, "> 0 (greedy completions are all alike)", self.temperature
+        )
+        check_field(
+            "GRPOConfig.loss_norm", self.loss_norm in ("token", "sequence"), "'token' or 'sequence'", self.loss_norm
+        )
         from opentinker.envs.text_tasks import text_task
 
         text_task(self.task)

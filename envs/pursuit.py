@@ -22,6 +22,8 @@ import gymnasium as gym
 import numpy as np
 from pettingzoo import ParallelEnv
 
+from opentinker.infra.checks import check_ints
+
 # stay, up, down, left, right
 MOVES = np.array([[0, 0], [0, 1], [0, -1], [-1, 0], [1, 0]], dtype=np.int64)
 KINDS = ("predator", "prey")
@@ -51,14 +53,8 @@ class PursuitConfig:
     """Per step, to every living prey."""
 
     def __post_init__(self) -> None:
-        for name in ("n_predators", "n_prey", "grid_size", "max_cycles"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"PursuitConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("capture_radius", "observe_nearest", "observe_allies"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"PursuitConfig.{name} must be an int >= 0, got {value!r}")
+        check_ints(self, ("n_predators", "n_prey", "grid_size", "max_cycles"), prefix="PursuitConfig.")
+        check_ints(self, ("capture_radius", "observe_nearest", "observe_allies"), minimum=0, prefix="PursuitConfig.")
 
 
 def _nearest(

@@ -82,7 +82,7 @@ def _run_training(params, verbose: bool):
     prepare_prefect(verbose)
     from opentinker.flows.train import run_train_flow
 
-    with training_progress(params.steps, f"{params.algorithm.upper()} {params.env_id}"):
+    with training_progress(params.steps, f"{params.engine.algorithm.upper()} {params.env_id}"):
         return run_train_flow(params)
 
 

@@ -51,6 +51,8 @@ class GRPOParams(BaseModel):
     def _known_fields(cls, grpo: dict[str, Any]) -> dict[str, Any]:
         from opentinker.agents.grpo import grpo_config
 
+        if "task" in grpo:  # one place per field: the top-level task is what runs
+            raise ValueError("grpo.task: set it at the top level (task = ...), not in the [grpo] table")
         grpo_config(grpo)  # unknown field or bad value: named here, before any service starts
         return grpo
 
