@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -81,7 +81,7 @@ def _nearest(
 class PursuitEnv(ParallelEnv):
     """``PursuitEnv(n_predators=2, n_prey=2, grid_size=8, ...)``; see ``PursuitConfig`` for every field."""
 
-    metadata = {"name": "pursuit_v0", "render_modes": [], "is_parallelizable": True}
+    metadata: ClassVar[dict[str, Any]] = {"name": "pursuit_v0", "render_modes": [], "is_parallelizable": True}
 
     def __init__(self, render_mode: str | None = None, **config: Any):
         fields = {f.name for f in dataclasses.fields(PursuitConfig)}

@@ -228,11 +228,11 @@ def test_a_task_tool_that_is_not_installed_is_a_clear_error(monkeypatch):
 
 
 def test_bad_names_and_fields_are_clear_errors():
-    with pytest.raises(EnvSpecError, match="unknown text task 'nope'.*arithmetic"):
+    with pytest.raises(EnvSpecError, match=r"unknown text task 'nope'.*arithmetic"):
         make_text_env("nope")
     with pytest.raises(ValueError, match="unknown GRPOConfig field 'group'"):
         grpo_config({"group": 4})
-    with pytest.raises(ValueError, match="GRPOConfig.group_size"):
+    with pytest.raises(ValueError, match=r"GRPOConfig\.group_size"):
         GRPOConfig(group_size=1)
     with pytest.raises(EnvSpecError, match="split"):
         task_examples("arithmetic", "test")

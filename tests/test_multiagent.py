@@ -74,7 +74,7 @@ def test_mapping_function_and_prefixes_share_one_network_per_kind():
     assert trainer.trainers["runners"].config.num_envs == 2 * 3  # columns: env copies x agents, one shared network
     with pytest.raises(ValueError, match=r"unknown kind\(s\) \['wolf'\]"):
         trainer.freeze("wolf")
-    with pytest.raises(RuntimeError, match="built from EnvSpaces .* cannot train"):
+    with pytest.raises(RuntimeError, match=r"built from EnvSpaces .* cannot train"):
         trainer.trainers["runners"].train(64)  # a kind's rollouts come from its group
 
 
