@@ -189,7 +189,7 @@ def grpo_train_flow(params: GRPOParams) -> GRPOFlowResult:
 
 def run_grpo_command(task: str, config_file: Path | None, verbose: bool, **overrides: Any) -> GRPOFlowResult:
     """``opentinker train TASK --algo grpo``: params checked first, then the flow, then a short summary."""
-    from opentinker.flows.console import console, prepare_prefect, ui_hints
+    from opentinker.cli.console import console, prepare_prefect, ui_hints
 
     params = load_grpo_params(config_file, task=task, **overrides)
     prepare_prefect(verbose)

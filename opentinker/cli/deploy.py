@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from opentinker.flows.cli import Algo, Verbose, _deployment_params, _friendly_errors
-from opentinker.flows.console import console
+from opentinker.cli.train import Algo, Verbose, _deployment_params, _friendly_errors
+from opentinker.cli.console import console
 
 
 @_friendly_errors

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from opentinker.flows.console import console
+from opentinker.cli.console import console
 
 QUICKSTART_STEPS = 200_000
 """CartPole PPO with its preset (``presets.PPO_DISCRETE``) passes 475 after ~100–170k steps (docs/pipeline.md)."""
@@ -77,7 +77,7 @@ def _load_params(env_id: str | None, config: Path | None, groups: bool = False, 
 
 
 def _run_training(params, verbose: bool):
-    from opentinker.flows.console import prepare_prefect, training_progress
+    from opentinker.cli.console import prepare_prefect, training_progress
 
     prepare_prefect(verbose)
     from opentinker.flows.train import run_train_flow
@@ -87,7 +87,7 @@ def _run_training(params, verbose: bool):
 
 
 def _print_result(result) -> None:
-    from opentinker.flows.console import ui_hints
+    from opentinker.cli.console import ui_hints
 
     verdict = "[green]passed[/]" if result.passed_threshold else "[yellow]did NOT pass[/]"
     gate = "the threshold" if result.threshold is None else f"the threshold {result.threshold:g}"
@@ -140,7 +140,7 @@ def train(
 
 
 def _run_group_training(params, verbose: bool):
-    from opentinker.flows.console import prepare_prefect
+    from opentinker.cli.console import prepare_prefect
 
     prepare_prefect(verbose)
     from opentinker.flows.multiagent_flow import multiagent_train_flow
@@ -150,7 +150,7 @@ def _run_group_training(params, verbose: bool):
 
 
 def _print_group_result(result) -> None:
-    from opentinker.flows.console import ui_hints
+    from opentinker.cli.console import ui_hints
 
     for kind, evaluation in result.evaluation.items():
         model = result.models[kind]
@@ -173,7 +173,7 @@ def quickstart(
     params = _load_params("CartPole-v1", None, steps=steps, seed=seed)
     result = _run_training(params, verbose)
     _print_result(result)
-    from opentinker.flows.serve_demo import query_served_policy
+    from opentinker.serving.foreground import query_served_policy
 
     alias = "champion" if "champion" in result.aliases else "candidate"
     if alias != "champion":
@@ -185,7 +185,7 @@ def _deployment_params(
     env_id: str, config: Path | None, steps: int | None, cron: str | None, verbose: bool, algo: str | None = None
 ):
     """What every train_flow deployment checks first: params, the cron (if any) and a Prefect server to hold it."""
-    from opentinker.flows.console import prepare_prefect
+    from opentinker.cli.console import prepare_prefect
     from opentinker.flows.validate import check_cron, check_prefect_server
 
     params = _load_params(env_id, config, steps=steps, algorithm=algo)
@@ -234,7 +234,7 @@ def evaluate(
     verbose: Verbose = False,
 ) -> None:
     """Evaluate a model on fixed seeds (cached per model version and seeds)."""
-    from opentinker.flows.console import prepare_prefect
+    from opentinker.cli.console import prepare_prefect
     from opentinker.flows.params import EvalParams
 
     prepare_prefect(verbose)
@@ -262,7 +262,7 @@ def release(
     verbose: Verbose = False,
 ) -> None:
     """Promotion gate: move `champion` to VERSION only if it beats the current champion on the same seeds."""
-    from opentinker.flows.console import prepare_prefect
+    from opentinker.cli.console import prepare_prefect
 
     prepare_prefect(verbose)
     from opentinker.flows.release import release_flow

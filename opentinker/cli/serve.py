@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from .auth import API_KEY_ENV
+from opentinker.serving.auth import API_KEY_ENV
 
 
 def register(app: typer.Typer) -> None:
@@ -42,8 +42,8 @@ def serve(
     reload_interval: Annotated[float, typer.Option(help="Seconds between alias checks (0 disables).")] = 10.0,
 ) -> None:
     """Serve a policy over HTTP with API-key auth until Ctrl+C."""
-    from .auth import ApiKeyError, hash_api_key, resolve_api_key
-    from .deploy import DeploymentError, start_server, stop_process_group, wait_ready
+    from opentinker.serving.auth import ApiKeyError, hash_api_key, resolve_api_key
+    from opentinker.serving.deploy import DeploymentError, start_server, stop_process_group, wait_ready
 
     try:
         key_hash = hash_api_key(resolve_api_key(api_key, api_key_file))
@@ -52,7 +52,7 @@ def serve(
         raise typer.Exit(2) from None
     from opentinker.tasks.model_store import PolicyStoreError
 
-    from .model_slot import resolve
+    from opentinker.serving.model_slot import resolve
 
     try:
         resolve(model_ref)
@@ -84,7 +84,7 @@ def package(
     ] = True,
 ) -> None:
     """Build a Bento for the policy service (offline); then `bentoml containerize TAG` for Kubernetes."""
-    from .package import package_policy
+    from opentinker.serving.package import package_policy
 
     result = package_policy(model_ref, bundle=bundle)
     typer.echo(f"built {result.tag} serving {result.serves} (policy version {result.policy_version})")
