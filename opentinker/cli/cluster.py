@@ -2,69 +2,66 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
-from rich.console import Console
-from rich.table import Table
+
+from opentinker.cli import services
+from opentinker.cli.console import cli_errors
 
 app = typer.Typer(
     help="A real multi-node Ray cluster on loopback; point OpenTinker at it with OPENTINKER_RAY_ADDRESS.",
     no_args_is_help=True,
 )
-console = Console()
+
+
+def _cluster():
+    from opentinker.infra.cluster import LocalCluster
+
+    return LocalCluster()
+
+
+CLUSTER = services.Group(
+    title="Ray cluster",
+    item="node",
+    where="node manager port",
+    open=_cluster,
+    address=lambda row: str(row.node_manager_port),
+    env=lambda cluster: {"OPENTINKER_RAY_ADDRESS": cluster.address} if cluster.address else {},
+    use=lambda cluster: f"export OPENTINKER_RAY_ADDRESS={cluster.address}",
+    empty="no cluster recorded; start one with `opentinker cluster up --nodes 2`",
+)
 
 
 @app.command()
+@cli_errors
 def up(
-    nodes: int = typer.Option(
-        2, min=1, help="Nodes including the head; workers advertise the `rollout_node` resource."
-    ),
-    cpus_per_node: int = typer.Option(1, min=1, help="CPUs each node offers to Ray."),
-    object_store_mb: int = typer.Option(512, min=64, help="Object store size per node (MiB)."),
-    timeout: float = typer.Option(180.0, help="Seconds to wait for each node."),
+    nodes: Annotated[
+        int, typer.Option(help="Nodes including the head; workers advertise the `rollout_node` resource.")
+    ] = 2,
+    cpus_per_node: Annotated[int, typer.Option(help="CPUs each node offers to Ray.")] = 1,
+    object_store_mb: Annotated[int, typer.Option(min=64, help="Object store size per node (MiB).")] = 512,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each node.")] = 180.0,
 ) -> None:
     """Start a head and NODES-1 worker nodes, each `ray start --block` in its own process group."""
-    from opentinker.infra.cluster import ClusterError, LocalCluster
-
-    cluster = LocalCluster()
-    try:
-        with console.status(f"starting {nodes} Ray node(s)"):
-            cluster.up(nodes=nodes, cpus_per_node=cpus_per_node, object_store_mb=object_store_mb, timeout=timeout)
-    except ClusterError as exc:
-        console.print(f"[red]cluster up failed:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    _print_status(cluster)
+    services.up(
+        CLUSTER,
+        f"starting {nodes} Ray node(s)",
+        lambda cluster, on_step: cluster.up(
+            nodes=nodes, cpus_per_node=cpus_per_node, object_store_mb=object_store_mb, timeout=timeout
+        ),
+    )
 
 
 @app.command()
+@cli_errors
 def down() -> None:
     """Stop the nodes that `cluster up` started (never other Ray instances on this machine)."""
-    from opentinker.infra.cluster import LocalCluster
-
-    stopped = LocalCluster().down()
-    console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    services.down(CLUSTER)
 
 
 @app.command()
-def status(env: bool = typer.Option(False, "--env", help="Print only the export line (for `eval`).")) -> None:
+@cli_errors
+def status(env: services.EnvOnly = False) -> None:
     """Nodes, their pids and logs, and the address to put in OPENTINKER_RAY_ADDRESS."""
-    from opentinker.infra.cluster import LocalCluster
-
-    cluster = LocalCluster()
-    if env:
-        if cluster.address:
-            print(f"export OPENTINKER_RAY_ADDRESS={cluster.address}")
-        return
-    _print_status(cluster)
-
-
-def _print_status(cluster) -> None:
-    table = Table(title=f"Ray cluster ({cluster.root})")
-    for column in ("node", "state", "pid", "node manager port", "log"):
-        table.add_column(column)
-    rows = cluster.status()
-    for row in rows:
-        state = "[green]running[/green]" if row.running else "[red]stopped[/red]"
-        table.add_row(row.name, state, str(row.pid or ""), str(row.node_manager_port), row.log)
-    console.print(table if rows else "no cluster recorded; start one with `opentinker cluster up --nodes 2`")
-    if cluster.address:
-        console.print(f"Use it: [bold]export OPENTINKER_RAY_ADDRESS={cluster.address}[/bold]", highlight=False)
+    services.status(CLUSTER, env)

@@ -2,78 +2,66 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
-from rich.console import Console
-from rich.table import Table
+
+from opentinker.cli import services
+from opentinker.cli.console import cli_errors
 
 app = typer.Typer(
     help="Local services on loopback: SeaweedFS S3, MLflow server (artifacts on S3), Prefect server.",
     no_args_is_help=True,
 )
-console = Console()
+
+
+def _stack():
+    from opentinker.infra.stack import Stack
+
+    return Stack()
+
+
+STACK = services.Group(
+    title="OpenTinker stack",
+    item="service",
+    where="url",
+    open=_stack,
+    address=lambda row: row.url if row.running else "",
+    env=lambda stack: stack.env(),
+    use=lambda stack: f"source {stack.env_path}  (or `eval $(opentinker stack status --env)`)",
+    empty="no stack recorded; start it with `opentinker stack up`",
+)
 
 
 @app.command()
+@cli_errors
 def up(
-    timeout: float = typer.Option(180.0, help="Seconds to wait for each service to answer."),
-    ui: bool = typer.Option(True, help="Serve the Prefect UI."),
-    backend: str = typer.Option("sqlite", help="MLflow backend store: sqlite or postgres."),
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each service to answer.")] = 180.0,
+    ui: Annotated[bool, typer.Option(help="Serve the Prefect UI.")] = True,
+    backend: Annotated[str, typer.Option(help="MLflow backend store: sqlite or postgres.")] = "sqlite",
 ) -> None:
     """Start the stack on free loopback ports (a no-op when it already runs)."""
-    from opentinker.infra.stack import Stack, StackError
-
-    stack = Stack()
-    try:
-        with console.status("starting the stack") as spinner:
-            stack.up(
-                timeout=timeout,
-                ui=ui,
-                backend=backend,
-                on_step=lambda name: spinner.update(f"starting {name} (up to {timeout:.0f} s)"),
-            )
-    except StackError as exc:
-        console.print(f"[red]stack up failed:[/red] {exc}")
-        raise typer.Exit(1) from exc
-    _print_status(stack)
+    services.up(
+        STACK,
+        "starting the stack",
+        lambda stack, on_step: stack.up(
+            timeout=timeout,
+            ui=ui,
+            backend=backend,
+            on_step=lambda name: on_step(f"starting {name} (up to {timeout:.0f} s)"),
+        ),
+    )
 
 
 @app.command()
+@cli_errors
 def down() -> None:
     """Stop the services that `stack up` started (and nothing else)."""
-    from opentinker.infra.stack import Stack
-
-    stopped = Stack().down()
-    console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    services.down(STACK)
 
 
 @app.command()
-def status(env: bool = typer.Option(False, "--env", help="Print only the export lines (for `eval`).")) -> None:
+@cli_errors
+def status(env: services.EnvOnly = False) -> None:
     """What runs where, the UI URLs, and the variables that point OpenTinker at the stack."""
-    from opentinker.infra.stack import Stack
-
-    stack = Stack()
-    if env:
-        for key, value in stack.env().items():
-            print(f"export {key}={value}")
-        return
-    _print_status(stack)
-
-
-def _print_status(stack) -> None:
-    table = Table(title=f"OpenTinker stack ({stack.root})")
-    for column in ("service", "state", "url", "pid"):
-        table.add_column(column, no_wrap=True)
-    rows = stack.status()
-    for row in rows:
-        state = "[green]running[/green]" if row.running else "[red]stopped[/red]"
-        table.add_row(row.name, state, row.url if row.running else "", str(row.pid or ""))
-    console.print(table)
-    console.print("Logs (whole paths, one per line):", highlight=False)
-    for row in rows:
-        console.print(f"  {row.name}: {row.log}", soft_wrap=True, highlight=False)
-    env = stack.env()
-    if env:
-        console.print(f"Use it: [bold]source {stack.env_path}[/bold]  (or `eval $(opentinker stack status --env)`)")
-        for key, value in env.items():
-            shown = "****" if "SECRET" in key else value
-            console.print(f"  {key}={shown}", highlight=False)
+    services.status(STACK, env)
