@@ -52,6 +52,19 @@ def test_bad_input_exits_1_naming_the_field(args, field):
     assert "Traceback" not in result.output
 
 
+def test_a_bad_setting_exits_1_naming_the_variable(monkeypatch):
+    from opentinker.infra.settings import get_settings
+
+    monkeypatch.setenv("OPENTINKER_RAY_NUM_CPUS", "many")
+    get_settings.cache_clear()
+    try:
+        result = runner.invoke(app, ["stack", "status"])
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 1 and result.output.startswith("error: invalid Settings"), result.output
+    assert "ray_num_cpus" in result.output and "'many'" in result.output
+
+
 def test_an_unexpected_error_keeps_its_traceback():
     """Not the project's bad input (the OS refuses the folder): the exception propagates, it is not summarised."""
     result = runner.invoke(app, ["federated", "certs", "--dir", "/proc/opentinker-certs", "--sites", "1"])
