@@ -39,6 +39,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from opentinker.flows.params import ConfigError
     from opentinker.infra.cluster import ClusterError
     from opentinker.infra.processes import ServiceError
+    from opentinker.infra.s3 import S3Error
     from opentinker.infra.stack import StackError
     from opentinker.serving.auth import ApiKeyError
     from opentinker.serving.deploy import DeploymentError
@@ -58,6 +59,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
         StackError,
         ClusterError,
         ServiceError,
+        S3Error,  # unreachable storage or refused credentials
     )
 
 
