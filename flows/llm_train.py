@@ -187,25 +187,3 @@ def grpo_train_flow(params: GRPOParams) -> GRPOFlowResult:
         adapter_dir=trained.adapter_dir,
         checkpoint_path=trained.checkpoint_path,
     )
-
-
-def run_grpo_command(task: str, config_file: Path | None, verbose: bool, **overrides: Any) -> GRPOFlowResult:
-    """``opentinker train TASK --algo grpo``: params checked first, then the flow, then a short summary."""
-    from opentinker.flows.console import console, prepare_prefect, ui_hints
-
-    params = load_grpo_params(config_file, task=task, **overrides)
-    prepare_prefect(verbose)
-    with console.status(f"GRPO on {params.task}: {params.steps} steps"):
-        result = grpo_train_flow(params)
-    before = f"{result.base_eval.success:.1%} → " if result.base_eval else ""
-    console.print(f"Held-out success: {before}{result.evaluation.success:.1%} over {result.evaluation.prompts} prompts")
-    console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
-    console.print(f"Gate: {result.decision}")
-    console.print(
-        f"Serve it: opentinker agent serve --llm models:/{result.model_name}@{result.aliases[-1]} "
-        f"--tool python_repl --api-key KEY"
-    )
-    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
-    for hint in ui_hints():
-        console.print(hint)
-    return result
