@@ -43,7 +43,7 @@ def serve(
 ) -> None:
     """Serve a policy over HTTP with API-key auth until Ctrl+C."""
     from .auth import ApiKeyError, hash_api_key, resolve_api_key
-    from .deploy import DeploymentError, start_server, stop_process_group, wait_ready
+    from .deploy import DeploymentError, start_server
 
     try:
         key_hash = hash_api_key(resolve_api_key(api_key, api_key_file))
@@ -60,21 +60,23 @@ def serve(
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     settings = {"workers": workers, "reload_interval_s": reload_interval}
-    proc, url = start_server(model_ref, key_hash, host, port or None, settings)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a process manager's stop also stops the server
+    server = None
     try:
-        wait_ready(url, proc)
+        server = start_server(model_ref, key_hash, host, port or None, settings)
         typer.secho(
-            f"serving {model_ref} at {url}  (POST /act, /act_batch, /metadata, /reload; GET /readyz)", fg="green"
+            f"serving {model_ref} at {server.url}  (POST /act, /act_batch, /metadata, /reload; GET /readyz)",
+            fg="green",
         )
-        proc.wait()
+        server.popen.wait()
     except DeploymentError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         pass
     finally:
-        stop_process_group(proc)
+        if server is not None:
+            server.stop()
 
 
 def package(
