@@ -113,9 +113,18 @@ class ServiceProcess:
         """What this start of the service wrote to its log so far."""
         return log_since(Path(self.log), self.log_offset) if self.log else ""
 
-    def exit_code(self) -> int | None:
-        """The exit status, known only in the process that started it (else None)."""
-        return self.popen.poll() if self.popen is not None else None
+    def exit_code(self, timeout: float = 5.0) -> int | None:
+        """The exit status of a service that is no longer alive, known only in the process that started it.
+
+        Waits up to ``timeout``: a multi-threaded process whose main thread has ended shows as a zombie while its
+        other threads still finish, and cannot be reaped before they do.
+        """
+        if self.popen is None:
+            return None
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the service and every process of its group or tree (TERM, then KILL after ``timeout``), and wait.
