@@ -78,7 +78,8 @@ def _certificate(subject: str, public_key, issuer: x509.Name | None, signing_key
 
 
 def generate_site_key(paths: CertPaths, site: int) -> None:
-    """A fresh P-384 key pair for one SuperNode (OpenSSH encoding, as flower-supernode and `flwr supernode register` read it)."""
+    """A fresh P-384 key pair for one SuperNode (OpenSSH encoding, as flower-supernode and `flwr supernode register`
+    read it)."""
     key = ec.generate_private_key(ec.SECP384R1())
     private = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()

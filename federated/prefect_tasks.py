@@ -14,7 +14,9 @@ from opentinker.infra.processes import port_open
 
 @task(name="federation-ready", retries=1, retry_delay_seconds=5)
 def ensure_federation(root: str | None, sites: int) -> str:
-    """Use the running federation at `root` when its SuperLink answers; else start one (`deploy.up`). Returns its root."""
+    """Use the running federation at `root` when its SuperLink answers; else start one (`deploy.up`).
+
+    Returns its root."""
     try:
         fed = deploy.Federation.load(root)
         if fed.superlink is not None and fed.superlink.alive() and port_open(fed.port):

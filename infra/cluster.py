@@ -148,7 +148,7 @@ class LocalCluster:
         timeout: float,
         attempts: int = 3,
     ) -> ServiceProcess:
-        """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower, so retry."""
+        """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower: retry."""
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_node_once(name, head_address, cpus, object_store_mb, temp_dir, timeout)
