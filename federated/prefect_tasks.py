@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from prefect import task
@@ -10,22 +9,17 @@ from prefect import task
 from opentinker.federated import deploy
 from opentinker.federated.config import FedConfig
 from opentinker.federated.server_app import FederatedResult
-
-
-def _superlink_answers(fed: deploy.Federation) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", fed.port), timeout=2):
-            return True
-    except OSError:
-        return False
+from opentinker.infra.processes import port_open
 
 
 @task(name="federation-ready", retries=1, retry_delay_seconds=5)
 def ensure_federation(root: str | None, sites: int) -> str:
-    """Use the running federation at `root` when its SuperLink answers; else start one (`deploy.up`). Returns its root."""
+    """Use the running federation at `root` when its SuperLink answers; else start one (`deploy.up`).
+
+    Returns its root."""
     try:
         fed = deploy.Federation.load(root)
-        if fed.superlink_pid and _superlink_answers(fed):
+        if fed.superlink is not None and fed.superlink.alive() and port_open(fed.port):
             return fed.root
     except deploy.FederationError:
         pass

@@ -54,14 +54,15 @@ def serve_policy_until_stopped(
 ) -> None:
     """Serve a policy until Ctrl+C or SIGTERM, its server's log on this terminal. A bad key or model reference
     fails before any server starts (``ApiKeyError``, ``PolicyStoreError``)."""
-    from .deploy import start_server, stop_process_group, wait_ready
+    from .deploy import start_server
     from .model_slot import resolve
 
     key_hash = hash_api_key(resolve_api_key(api_key, api_key_file))
     resolve(model_ref)
-    proc, url = start_server(model_ref, key_hash, host, port, settings)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a process manager's stop also stops the server
-    _until_stopped(proc, lambda: stop_process_group(proc), lambda: (wait_ready(url, proc), on_ready(url)))
+    server = start_server(model_ref, key_hash, host, port, settings)
+    assert server.popen is not None and server.url is not None
+    _until_stopped(server.popen, server.stop, lambda: on_ready(server.url))
 
 
 def serve_agent_until_stopped(

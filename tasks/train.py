@@ -22,6 +22,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from opentinker.infra.files import atomic_write
 from opentinker.tasks import progress
 from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 from opentinker.tasks.types import TrainOutcome
@@ -298,6 +299,4 @@ def _early_args(*args: Any) -> str:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomic: ops tools (and the kill-a-worker test) read it while training runs."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(data))
