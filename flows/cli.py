@@ -94,7 +94,7 @@ def _print_result(result) -> None:
     if result.threshold is None:
         gate = "the gate (no reward threshold for this env: beat the champion, or a random policy)"
     console.print(f"Evaluation: mean return {result.eval_mean:.1f} ± {result.eval_std:.1f} — {verdict} {gate}")
-    from opentinker.tasks.tracking import ui_url
+    from opentinker.tracking.runs import ui_url
 
     console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
     model_url = ui_url(f"models/{result.model_name}/versions/{result.model_version}")

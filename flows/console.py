@@ -42,8 +42,8 @@ def prepare_prefect(verbose: bool = False) -> None:
 
 @contextlib.contextmanager
 def training_progress(total_steps: int, label: str) -> Iterator[None]:
-    """A rich bar fed by the training stage through ``opentinker.tasks.progress``."""
-    from opentinker.tasks import progress
+    """A rich bar fed by the training stage through ``opentinker.tracking.progress``."""
+    from opentinker.tracking import progress
 
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -73,7 +73,7 @@ def training_progress(total_steps: int, label: str) -> Iterator[None]:
 def ui_hints() -> list[str]:
     """How to look at what just happened."""
     from opentinker.infra.settings import get_settings
-    from opentinker.tasks.tracking import ui_url
+    from opentinker.tracking.runs import ui_url
 
     settings = get_settings()
     hints = [f"MLflow UI:  {ui_url('experiments')}"]

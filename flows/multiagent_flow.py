@@ -9,7 +9,7 @@ import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import MultiAgentParams
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.multiagent import KindEvaluation, evaluate_group, train_group
-from opentinker.tasks.package import package_model
+from opentinker.tasks.register import package_model
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
 from opentinker.tasks.train import run_dir
 from opentinker.tasks.types import EvalOutcome, ModelRef

@@ -12,8 +12,8 @@ from opentinker.flows.presets import resolve_params
 from opentinker.flows.release import release_flow
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.evaluate import evaluate_policy, resolve_model
-from opentinker.tasks.package import package_model
-from opentinker.tasks.rollout import collect_rollouts, start_ray
+from opentinker.tasks.probe import collect_rollouts, start_ray
+from opentinker.tasks.register import package_model
 from opentinker.tasks.run import finish_tracking_run, publish_summary, start_tracking_run
 from opentinker.tasks.train import is_pending, run_dir, start_early, train_policy
 from opentinker.tasks.upload import check_storage, render_reports, upload_artifacts

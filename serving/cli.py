@@ -50,7 +50,7 @@ def serve(
     except ApiKeyError as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
-    from opentinker.tasks.model_store import PolicyStoreError
+    from opentinker.tracking.registry import PolicyStoreError
 
     from .model_slot import resolve
 

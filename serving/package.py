@@ -40,7 +40,7 @@ def bundled_ref(model_uri: str):
     """``bentoml:TAG`` -> a ``PolicyRef`` for a policy saved in the BentoML model store by ``package_policy``."""
     import bentoml
 
-    from opentinker.tasks.model_store import PolicyRef
+    from opentinker.tracking.registry import PolicyRef
 
     model = bentoml.models.get(model_uri[len(BUNDLED_PREFIX) :])
     meta = model.info.metadata
@@ -56,7 +56,7 @@ def bundled_ref(model_uri: str):
 def _save_bundled_policy(model_ref: str):
     import bentoml
 
-    from opentinker.tasks.model_store import download_policy, resolve_policy
+    from opentinker.tracking.registry import download_policy, resolve_policy
 
     ref = resolve_policy(model_ref)
     export_dir = download_policy(ref)
@@ -147,7 +147,7 @@ def package_policy(model_ref: str, *, bundle: bool = True) -> PackageResult:
             model, ref = _save_bundled_policy(model_ref)
             serves, models = f"{BUNDLED_PREFIX}{model.tag}", [str(model.tag)]
         else:
-            from opentinker.tasks.model_store import resolve_policy
+            from opentinker.tracking.registry import resolve_policy
 
             ref, serves, models = resolve_policy(model_ref), str(model_ref), []
         labels = {"model_name": _slug(ref.name), "model_version": _slug(ref.version)}

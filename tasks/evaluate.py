@@ -32,7 +32,7 @@ class ResolvedModel(BaseModel):
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
 def resolve_model(model_uri: str, env_id: str | None = None) -> ResolvedModel:
     """``models:/NAME@alias`` → ``models:/NAME/VERSION``; an export dir → a digest of its files."""
-    from opentinker.tasks.model_store import resolve_policy
+    from opentinker.tracking.registry import resolve_policy
 
     ref = resolve_policy(model_uri)
     store = ""
@@ -46,7 +46,7 @@ def resolve_model(model_uri: str, env_id: str | None = None) -> ResolvedModel:
 
 
 def _env_of(model_uri: str) -> str:
-    from opentinker.tasks.model_store import load_registered_policy
+    from opentinker.tracking.registry import load_registered_policy
 
     spec = load_registered_policy(model_uri).spec
     env_id = spec.get("env_id") or spec.get("env") or (spec.get("metadata") or {}).get("env_id")
@@ -65,7 +65,7 @@ def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
 def evaluate_policy(model: ResolvedModel, episodes: int = 10, seed: int = 10_000) -> EvalOutcome:
     """Run ``episodes`` deterministic episodes, episode i seeded ``seed + i``; mean and std of returns."""
-    from opentinker.tasks.model_store import load_registered_policy
+    from opentinker.tracking.registry import load_registered_policy
 
     policy = load_registered_policy(model.uri)
     returns = play_episodes(model.env_id, lambda obs: policy.act(np.asarray(obs)[None])[0], episodes, seed)

@@ -1,5 +1,5 @@
 """Multi-agent stages: train an ``AgentGroup`` (one task, checkpointed, metrics per kind to MLflow) and
-evaluate it from its checkpoint. Packaging reuses ``tasks.package.package_model`` once per kind."""
+evaluate it from its checkpoint. Packaging reuses ``tasks.register.package_model`` once per kind."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from opentinker.tasks import progress
-from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
+from opentinker.tracking import progress
+from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
 class GroupTrainOutcome(BaseModel):

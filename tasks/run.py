@@ -10,8 +10,8 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.tracking import configure_mlflow, flatten, git_commit, run_url, ui_url
 from opentinker.tasks.types import EvalOutcome, ModelRef
+from opentinker.tracking.runs import configure_mlflow, flatten, git_commit, run_url, ui_url
 
 
 class TrackingRun(BaseModel):

@@ -58,7 +58,7 @@ def train_tracked(
     Returns the evaluation (``eval/mean_return``, ``eval/std_return``); the run id is ``trainer.last_run_id``.
     """
     from opentinker.infra.settings import get_settings
-    from opentinker.tasks.package import package_model
+    from opentinker.tasks.register import package_model
     from opentinker.tasks.run import finish_tracking_run, start_tracking_run
     from opentinker.tasks.train import run_dir, train_logged
     from opentinker.tasks.upload import render_reports, upload_artifacts

@@ -15,11 +15,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from opentinker.infra.settings import get_settings
-from opentinker.tasks import plots
-from opentinker.tasks.model_card import render_model_card
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.tracking import configure_mlflow, load_history
 from opentinker.tasks.types import EvalOutcome, ModelRef, TrainOutcome
+from opentinker.tracking import plots
+from opentinker.tracking.model_card import render_model_card
+from opentinker.tracking.runs import configure_mlflow, load_history
 
 Artifact = tuple[str, str]
 """(artifact sub-directory, local path)."""

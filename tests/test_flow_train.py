@@ -96,7 +96,7 @@ def test_resume_continues_from_the_last_checkpoint(cartpole_run):
 
 
 def _register_export(export_dir: Path, model_name: str) -> str:
-    from opentinker.tasks.package import package_model
+    from opentinker.tasks.register import package_model
 
     client = _client()
     experiment_id = client.get_experiment_by_name(get_settings().mlflow_experiment).experiment_id

@@ -7,11 +7,11 @@ import struct
 import mlflow
 import pytest
 
-from opentinker.tasks import tracking
-from opentinker.tasks.model_card import render_model_card
-from opentinker.tasks.package import decide
-from opentinker.tasks.plots import learning_curve, perf_metrics
+from opentinker.tasks.register import decide
 from opentinker.tasks.retry import is_transient
+from opentinker.tracking import runs as tracking
+from opentinker.tracking.model_card import render_model_card
+from opentinker.tracking.plots import learning_curve, perf_metrics
 
 
 @pytest.fixture()

@@ -3,7 +3,7 @@ files + ``opentinker_llm.json`` naming the base model), loaded through this modu
 
 ``mlflow.pyfunc.load_model(uri).predict(["What is 2 + 3?"])`` answers with the base + adapter, greedily; OpenTinker's
 chat model downloads the folder (``download_adapter``) and serves it (``agents.llm.local_model.AdapterChatModel``).
-URIs resolve like policies' (``tasks.model_store.resolve_policy``): ``models:/NAME@champion`` names one version.
+URIs resolve like policies' (``tracking.registry.resolve_policy``): ``models:/NAME@champion`` names one version.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opentinker.tasks.model_store import (
+from opentinker.tracking.registry import (
     PolicyRef,
     PolicyStoreError,
     _mlflow,
@@ -35,7 +35,7 @@ def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             name="adapter",
-            loader_module="opentinker.tasks.llm_store",
+            loader_module="opentinker.tracking.llm_store",
             data_path=str(adapter_dir),
             metadata={"opentinker_llm": tags},
         )

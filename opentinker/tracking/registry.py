@@ -62,7 +62,7 @@ def _mlflow() -> mlflow:
     import mlflow
 
     from opentinker.infra.settings import get_settings
-    from opentinker.tasks.tracking import export_s3_environment
+    from opentinker.tracking.runs import export_s3_environment
 
     settings = get_settings()
     if settings.s3_endpoint_url:
@@ -166,12 +166,12 @@ def log_policy_model(
     policy = _load_export(export_dir)
     import mlflow
 
-    from opentinker.tasks.tracking import configure_mlflow
+    from opentinker.tracking.runs import configure_mlflow
 
     experiment_id = configure_mlflow()
     kwargs = dict(
         name=name,
-        loader_module="opentinker.tasks.model_store",
+        loader_module="opentinker.tracking.registry",
         data_path=str(export_dir),
         signature=_policy_signature(policy),
         input_example=_input_example(policy),

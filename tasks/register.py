@@ -11,8 +11,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.tracking import configure_mlflow
 from opentinker.tasks.types import EvalOutcome, ModelRef
+from opentinker.tracking.runs import configure_mlflow
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 
@@ -27,7 +27,7 @@ def package_model(
     """
     import mlflow
 
-    from opentinker.tasks import model_store
+    from opentinker.tracking import registry as model_store
 
     configure_mlflow()
     client = mlflow.MlflowClient()
@@ -115,7 +115,7 @@ def promote_if_better(
     """Apply ``decide``; move ``champion`` only on a win; record decision, rule and numbers as tags."""
     import mlflow
 
-    from opentinker.tasks import model_store
+    from opentinker.tracking import registry as model_store
 
     if champion_eval is not None and (champion_eval.seed, len(champion_eval.returns)) != (
         candidate_eval.seed,

@@ -70,7 +70,7 @@ def collect_rollouts(
     if run_id and mean_return is not None:
         import mlflow
 
-        from opentinker.tasks.tracking import configure_mlflow
+        from opentinker.tracking.runs import configure_mlflow
 
         configure_mlflow()
         mlflow.MlflowClient().log_metric(run_id, "charts/random_policy_return", mean_return, step=0)
