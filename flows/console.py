@@ -23,11 +23,12 @@ def prepare_prefect(verbose: bool = False) -> None:
     Prefect's console handler is raised to WARNING. MLflow's own "View run" lines give way to the CLI's links.
     """
     from opentinker.infra.settings import get_settings
+    from opentinker.tasks import prefect_defaults
 
     api_url = get_settings().prefect_api_url
     if api_url:
         os.environ["PREFECT_API_URL"] = api_url
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    prefect_defaults()
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")

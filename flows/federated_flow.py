@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from prefect import flow
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.tasks.federated import check_registered_model, ensure_federation, run_federated, stop_federation
 
 

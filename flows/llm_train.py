@@ -11,7 +11,6 @@ from typing import Any, Literal
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.llm import (
     GateDecision,

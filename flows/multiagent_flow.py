@@ -5,7 +5,6 @@ from __future__ import annotations
 from prefect import flow
 from pydantic import BaseModel
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import MultiAgentParams
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.multiagent import KindEvaluation, evaluate_group, train_group

@@ -2,7 +2,6 @@
 
 from prefect import flow
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import EvalFlowResult, EvalParams
 from opentinker.tasks.evaluate import evaluate_policy, evaluate_random_policy, resolve_model, reward_threshold
 from opentinker.tasks.register import CANDIDATE, CHAMPION, find_model_version, promote_if_better

@@ -6,7 +6,6 @@ signature to validate deployment parameters, and string annotations leave it "no
 
 from prefect import flow
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import TrainFlowResult, TrainParams
 from opentinker.flows.presets import resolve_params
 from opentinker.flows.release import release_flow

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
 from opentinker.tasks.types import EvalOutcome, ModelRef
-from opentinker.tracking.runs import configure_mlflow, flatten, git_commit, run_url, ui_url
+from opentinker.tracking.runs import configure_mlflow, ensure_experiment, flatten, git_commit, run_url, ui_url
 
 
 class TrackingRun(BaseModel):
@@ -26,7 +26,7 @@ def start_tracking_run(params: dict[str, Any], run_name: str, experiment: str | 
     import mlflow
     from prefect.runtime import flow_run
 
-    experiment_id = configure_mlflow(experiment)
+    experiment_id = ensure_experiment(experiment)
     client = mlflow.MlflowClient()
     prefect_link = f"[Prefect flow run]({flow_run.ui_url})" if flow_run.id and flow_run.ui_url else "Prefect local mode"
     tags = {

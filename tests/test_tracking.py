@@ -16,7 +16,7 @@ from opentinker.tracking.plots import learning_curve, perf_metrics
 
 @pytest.fixture()
 def run_id():
-    experiment_id = tracking.configure_mlflow("test-tracking")
+    experiment_id = tracking.ensure_experiment("test-tracking")
     run = mlflow.MlflowClient().create_run(experiment_id)
     yield run.info.run_id
     mlflow.MlflowClient().set_terminated(run.info.run_id)

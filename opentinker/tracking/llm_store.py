@@ -12,24 +12,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opentinker.tracking.registry import (
-    PolicyRef,
-    PolicyStoreError,
-    _mlflow,
-    resolve_policy,
-)
+from opentinker.tracking.registry import PolicyRef, PolicyStoreError, resolve_policy
+from opentinker.tracking.runs import configure_mlflow
 
 
 def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str, tags: dict[str, str]) -> str:
     """Log the adapter folder into ``run_id`` and register it as a new version of ``registered_name``."""
-    import mlflow
-
     from opentinker.agents.llm.policy import ADAPTER_META
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / ADAPTER_META).is_file():
         raise PolicyStoreError(f"adapter_dir: expected a folder with {ADAPTER_META}, got {adapter_dir}")
-    _mlflow()
+    mlflow = configure_mlflow()
     client = mlflow.MlflowClient()
     mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
     with mlflow.start_run(run_id=run_id):
@@ -56,7 +50,7 @@ def download_adapter(model_uri: str) -> tuple[PolicyRef, Path]:
         return PolicyRef(model_uri, folder.name, "local", download_uri=str(folder)), folder
     ref = resolve_policy(model_uri)
     dst = Path(tempfile.mkdtemp(prefix="opentinker-adapter-"))
-    root = Path(_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
+    root = Path(configure_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
     found = sorted(root.glob(f"**/{ADAPTER_META}"))
     if not found:
         raise PolicyStoreError(f"llm: {model_uri!r} is not an OpenTinker LoRA adapter (no {ADAPTER_META})")

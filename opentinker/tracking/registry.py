@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-if TYPE_CHECKING:
-    import mlflow
+from opentinker.tracking.runs import configure_mlflow, ensure_experiment
 
+if TYPE_CHECKING:
     from opentinker.agents.export import InferencePolicy
 
 POLICY_FILE = "policy.json"
@@ -57,22 +57,8 @@ class PolicyStoreError(RuntimeError):
     """A model URI that cannot be resolved or does not hold an OpenTinker policy."""
 
 
-def _mlflow() -> mlflow:
-    """MLflow pointed at the configured store, read-only: a serving process must not create experiments."""
-    import mlflow
-
-    from opentinker.infra.settings import get_settings
-    from opentinker.tracking.runs import export_s3_environment
-
-    settings = get_settings()
-    if settings.s3_endpoint_url:
-        export_s3_environment()
-    mlflow.set_tracking_uri(settings.tracking_uri)
-    return mlflow
-
-
 def _client():
-    return _mlflow().MlflowClient()
+    return configure_mlflow().MlflowClient()
 
 
 def _load_export(directory: str | Path) -> InferencePolicy:
@@ -166,9 +152,7 @@ def log_policy_model(
     policy = _load_export(export_dir)
     import mlflow
 
-    from opentinker.tracking.runs import configure_mlflow
-
-    experiment_id = configure_mlflow()
+    experiment_id = ensure_experiment()
     kwargs = dict(
         name=name,
         loader_module="opentinker.tracking.registry",
@@ -197,7 +181,7 @@ def register_policy(model_uri: str, name: str, *, alias: str | None = None, tags
 
     Returns MLflow's ``ModelVersion`` (``.version``, ``.run_id``); ``alias`` is then pointed at it.
     """
-    model_version = _mlflow().register_model(model_uri, name, tags=tags)
+    model_version = configure_mlflow().register_model(model_uri, name, tags=tags)
     if alias:
         set_alias(name, alias, model_version.version)
     return model_version
@@ -259,7 +243,7 @@ def download_policy(ref: PolicyRef, dst: str | Path | None = None) -> Path:
     if not ref.download_uri.startswith(("models:/", "runs:/")):
         return Path(ref.download_uri)
     dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="opentinker-policy-"))
-    model_dir = Path(_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
+    model_dir = Path(configure_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
     found = sorted(model_dir.glob(f"**/{POLICY_FILE}"))
     if not found:
         raise PolicyStoreError(
