@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from opentinker.tracking.registry import slug
 
 
 class ConfigError(ValueError):
@@ -126,11 +127,11 @@ class TrainParams(BaseModel):
 
     @property
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{_slug(self.env_id)}-seed{self.seed}"
+        return self.run_name or f"{slug(self.env_id)}-seed{self.seed}"
 
     @property
     def resolved_model_name(self) -> str:
-        return self.model_name or f"opentinker-{_slug(self.env_id)}"
+        return self.model_name or f"opentinker-{slug(self.env_id)}"
 
 
 class EvalParams(BaseModel):
@@ -179,10 +180,6 @@ class MultiAgentParams(BaseModel):
 
         AgentGroup(self.policy_mapping, shared_memory=self.shared_memory).configure(**self.configs)
         return self
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def load_train_params(config_file: Path | None = None, **overrides: Any) -> TrainParams | MultiAgentParams:
@@ -255,11 +252,3 @@ class TrainFlowResult(BaseModel):
     train_seconds: float
     checkpoint_path: str
     artifact_uris: list[str]
-
-
-class EvalFlowResult(BaseModel):
-    model_key: str
-    mean: float
-    std: float
-    returns: list[float]
-    cached: bool

@@ -23,7 +23,7 @@ class ServedModel:
     """One loaded policy version and its request schema."""
 
     ref: Any
-    """``tracking.registry.PolicyRef``: name, exact version, run id, the URI as configured."""
+    """``tracking.registry.ModelRef``: name, exact version, run id, the URI as configured."""
     policy: Any
     """The engine's numpy ``InferencePolicy`` (``act``, ``act_with_info``, spaces, ``spec``)."""
     schema: ObservationSchema

@@ -9,8 +9,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from opentinker.agents.evaluation import EvalResult
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.types import EvalOutcome, ModelRef
+from opentinker.tracking.registry import ModelRef
 from opentinker.tracking.runs import configure_mlflow, ensure_experiment, flatten, git_commit, run_url, ui_url
 
 
@@ -74,7 +75,7 @@ def finish_tracking_run(
 
 
 @task(cache_policy=NO_CACHE)
-def publish_summary(tracking: TrackingRun, model: ModelRef, evaluation: EvalOutcome) -> None:
+def publish_summary(tracking: TrackingRun, model: ModelRef, evaluation: EvalResult) -> None:
     """Prefect UI artifacts on the flow run: a link to the MLflow run, the evaluation and the gate's decision."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 

@@ -169,10 +169,10 @@ def test_bad_algorithm_env_or_override_exits_1_with_one_line(tmp_path, args, con
 
 
 def test_gate_without_threshold_beats_champion_or_random_floor():
+    from opentinker.agents.evaluation import EvalResult
     from opentinker.tasks.register import decide, random_floor
-    from opentinker.tasks.types import EvalOutcome
 
-    random = EvalOutcome(model_key="random/x", seed=0, returns=[-200.0, -200.0], mean=-200.0, std=0.0)
+    random = EvalResult(model_key="random/x", seed=0, returns=[-200.0, -200.0], mean=-200.0, std=0.0)
     floor = random_floor(random)
     assert floor == pytest.approx(-180.0)  # 10 % of the magnitude when every random episode is alike
     assert decide(-200.0, None, None, floor)[0] is False  # no better than random

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opentinker.tracking.registry import PolicyRef, PolicyStoreError, resolve_policy
+from opentinker.tracking.registry import ModelRef, PolicyStoreError, resolve_policy
 from opentinker.tracking.runs import configure_mlflow
 
 
@@ -37,7 +37,7 @@ def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str
     return str(version.version)
 
 
-def download_adapter(model_uri: str) -> tuple[PolicyRef, Path]:
+def download_adapter(model_uri: str) -> tuple[ModelRef, Path]:
     """(the exact version a URI names now, its adapter folder); a local adapter folder is used as is."""
     from opentinker.agents.llm.policy import ADAPTER_META
 
@@ -47,7 +47,7 @@ def download_adapter(model_uri: str) -> tuple[PolicyRef, Path]:
             raise PolicyStoreError(
                 f"llm: expected models:/NAME@ALIAS or an adapter folder with {ADAPTER_META}, got {model_uri!r}"
             )
-        return PolicyRef(model_uri, folder.name, "local", download_uri=str(folder)), folder
+        return ModelRef(uri=model_uri, name=folder.name, version="local", download_uri=str(folder)), folder
     ref = resolve_policy(model_uri)
     dst = Path(tempfile.mkdtemp(prefix="opentinker-adapter-"))
     root = Path(configure_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
