@@ -18,22 +18,18 @@ from prefect.context import TaskRunContext
 
 from opentinker.agents.evaluation import EvalResult, evaluate_episodes
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tracking.registry import ModelRef
+from opentinker.tracking.registry import ModelRef, load_registered_policy, resolve_policy
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
 def resolve_model(model_uri: str) -> ModelRef:
     """``models:/NAME@alias`` → ``models:/NAME/VERSION``; an export dir → a digest of its files."""
-    from opentinker.tracking.registry import resolve_policy
-
     return resolve_policy(model_uri)
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
 def model_env_id(model: ModelRef) -> str:
     """The env id the model's export records (the env it was trained on)."""
-    from opentinker.tracking.registry import load_registered_policy
-
     spec = load_registered_policy(model.download_uri).spec
     env_id = spec.get("env_id") or spec.get("env") or (spec.get("metadata") or {}).get("env_id")
     if not env_id:
@@ -53,8 +49,6 @@ def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
 def evaluate_policy(model: ModelRef, env_id: str, episodes: int = 10, seed: int = 10_000) -> EvalResult:
     """The engine's evaluation (``evaluate_episodes``) of the exact version ``model`` pins, on ``env_id``."""
-    from opentinker.tracking.registry import load_registered_policy
-
     policy = load_registered_policy(model.download_uri)
     result = evaluate_episodes(env_id, policy.act, episodes, seed)
     get_run_logger().info("%s: mean return %.2f ± %.2f over %d episodes", model.key, result.mean, result.std, episodes)

@@ -12,7 +12,14 @@ from prefect.cache_policies import NO_CACHE
 
 from opentinker.agents.evaluation import EvalResult
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tracking.registry import ModelRef, PolicyStoreError, resolve_policy
+from opentinker.tracking.registry import (
+    ModelRef,
+    PolicyStoreError,
+    log_policy_model,
+    register_policy,
+    resolve_policy,
+    set_alias,
+)
 from opentinker.tracking.runs import configure_mlflow
 
 CANDIDATE, CHAMPION = "candidate", "champion"
@@ -28,19 +35,17 @@ def register_model(
     """
     import mlflow
 
-    from opentinker.tracking import registry as model_store
-
     configure_mlflow()
     client = mlflow.MlflowClient()
     existing = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
     if existing:
         registered = existing[0]
     else:
-        model_uri = model_store.log_policy_model(export_dir, run_id=run_id, step=step)
-        registered = model_store.register_policy(model_uri, model_name)
+        model_uri = log_policy_model(export_dir, run_id=run_id, step=step)
+        registered = register_policy(model_uri, model_name)
     version = str(registered.version)
     model_id = registered.model_id or _logged_model_id(registered.source)
-    model_store.set_alias(model_name, CANDIDATE, version)
+    set_alias(model_name, CANDIDATE, version)
     if evaluation is not None:
         for key, value in _eval_tags(evaluation).items():
             client.set_model_version_tag(model_name, version, key, value)
@@ -112,8 +117,6 @@ def promote_if_better(
     """Apply ``decide``; move ``champion`` only on a win; record decision, rule and numbers as tags."""
     import mlflow
 
-    from opentinker.tracking import registry as model_store
-
     if champion_eval is not None and (champion_eval.seed, len(champion_eval.returns)) != (
         candidate_eval.seed,
         len(candidate_eval.returns),
@@ -149,7 +152,7 @@ def promote_if_better(
     client.update_model_version(candidate.name, candidate.version, description=f"Release gate: {decision}")
     aliases = list(candidate.aliases)
     if promote:
-        model_store.set_alias(candidate.name, CHAMPION, candidate.version)
+        set_alias(candidate.name, CHAMPION, candidate.version)
         aliases.append(CHAMPION)
     return candidate.model_copy(update={"aliases": aliases, "decision": decision})
 
