@@ -12,7 +12,7 @@ _EXPORTS = {
     "DQNConfig": "opentinker.agents.config",
     "PPOTrainer": "opentinker.agents.ppo",
     "DQNTrainer": "opentinker.agents.dqn",
-    "EvalResult": "opentinker.agents.trainer",
+    "EvalResult": "opentinker.agents.evaluation",
     "export_policy": "opentinker.agents.export",
     "load_policy": "opentinker.agents.export",
     "InferencePolicy": "opentinker.agents.export",

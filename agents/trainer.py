@@ -25,9 +25,10 @@ import torch
 from opentinker.agents.amp import AmpController
 from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, restore_rng_state, rng_state
 from opentinker.agents.config import TrainerConfig, check_fields
+from opentinker.agents.evaluation import EvalResult, evaluate_episodes
 from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import RemoteEnv
-from opentinker.envs.rollout import Rollout, build_vector_env
+from opentinker.envs.rollout import Rollout
 
 Callback = Callable[[dict[str, float], int], "bool | None"]
 ROLLOUT_EFFICIENCY_TARGET = 0.85
@@ -133,12 +134,6 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-class EvalResult(NamedTuple):
-    mean: float
-    std: float
-    returns: list[float]
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -306,17 +301,8 @@ class Trainer:
         """Mean/std return of ``episodes`` deterministic episodes, one per env copy, seeded by ``seed``."""
         env = self._own_env("evaluate")
         policy = self.numpy_policy()
-        vec = build_vector_env(env.env, episodes, **env.env_kwargs)
-        try:
-            obs, _ = vec.reset(seed=seed)
-            returns, finished = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-            while not finished.all():
-                obs, reward, term, trunc, _ = vec.step(policy.env_actions(policy.sample(obs, None, True)[0]))
-                returns += np.where(finished, 0.0, reward)
-                finished |= term | trunc
-        finally:
-            vec.close()
-        return EvalResult(float(returns.mean()), float(returns.std()), returns.tolist())
+        act = lambda obs: policy.env_actions(policy.sample(obs, None, True)[0])  # noqa: E731
+        return evaluate_episodes(env.env, act, episodes, seed, **env.env_kwargs)
 
     # -- persistence ------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:

@@ -53,8 +53,10 @@ def main() -> None:
         return seconds, mean
 
     before_s, bare_eval = bare()
-    import opentinker.tasks  # noqa: F401  (Prefect defaults)
     from opentinker.flows.train import run_train_flow
+    from opentinker.tasks import prefect_defaults
+
+    prefect_defaults()
 
     started = time.perf_counter()
     result = run_train_flow(params)  # what `opentinker train` runs

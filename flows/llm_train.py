@@ -4,14 +4,12 @@ register the adapter → champion gate. ``opentinker train TASK --algo grpo`` ru
 No ``from __future__ import annotations`` (Prefect builds a pydantic model from the flow's signature).
 """
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.llm import (
     GateDecision,
@@ -24,6 +22,7 @@ from opentinker.tasks.llm import (
 )
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
 from opentinker.tasks.train import run_dir
+from opentinker.tracking.registry import slug
 
 
 class GRPOParams(BaseModel):
@@ -70,15 +69,11 @@ class GRPOParams(BaseModel):
 
     @property
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{_slug(self.task)}-grpo-seed{self.seed}"
+        return self.run_name or f"{slug(self.task)}-grpo-seed{self.seed}"
 
     @property
     def resolved_model_name(self) -> str:
-        return self.model_name or f"opentinker-{_slug(self.task)}-agent"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+        return self.model_name or f"opentinker-{slug(self.task)}-agent"
 
 
 class GRPOFlowResult(BaseModel):

@@ -8,7 +8,6 @@ import dataclasses
 import inspect
 import itertools
 import json
-import re
 import textwrap
 import tomllib
 import typing
@@ -18,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from opentinker.agents.config import CONFIGS, ENV_FIELDS, check_fields
+from opentinker.tracking.registry import slug
 
 
 class ConfigError(ValueError):
@@ -184,11 +184,11 @@ class TrainParams(BaseModel):
 
     @property
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{_slug(self.env_id)}-seed{self.seed}"
+        return self.run_name or f"{slug(self.env_id)}-seed{self.seed}"
 
     @property
     def resolved_model_name(self) -> str:
-        return self.model_name or f"opentinker-{_slug(self.env_id)}"
+        return self.model_name or f"opentinker-{slug(self.env_id)}"
 
 
 class EvalParams(BaseModel):
@@ -237,10 +237,6 @@ class MultiAgentParams(BaseModel):
 
         AgentGroup(self.policy_mapping, shared_memory=self.shared_memory).configure(**self.configs)
         return self
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def load_train_params(config_file: Path | None = None, **overrides: Any) -> TrainParams | MultiAgentParams:
@@ -319,11 +315,3 @@ class TrainFlowResult(BaseModel):
     train_seconds: float
     checkpoint_path: str
     artifact_uris: list[str]
-
-
-class EvalFlowResult(BaseModel):
-    model_key: str
-    mean: float
-    std: float
-    returns: list[float]
-    cached: bool

@@ -1,4 +1,4 @@
-"""The training flow: storage check → tracking run → Ray start → probe → train → evaluate → package → gate → reports.
+"""The training flow: storage check → tracking run → Ray start → probe → train → evaluate → register → gate → reports.
 
 No ``from __future__ import annotations`` in flow modules: Prefect builds a pydantic model from the flow's
 signature to validate deployment parameters, and string annotations leave it "not fully defined".
@@ -6,14 +6,13 @@ signature to validate deployment parameters, and string annotations leave it "no
 
 from prefect import flow
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import TrainFlowResult, TrainParams
 from opentinker.flows.presets import resolve_params
 from opentinker.flows.release import release_flow
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.evaluate import evaluate_policy, resolve_model
-from opentinker.tasks.package import package_model
-from opentinker.tasks.rollout import collect_rollouts, start_ray
+from opentinker.tasks.probe import probe_env, start_ray
+from opentinker.tasks.register import register_model
 from opentinker.tasks.run import finish_tracking_run, publish_summary, start_tracking_run
 from opentinker.tasks.train import is_pending, run_dir, start_early, train_policy
 from opentinker.tasks.upload import check_storage, render_reports, upload_artifacts
@@ -33,7 +32,7 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
     try:
         if engine.backend == "ray":
             start_ray()  # its own step: Ray's start-up shows in the UI, not inside the probe
-        collect_rollouts(
+        probe_env(
             params.env_id,
             params.seed,
             engine.num_envs,
@@ -57,9 +56,9 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
             checkpoint_every=params.checkpoint_every,
         )
         evaluation = evaluate_policy(
-            resolve_model(trained.export_dir, params.env_id), params.eval_episodes, params.eval_seed
+            resolve_model(trained.export_dir), params.env_id, params.eval_episodes, params.eval_seed
         )
-        candidate = package_model(
+        candidate = register_model(
             tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation, step=trained.global_step
         )
         released = release_flow(

@@ -63,12 +63,11 @@ def load_config() -> AgentServiceConfig:
 def enable_tracing(experiment: str | None = None) -> None:
     """Trace LangChain/LangGraph runs to MLflow: one trace per turn, spans per model and tool call with
     latencies, token usage from the models' ``usage_metadata``."""
-    import mlflow
-
     from opentinker.infra.settings import get_settings
+    from opentinker.tracking.runs import configure_mlflow
 
     settings = get_settings()
-    mlflow.set_tracking_uri(settings.tracking_uri)
+    mlflow = configure_mlflow()
     mlflow.set_experiment(experiment or f"{settings.mlflow_experiment}-agents")
     mlflow.langchain.autolog(log_traces=True, silent=True)
 

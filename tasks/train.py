@@ -23,9 +23,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from opentinker.infra.files import atomic_write
-from opentinker.tasks import progress
-from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
 from opentinker.tasks.types import TrainOutcome
+from opentinker.tracking import progress
+from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
 def run_log() -> logging.Logger | logging.LoggerAdapter:

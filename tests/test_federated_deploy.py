@@ -17,7 +17,7 @@ from opentinker.federated.api import FLClient
 from opentinker.federated.certs import CertPaths, generate_certs, generate_site_key
 from opentinker.federated.config import SiteConfig
 from opentinker.flows.federated_flow import federated_flow
-from opentinker.tasks.model_store import load_registered_policy
+from opentinker.tracking.registry import load_registered_policy
 
 
 def _wait_for_line(path: Path, text: str, timeout: float) -> None:

@@ -52,7 +52,7 @@ def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
     from opentinker.agents import PPOTrainer
     from opentinker.flows.params import TrainParams
     from opentinker.flows.train import train_flow
-    from opentinker.tasks.model_store import load_registered_policy
+    from opentinker.tracking.registry import load_registered_policy
 
     dqn = train_flow(
         TrainParams(
@@ -139,7 +139,7 @@ def test_a_module_class_env_trains_from_the_cli_on_ray_workers(tmp_path):
     assert run.data.params["env_id"] == "fixtures.corridor:Corridor" and run.data.params["backend"] == "ray"
     nodes = run.data.tags["opentinker.rollout_nodes"].split(",")
     assert len(nodes) == 2 and "local" not in nodes  # stepped inside Ray actors, which imported the module
-    from opentinker.tasks.model_store import load_registered_policy
+    from opentinker.tracking.registry import load_registered_policy
 
     spec = load_registered_policy(f"models:/corridor/{version.version}").spec
     assert spec["env_id"] == "fixtures.corridor:Corridor"  # how evaluation rebuilds the env
@@ -169,10 +169,10 @@ def test_bad_algorithm_env_or_override_exits_1_with_one_line(tmp_path, args, con
 
 
 def test_gate_without_threshold_beats_champion_or_random_floor():
-    from opentinker.tasks.package import decide, random_floor
-    from opentinker.tasks.types import EvalOutcome
+    from opentinker.agents.evaluation import EvalResult
+    from opentinker.tasks.register import decide, random_floor
 
-    random = EvalOutcome(model_key="random/x", seed=0, returns=[-200.0, -200.0], mean=-200.0, std=0.0)
+    random = EvalResult(model_key="random/x", seed=0, returns=[-200.0, -200.0], mean=-200.0, std=0.0)
     floor = random_floor(random)
     assert floor == pytest.approx(-180.0)  # 10 % of the magnitude when every random episode is alike
     assert decide(-200.0, None, None, floor)[0] is False  # no better than random

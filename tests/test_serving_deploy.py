@@ -41,7 +41,7 @@ def test_trainer_deploy_serves_the_trainers_policy_and_stop_cleans_up():
 
 def test_deploy_fails_fast_with_the_reason(tmp_path):
     from opentinker.serving.deploy import DeploymentError
-    from opentinker.tasks.model_store import PolicyStoreError
+    from opentinker.tracking.registry import PolicyStoreError
 
     with pytest.raises(PolicyStoreError, match="export directory"):
         deploy(tmp_path / "not-an-export", api_key="some-key-123")

@@ -19,12 +19,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from opentinker.agents.checkpoint import atomic_save, load_checkpoint
 from opentinker.agents.dqn import DQNTrainer
+from opentinker.agents.evaluation import EvalResult
 from opentinker.agents.export import export_policy
 from opentinker.agents.multiagent.group import AgentGroup
 from opentinker.agents.ppo import PPOTrainer
@@ -38,16 +39,6 @@ ENGINE: dict[str, type[Trainer]] = {"PPO": PPOTrainer, "DQN": DQNTrainer}
 # Small MLPs gain nothing from intra-op threads, and two learners sharing a few cores thrash with them.
 KIND_DEFAULTS = {"torch_threads": 1}
 GroupCallback = Callable[[dict[str, float], int], "bool | None"]
-
-
-class KindEvalResult(NamedTuple):
-    """The engine's ``EvalResult`` fields per agent-episode of one kind, plus lengths and termination share."""
-
-    mean: float
-    std: float
-    returns: list[float]
-    mean_length: float
-    terminated_fraction: float
 
 
 class GroupTrainer:
@@ -213,7 +204,7 @@ class GroupTrainer:
         """Each kind's current policy as a numpy forward (what rollouts and exports run)."""
         return {kind: NumpyPolicy(t.spec, t.policy.numpy_weights()) for kind, t in self.trainers.items()}
 
-    def evaluate(self, episodes: int = 10, seed: int = 10_000) -> dict[str, KindEvalResult]:
+    def evaluate(self, episodes: int = 10, seed: int = 10_000) -> dict[str, EvalResult]:
         """Deterministic actions for every kind, one episode on each of ``episodes`` env copies."""
         if not isinstance(episodes, int) or episodes < 1:
             raise ValueError(f"evaluate episodes must be an int >= 1, got {episodes!r}")
@@ -225,13 +216,11 @@ class GroupTrainer:
                 env.close()
         out = {}
         for kind, rows in results.items():
-            returns = [r for r, _, _ in rows]
-            out[kind] = KindEvalResult(
-                float(np.mean(returns)),
-                float(np.std(returns)),
-                returns,
-                float(np.mean([n for _, n, _ in rows])),
-                float(np.mean([t for *_, t in rows])),
+            out[kind] = EvalResult.of(
+                [r for r, _, _ in rows],
+                seed=seed,
+                mean_length=float(np.mean([n for _, n, _ in rows])),
+                terminated_fraction=float(np.mean([t for *_, t in rows])),
             )
         return out
 

@@ -43,7 +43,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from opentinker.infra.stack import StackError
     from opentinker.serving.auth import ApiKeyError
     from opentinker.serving.deploy import DeploymentError
-    from opentinker.tasks.model_store import PolicyStoreError
+    from opentinker.tracking.registry import PolicyStoreError
 
     return (
         ConfigError,
@@ -99,11 +99,12 @@ def prepare_prefect(verbose: bool = False) -> None:
     Prefect's console handler is raised to WARNING. MLflow's own "View run" lines give way to the CLI's links.
     """
     from opentinker.infra.settings import get_settings
+    from opentinker.tasks import prefect_defaults
 
     api_url = get_settings().prefect_api_url
     if api_url:
         os.environ["PREFECT_API_URL"] = api_url
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    prefect_defaults()
     if not verbose:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
@@ -118,8 +119,8 @@ def prepare_prefect(verbose: bool = False) -> None:
 
 @contextlib.contextmanager
 def training_progress(total_steps: int, label: str) -> Iterator[None]:
-    """A rich bar fed by the training stage through ``opentinker.tasks.progress``."""
-    from opentinker.tasks import progress
+    """A rich bar fed by the training stage through ``opentinker.tracking.progress``."""
+    from opentinker.tracking import progress
 
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -149,7 +150,7 @@ def training_progress(total_steps: int, label: str) -> Iterator[None]:
 def print_ui_hints() -> None:
     """How to look at what just happened."""
     from opentinker.infra.settings import get_settings
-    from opentinker.tasks.tracking import ui_url
+    from opentinker.tracking.runs import ui_url
 
     settings = get_settings()
     console.print(f"MLflow UI:  {ui_url('experiments')}")

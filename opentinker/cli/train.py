@@ -34,7 +34,7 @@ def run_training(params, verbose: bool):
 
 
 def print_train_result(result) -> None:
-    from opentinker.tasks.tracking import ui_url
+    from opentinker.tracking.runs import ui_url
 
     verdict = "[green]passed[/]" if result.passed_threshold else "[yellow]did NOT pass[/]"
     gate = "the threshold" if result.threshold is None else f"the threshold {result.threshold:g}"

@@ -293,7 +293,7 @@ _ADAPTERS: dict[str, tuple[Any, dict]] = {}
 def load_adapter_weights(model_uri: str, cache_dir: str | None = None, num_threads: int | None = 1) -> tuple[Any, dict]:
     """(LocalWeights of base + merged adapter, the adapter's metadata), loaded once per process and URI.
 
-    A registry URI is resolved and downloaded through ``tasks.llm_store`` (the MLflow edge, imported only here)."""
+    A registry URI is resolved and downloaded through ``tracking.llm_store`` (the registry, below this area)."""
     import threading
 
     import torch
@@ -302,7 +302,7 @@ def load_adapter_weights(model_uri: str, cache_dir: str | None = None, num_threa
     from opentinker.agents.lm_weights import LocalWeights
 
     if model_uri not in _ADAPTERS:
-        from opentinker.tasks.llm_store import download_adapter
+        from opentinker.tracking.llm_store import download_adapter
 
         ref, folder = download_adapter(model_uri)
         if num_threads:

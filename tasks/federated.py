@@ -35,7 +35,7 @@ def run_federated(root: str, config: dict) -> FederatedResult:
 @task(name="check-registered-model", retries=2, retry_delay_seconds=3)
 def check_registered_model(name: str, alias: str, expected_version: str) -> str:
     """The alias must point at the version this run registered; returns the URI serving loads."""
-    from opentinker.tasks.model_store import resolve_policy
+    from opentinker.tracking.registry import resolve_policy
 
     uri = f"models:/{name}@{alias}"
     ref = resolve_policy(uri)
