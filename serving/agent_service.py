@@ -13,6 +13,7 @@ is switched on; ``opentinker/llm`` itself never imports MLflow or BentoML.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,8 +22,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from opentinker.infra.processes import free_ports
 
-from .auth import ApiKeyMiddleware, hash_api_key
-from .deploy import Served, bento_env, start_bento
+from .auth import ApiKeyMiddleware, hash_api_key, resolve_api_key
+from .deploy import Served, bento_env, start_bento, until_stopped
 from .middleware import BodyLimitMiddleware, JsonBodyMiddleware
 
 CONFIG_ENV = "OPENTINKER_AGENT_CONFIG"
@@ -224,3 +225,16 @@ def serve_agent(
     env = bento_env(hash_api_key(api_key), {CONFIG_ENV: config.model_dump_json(), "HF_HUB_OFFLINE": "1"})
     service = start_bento("agent service", SERVICE_IMPORT, env, host, port, log_file, ready_timeout_s)
     return AgentDeployment(url=service.url, service=service, log_path=log_file, _api_key=api_key)
+
+
+def serve_agent_until_stopped(
+    api_key: str | None,
+    api_key_file: Path | None,
+    config: AgentServiceConfig,
+    host: str,
+    port: int | None,
+    on_ready: Callable[[Any], None],
+) -> None:
+    """Serve the LLM agent until Ctrl+C; ``on_ready`` gets the ``AgentDeployment`` (url, log path)."""
+    service = serve_agent(resolve_api_key(api_key, api_key_file), config, host, port)
+    until_stopped(service.process, service.stop, lambda: on_ready(service))

@@ -10,8 +10,11 @@ and ``OPENTINKER_API_KEY`` is removed from the child's environment.
 from __future__ import annotations
 
 import os
+import secrets
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -20,7 +23,7 @@ import numpy as np
 
 from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, http_ok, start
 
-from .auth import API_KEY_ENV, HASH_ENV, hash_api_key
+from .auth import API_KEY_ENV, HASH_ENV, hash_api_key, resolve_api_key
 
 SERVICE_IMPORT = "opentinker.serving.policy_service:PolicyService"
 STARTUP_FAILED = "Application startup failed"
@@ -179,3 +182,56 @@ def deploy(
     log_file = Path(log_path) if log_path else get_settings().resolved_data_dir / "serving" / f"policy-{port}.log"
     service = start_server(model_ref, key_hash, host, port, settings, log_file, ready_timeout_s)
     return Deployment(url=service.url, service=service, log_path=log_file, _api_key=api_key, model_ref=str(model_ref))
+
+
+@dataclass(frozen=True)
+class ServedQuery:
+    """One request to a freshly served policy: where it ran, what it was asked, what it answered."""
+
+    url: str
+    observation: list[float]
+    action: Any
+
+
+def query_once(model_ref: str, env_id: str) -> ServedQuery:
+    """Deploy ``model_ref`` with BentoML on 127.0.0.1, send the env's first observation (seed 0), stop the server."""
+    from opentinker.envs import make_env
+
+    env = make_env(env_id)
+    observation, _ = env.reset(seed=0)
+    env.close()
+    with deploy(model_ref, api_key=secrets.token_urlsafe(24), host="127.0.0.1") as deployment:
+        action = deployment.predict(observation.tolist())
+        return ServedQuery(deployment.url, [round(float(x), 3) for x in observation], action)
+
+
+def serve_policy_until_stopped(
+    model_ref: str,
+    api_key: str | None,
+    api_key_file: Path | None,
+    host: str,
+    port: int | None,
+    settings: dict[str, Any],
+    on_ready: Callable[[str], None],
+) -> None:
+    """Serve a policy until Ctrl+C or SIGTERM, its server's log on this terminal. A bad key or model reference
+    fails before any server starts (``ApiKeyError``, ``PolicyStoreError``)."""
+    from .model_slot import resolve
+
+    key_hash = hash_api_key(resolve_api_key(api_key, api_key_file))
+    resolve(model_ref)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a process manager's stop also stops the server
+    server = start_server(model_ref, key_hash, host, port, settings)
+    assert server.popen is not None and server.url is not None
+    until_stopped(server.popen, server.stop, lambda: on_ready(server.url))
+
+
+def until_stopped(process: subprocess.Popen, stop: Callable[[], None], ready: Callable[[], object]) -> None:
+    """``ready()``, then wait for the server process; Ctrl+C ends the wait; the server is stopped either way."""
+    try:
+        ready()
+        process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop()

@@ -70,8 +70,7 @@ def serve(
     memory_window: MemoryWindow = 5,
 ) -> None:
     """Serve the agent (BentoML, API-key auth) until Ctrl+C."""
-    from opentinker.serving.agent_service import AgentServiceConfig
-    from opentinker.serving.foreground import serve_agent_until_stopped
+    from opentinker.serving.agent_service import AgentServiceConfig, serve_agent_until_stopped
 
     def ready(service) -> None:
         console.print(f"agent service ready at {service.url} (POST /chat, /history); log: {service.log_path}")

@@ -28,7 +28,7 @@ def quickstart(
     params = checked_train_params("CartPole-v1", None, steps=steps, seed=seed)
     result = run_training(params, verbose)
     print_train_result(result)
-    from opentinker.serving.foreground import query_once
+    from opentinker.serving.deploy import query_once
 
     alias = "champion" if "champion" in result.aliases else "candidate"
     if alias != "champion":

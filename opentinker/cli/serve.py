@@ -37,7 +37,7 @@ def serve(
     reload_interval: Annotated[float, typer.Option(help="Seconds between alias checks (0 disables).")] = 10.0,
 ) -> None:
     """Serve a policy over HTTP with API-key auth until Ctrl+C."""
-    from opentinker.serving.foreground import serve_policy_until_stopped
+    from opentinker.serving.deploy import serve_policy_until_stopped
 
     def ready(url: str) -> None:
         console.print(
