@@ -29,6 +29,9 @@ class EnvConfig:
     """Hidden-layer activation: "tanh" or "relu"."""
     total_steps: int | None = None
     """Horizon of the schedules (LR annealing, epsilon). None: the ``steps`` of the first ``train`` call."""
+    num_learners: int = 1
+    """Learner processes (Ray actors) sharing each update: every minibatch is split across them and their gradients
+    are averaged with a ring all-reduce (torch.distributed: gloo on CPU, NCCL on CUDA). 1: in this process."""
     torch_threads: int | None = 1
     """Torch intra-op threads while ``train`` runs (restored after). Small MLPs are overhead-bound: extra
     threads only spin against the env loop and other processes. None keeps torch's setting."""
@@ -36,6 +39,12 @@ class EnvConfig:
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
         _check("num_envs", isinstance(self.num_envs, int) and self.num_envs >= 1, "an int >= 1", self.num_envs)
+        _check(
+            "num_learners",
+            isinstance(self.num_learners, int) and self.num_learners >= 1,
+            "an int >= 1",
+            self.num_learners,
+        )
         _check("activation", self.activation in ("tanh", "relu"), '"tanh" or "relu"', self.activation)
         _check(
             "hidden_sizes",
