@@ -147,6 +147,17 @@ class LearnerWorker:
     def state(self) -> dict:
         return self.trainer.learner_state()
 
+    def time_allreduce(self, numel: int, repeats: int) -> float:
+        """Mean seconds of one all-reduce of ``numel`` float32 after a barrier: the transport's cost without the
+        waiting on a slower learner that the update's ``perf/allreduce_ms`` includes."""
+        flat = torch.zeros(numel, device=self.device)
+        dist.all_reduce(flat)  # connect
+        dist.barrier()
+        started = time.perf_counter()
+        for _ in range(repeats):
+            dist.all_reduce(flat)
+        return (time.perf_counter() - started) / repeats
+
     def pid(self) -> int:
         import os
 
@@ -200,6 +211,10 @@ class LearnerGroup:
 
     def state(self) -> dict:
         return self._get(self.workers[0].state.remote())
+
+    def time_allreduce(self, numel: int, repeats: int = 20) -> float:
+        """Learner 0's mean seconds per all-reduce of ``numel`` float32 (see ``LearnerWorker.time_allreduce``)."""
+        return self._get([w.time_allreduce.remote(numel, repeats) for w in self.workers])[0]
 
     def pids(self) -> list[int]:
         return self._get([w.pid.remote() for w in self.workers])
