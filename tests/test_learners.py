@@ -96,8 +96,8 @@ def test_killed_learner_restarts_from_checkpoint_with_the_same_weights(ray_sessi
 @pytest.mark.slow
 def test_train_flow_with_two_learners_registers_a_model_that_passes_evaluation(ray_session):
     import mlflow
-
     from fixtures.pipeline import small_train_params
+
     from opentinker.flows.train import train_flow
     from opentinker.infra.settings import get_settings
 
