@@ -1,5 +1,5 @@
-"""Data-parallel learners (agents/learners.py) on local Ray over loopback gloo: 2 learners give the update of 1, PPO
-and DQN train with ``num_learners=2``, and a learner killed mid-run costs nothing but time."""
+"""Data-parallel learners (agents/learners.py) on local Ray over loopback gloo: 2 learners give the update of 1 (PPO,
+DQN), a learner killed mid-run costs nothing but time, and a 2-learner train_flow registers a working model."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from opentinker.agents import DQNTrainer, PPOTrainer
-from opentinker.agents.learners import LearnerGroup
 
 # 2 learners sum two row-weighted half-minibatch gradients where 1 learner sums all rows at once: the same terms in
 # another order, so float32 rounding differs by a few ulps (~1e-7 relative) per gradient. Adam's first steps move
@@ -31,41 +30,30 @@ def weight_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.mark.parametrize(
-    "trainer_cls, config, loss_key",
-    [(PPOTrainer, PPO_SMALL, "losses/policy"), (DQNTrainer, dict(DQN_SMALL, total_steps=4096), "losses/td_loss")],
+    "trainer_cls, config, steps, loss_key",
+    [
+        (PPOTrainer, PPO_SMALL, 256, "losses/policy"),  # one iteration: 2 epochs x 2 minibatches of 128 rows
+        (DQNTrainer, dict(DQN_SMALL, total_steps=4096), 128, "losses/td_loss"),  # one iteration: 8 steps of 64 rows
+    ],
 )
-def test_two_learners_give_the_update_of_one(ray_session, trainer_cls, config, loss_key):
+def test_two_learners_give_the_update_of_one(ray_session, trainer_cls, config, steps, loss_key):
+    """One iteration of ``train`` (same seed, so the same first rollout) with 1 and with 2 learners."""
     single = trainer_cls("CartPole-v1", seed=3, **config)
     pair = trainer_cls("CartPole-v1", seed=3, num_learners=2, **config)
     before = {k: v.clone() for k, v in single.policy.state_dict().items()}
-    rollout = single.collect()
-    single_metrics = single.update(rollout)
-    group = LearnerGroup(pair, 2)
-    try:
-        metrics, weights, global_step = group.update(rollout)
-    finally:
-        group.shutdown()
-    gap = weight_gap(single.policy.state_dict(), weights)
+    single_metrics, metrics = single.train(steps), pair.train(steps)
+    gap = weight_gap(single.policy.state_dict(), pair.policy.state_dict())
     assert gap <= ATOL, f"2 learners vs 1: max weight gap {gap:.2e}"
-    assert weight_gap(before, weights) > 100 * ATOL  # the update did move the weights
-    assert global_step == single.global_step
+    assert weight_gap(before, pair.policy.state_dict()) > 100 * ATOL  # the update did move the weights
+    assert pair.global_step == single.global_step == steps and pair.learners is None
     assert metrics[loss_key] == pytest.approx(single_metrics[loss_key], rel=1e-4, abs=1e-6)
     # One flat gradient buffer per optimiser step plus the step's statistics, in float32.
     params = sum(p.numel() for p in single.params)
-    steps = config.get("num_minibatches", 1) * config.get("update_epochs", 1) if trainer_cls is PPOTrainer else 8
     stats = 5 if trainer_cls is PPOTrainer else 2
-    assert metrics["perf/allreduce_bytes"] == steps * (params + stats) * 4
+    assert metrics["perf/allreduce_bytes"] == 4 * (params + stats) * 4 * (2 if trainer_cls is DQNTrainer else 1)
     assert metrics["perf/allreduce_ms"] > 0
-
-
-def test_dqn_trains_with_two_learners(ray_session):
-    trainer = DQNTrainer("CartPole-v1", seed=1, num_learners=2, **DQN_SMALL)
-    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
-    metrics = trainer.train(512)
-    assert trainer.global_step == 512 and trainer.learners is None
-    assert metrics["perf/allreduce_bytes"] > 0 and torch.isfinite(torch.tensor(metrics["losses/td_loss"]))
-    assert weight_gap(before, trainer.policy.state_dict()) > 1e-3  # the trainer took learner 0's trained state
-    assert len(trainer.buffer) > 0  # ...with its replay buffer
+    if trainer_cls is DQNTrainer:  # the trainer took learner 0's whole state, replay buffer included
+        assert len(pair.buffer) == len(single.buffer) > 0
 
 
 def test_killed_learner_restarts_from_checkpoint_with_the_same_weights(ray_session, tmp_path):
@@ -74,21 +62,21 @@ def test_killed_learner_restarts_from_checkpoint_with_the_same_weights(ray_sessi
     reference = PPOTrainer("CartPole-v1", seed=5, num_learners=2, **PPO_SMALL)
     history = []
     reference.train(
-        1536, callback=lambda m, s: history.append(m), checkpoint_dir=tmp_path / "ref", checkpoint_every=512
+        1024, callback=lambda m, s: history.append(m), checkpoint_dir=tmp_path / "ref", checkpoint_every=512
     )
-    assert len(history) == 6 and all(m["perf/allreduce_bytes"] > 0 for m in history)
+    assert len(history) == 4 and all(m["perf/allreduce_bytes"] > 0 for m in history)
     assert history[-1]["charts/episodic_return_mean"] > history[0]["charts/episodic_return_mean"]
 
     trainer = PPOTrainer("CartPole-v1", seed=5, num_learners=2, **PPO_SMALL)
     killed: list[int] = []
 
     def kill_once(metrics: dict, step: int) -> None:
-        if step == 768 and not killed:  # after the checkpoint at 512: the iteration at 1024 is replayed
+        if step == 768 and not killed:  # after the checkpoint at 512: iterations from 512 on are replayed
             killed.append(trainer.learners.pids()[1])
             os.kill(killed[0], signal.SIGKILL)
 
-    trainer.train(1536, callback=kill_once, checkpoint_dir=tmp_path / "killed", checkpoint_every=512)
-    assert killed and trainer.global_step == reference.global_step == 1536
+    trainer.train(1024, callback=kill_once, checkpoint_dir=tmp_path / "killed", checkpoint_every=512)
+    assert killed and trainer.global_step == reference.global_step == 1024
     for name, value in reference.policy.state_dict().items():
         assert torch.equal(value, trainer.policy.state_dict()[name]), name
 
