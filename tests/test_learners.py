@@ -103,3 +103,12 @@ def test_train_flow_with_two_learners_registers_a_model_that_passes_evaluation(r
     assert run.data.metrics["perf/allreduce_bytes"] > 0 and "perf/allreduce_ms" in run.data.metrics
     champion = client.get_model_version_by_alias(result.model_name, "champion")
     assert str(champion.version) == result.model_version and result.eval_mean >= THRESHOLD
+
+
+def test_num_learners_is_checked_and_refused_in_agent_groups():
+    from opentinker.multiagent import AgentGroup
+
+    with pytest.raises(ValueError, match="num_learners must be an int >= 1, got 0"):
+        PPOTrainer("CartPole-v1", num_learners=0, backend="local")
+    with pytest.raises(ValueError, match=r"configure\(prey=...\): num_learners must be 1 in an agent group"):
+        AgentGroup(policy_mapping={"predator": "PPO", "prey": "DQN"}).configure(prey={"num_learners": 2})
