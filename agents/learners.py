@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -100,11 +101,21 @@ class DistributedSync:
 class LearnerWorker:
     """One learner process (a Ray actor): a trainer without env copies, joined to the group's process group."""
 
-    def __init__(self, rank: int, world: int, trainer_cls: type, spaces: Any, seed: int, amp_mode: str, config: dict):
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        backend: str,
+        trainer_cls: type,
+        spaces: Any,
+        seed: int,
+        amp_mode: str,
+        config: dict,
+    ):
         import ray
 
         torch.set_num_threads(config.get("torch_threads") or 1)  # actors see every core; the group shares them
-        self.rank, self.world = rank, world
+        self.rank, self.world, self.backend = rank, world, backend
         self.device = "cuda" if ray.get_gpu_ids() else "cpu"
         self.trainer = trainer_cls(spaces, seed=seed, device=self.device, amp_mode=amp_mode, **config)
         # Rank 0 hosts the rendezvous store on a port the OS picks (no free-port race), before anyone joins.
@@ -123,7 +134,7 @@ class LearnerWorker:
         """Join the process group (a rendezvous: every rank's ``join`` must be running at once) and load ``state``."""
         store = self.store or dist.TCPStore(host, port, self.world, is_master=False, timeout=COLLECTIVE_TIMEOUT)
         dist.init_process_group(
-            "nccl" if self.device == "cuda" else "gloo",
+            self.backend,
             store=store,
             rank=self.rank,
             world_size=self.world,
@@ -164,6 +175,18 @@ class LearnerWorker:
         return os.getpid()
 
 
+def learner_gpus(device_type: str, num_learners: int, cluster_gpus: float) -> tuple[float, str]:
+    """(GPUs per learner, torch.distributed backend): on CUDA a GPU each with NCCL when the cluster has one per
+    learner; else an equal share of the GPUs with gloo (NCCL refuses two ranks on one device). CPU: gloo."""
+    if device_type != "cuda":
+        return 0.0, "gloo"
+    if cluster_gpus <= 0:
+        raise ValueError(f"num_learners={num_learners} on device cuda: the Ray cluster has no GPU")
+    if cluster_gpus >= num_learners:
+        return 1.0, "nccl"
+    return 1.0 / math.ceil(num_learners / cluster_gpus), "gloo"  # shares that pack whole GPUs
+
+
 class LearnerGroup:
     """``num_learners`` ``LearnerWorker`` actors started from ``trainer``'s current learner state."""
 
@@ -175,13 +198,14 @@ class LearnerGroup:
 
         ensure_ray()
         spaces = EnvSpaces(trainer.env_id, trainer.observation_space, trainer.action_space)
+        gpus, backend = learner_gpus(trainer.device.type, num_learners, ray.cluster_resources().get("GPU", 0.0))
         # No CPU reservation: learners must not wait behind rollout actors for a slot; their torch threads are set.
         actor = ray.remote(LearnerWorker).options(
-            num_cpus=0, num_gpus=1 if trainer.device.type == "cuda" else 0, max_restarts=0, scheduling_strategy="SPREAD"
+            num_cpus=0, num_gpus=gpus, max_restarts=0, scheduling_strategy="SPREAD"
         )
         config = vars(trainer.config)
         self.workers = [
-            actor.remote(rank, num_learners, type(trainer), spaces, trainer.seed, trainer.amp.mode, config)
+            actor.remote(rank, num_learners, backend, type(trainer), spaces, trainer.seed, trainer.amp.mode, config)
             for rank in range(num_learners)
         ]
         host, port = self._get(self.workers[0].store_address.remote())

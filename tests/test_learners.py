@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from opentinker.agents import DQNTrainer, PPOTrainer
+from opentinker.agents.learners import learner_gpus
 
 # 2 learners sum two row-weighted half-minibatch gradients where 1 learner sums all rows at once: the same terms in
 # another order, so float32 rounding differs by a few ulps (~1e-7 relative) per gradient. Adam's first steps move
@@ -112,3 +113,12 @@ def test_num_learners_is_checked_and_refused_in_agent_groups():
         PPOTrainer("CartPole-v1", num_learners=0, backend="local")
     with pytest.raises(ValueError, match=r"configure\(prey=...\): num_learners must be 1 in an agent group"):
         AgentGroup(policy_mapping={"predator": "PPO", "prey": "DQN"}).configure(prey={"num_learners": 2})
+
+
+def test_learner_gpu_placement():
+    assert learner_gpus("cpu", 4, 8.0) == (0.0, "gloo")
+    assert learner_gpus("cuda", 2, 2.0) == (1.0, "nccl")  # a GPU each
+    assert learner_gpus("cuda", 2, 1.0) == (0.5, "gloo")  # NCCL refuses two ranks on one GPU
+    assert learner_gpus("cuda", 4, 3.0) == (0.5, "gloo")  # 0.75 each would leave the 4th learner pending
+    with pytest.raises(ValueError, match="num_learners=2 on device cuda: the Ray cluster has no GPU"):
+        learner_gpus("cuda", 2, 0.0)
