@@ -92,6 +92,8 @@ def test_train_flow_with_two_learners_registers_a_model_that_passes_evaluation(r
 
     params = small_train_params(
         steps=2048,
+        backend="local",  # envs in-process: the learners are the only actors this run starts
+        workers=None,
         run_name="two-learners",
         model_name="test-two-learners",
         champion_threshold=THRESHOLD,
