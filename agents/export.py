@@ -15,7 +15,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from opentinker.agents.numpy_policy import NumpyPolicy
+from opentinker.envs.numpy_policy import NumpyPolicy
 
 FORMAT_VERSION = 1
 SPEC_FILE, WEIGHTS_FILE = "policy.json", "weights.npz"

@@ -24,7 +24,7 @@ import torch
 
 from opentinker.agents.amp import AmpController
 from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, restore_rng_state, rng_state
-from opentinker.agents.config import EnvConfig
+from opentinker.agents.config import TrainerConfig, check_fields
 from opentinker.agents.learners import (
     GradientSync,
     LearnerGroup,
@@ -33,7 +33,7 @@ from opentinker.agents.learners import (
     learner_group,
     restart_learners,
 )
-from opentinker.agents.numpy_policy import NumpyPolicy
+from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import RemoteEnv
 from opentinker.envs.rollout import Rollout, build_vector_env
 
@@ -166,7 +166,7 @@ class Trainer:
     """
 
     algorithm: str
-    config_cls: type[EnvConfig]
+    config_cls: type[TrainerConfig]
     value_based: bool
     sync: GradientSync = LocalSync()
     """How ``update`` shares its minibatches and gradients: alone, or all-reduced inside a ``LearnerWorker``."""
@@ -178,10 +178,13 @@ class Trainer:
     ):
         if policy != "MLP":
             raise ValueError(f"policy must be 'MLP' (the only architecture so far), got {policy!r}")
-        fields = {f.name for f in dataclasses.fields(self.config_cls)}
-        unknown = sorted(set(config) - fields)
-        if unknown:
-            raise ValueError(f"unknown {self.config_cls.__name__} field(s) {unknown}; valid fields: {sorted(fields)}")
+        check_fields(self.algorithm, config)
+        if isinstance(env, RemoteEnv):
+            if config.setdefault("num_envs", env.num_envs) != env.num_envs:  # unset: the env copies it was given
+                raise ValueError(
+                    f"num_envs={config['num_envs']} conflicts with the RemoteEnv's num_envs="
+                    f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only"
+                )
         self.config = self.config_cls(**config)
         self.seed, self.device = seed, resolve_device(device)
         self.env: RemoteEnv | None
@@ -190,13 +193,7 @@ class Trainer:
             self.env_id, self._spaces = env.env_id, (env.observation_space, env.action_space)
         else:
             if isinstance(env, RemoteEnv):
-                if "num_envs" in config and config["num_envs"] != env.num_envs:
-                    raise ValueError(
-                        f"num_envs={config['num_envs']} conflicts with the RemoteEnv's num_envs="
-                        f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only"
-                    )
                 self.env = env
-                self.config.num_envs = env.num_envs  # the default follows the env copies it was given
             else:
                 self.env = RemoteEnv(
                     env,

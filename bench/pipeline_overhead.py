@@ -37,13 +37,11 @@ def main() -> None:
     params = TrainParams(
         env_id="CartPole-v1", steps=args.steps, seed=args.seed, run_name="bench", model_name="bench-cartpole"
     )
-    resolved = resolve_params(params)
+    resolved = resolve_params(params).engine
 
     def bare() -> tuple[float, float]:
         started = time.perf_counter()
-        trainer = PPOTrainer(
-            "CartPole-v1", seed=args.seed, backend=resolved.backend, num_envs=resolved.num_envs, **resolved.ppo
-        )
+        trainer = PPOTrainer("CartPole-v1", seed=args.seed, **resolved.overrides())
         trainer.train(args.steps)
         mean = trainer.evaluate(params.eval_episodes, params.eval_seed).mean
         trainer.env.close()

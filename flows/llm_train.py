@@ -51,6 +51,8 @@ class GRPOParams(BaseModel):
     def _known_fields(cls, grpo: dict[str, Any]) -> dict[str, Any]:
         from opentinker.agents.grpo import grpo_config
 
+        if "task" in grpo:  # one place per field: the top-level task is what runs
+            raise ValueError("grpo.task: set it at the top level (task = ...), not in the [grpo] table")
         grpo_config(grpo)  # unknown field or bad value: named here, before any service starts
         return grpo
 
@@ -185,25 +187,3 @@ def grpo_train_flow(params: GRPOParams) -> GRPOFlowResult:
         adapter_dir=trained.adapter_dir,
         checkpoint_path=trained.checkpoint_path,
     )
-
-
-def run_grpo_command(task: str, config_file: Path | None, verbose: bool, **overrides: Any) -> GRPOFlowResult:
-    """``opentinker train TASK --algo grpo``: params checked first, then the flow, then a short summary."""
-    from opentinker.flows.console import console, prepare_prefect, ui_hints
-
-    params = load_grpo_params(config_file, task=task, **overrides)
-    prepare_prefect(verbose)
-    with console.status(f"GRPO on {params.task}: {params.steps} steps"):
-        result = grpo_train_flow(params)
-    before = f"{result.base_eval.success:.1%} → " if result.base_eval else ""
-    console.print(f"Held-out success: {before}{result.evaluation.success:.1%} over {result.evaluation.prompts} prompts")
-    console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
-    console.print(f"Gate: {result.decision}")
-    console.print(
-        f"Serve it: opentinker agent serve --llm models:/{result.model_name}@{result.aliases[-1]} "
-        f"--tool python_repl --api-key KEY"
-    )
-    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
-    for hint in ui_hints():
-        console.print(hint)
-    return result

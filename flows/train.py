@@ -27,20 +27,21 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
     """
     check_storage()
     params = resolve_params(params)
-    config = params.model_dump()
+    config = params.config_form()
     tracking = start_tracking_run(config, params.resolved_run_name, params.experiment)
+    engine = params.engine
     try:
-        if params.backend == "ray":
+        if engine.backend == "ray":
             start_ray()  # its own step: Ray's start-up shows in the UI, not inside the probe
         collect_rollouts(
             params.env_id,
             params.seed,
-            params.num_envs,
-            params.workers,
+            engine.num_envs,
+            engine.workers,
             run_id=tracking.run_id,
             rollout_num_cpus=params.rollout_num_cpus,
             rollout_num_gpus=params.rollout_num_gpus,
-            backend=params.backend,
+            backend=engine.backend,
         )
         trained = train_policy(
             tracking.run_id,
@@ -48,11 +49,7 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
             params.steps,
             params.seed,
             str(run_dir(get_settings().resolved_data_dir, params.resolved_run_name)),
-            algorithm=params.algorithm,
-            config=params.engine_overrides,
-            num_envs=params.num_envs,
-            workers=params.workers,
-            backend=params.backend,
+            engine.model_dump(exclude_none=True),
             num_gpus=params.num_gpus,
             rollout_num_cpus=params.rollout_num_cpus,
             rollout_num_gpus=params.rollout_num_gpus,
@@ -112,15 +109,13 @@ def run_train_flow(params: TrainParams) -> TrainFlowResult:
     first; the flow's training task adopts it. Other runs start training inside the flow as usual."""
     resolved = resolve_params(params)
     early = None
-    if resolved.backend == "local" and resolved.num_gpus == 0:
+    if resolved.engine.backend == "local" and resolved.num_gpus == 0:
         early = start_early(
             resolved.env_id,
             resolved.steps,
             resolved.seed,
             str(run_dir(get_settings().resolved_data_dir, resolved.resolved_run_name)),
-            resolved.algorithm,
-            resolved.engine_overrides,
-            resolved.num_envs,
+            resolved.engine.model_dump(exclude_none=True),
             resolved.resume,
             resolved.checkpoint_every,
         )

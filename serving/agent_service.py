@@ -7,7 +7,7 @@ Threads persist in the agent's SQLite checkpointer, so a restarted service conti
 
 Configured by ``OPENTINKER_AGENT_CONFIG`` (JSON of ``AgentServiceConfig``, set by ``serve_agent``). This
 module is the edge where MLflow tracing (``mlflow.langchain.autolog``: spans per model/tool call, token usage)
-is switched on; ``agents/llm`` itself never imports MLflow or BentoML.
+is switched on; ``opentinker/llm`` itself never imports MLflow or BentoML.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def enable_tracing(experiment: str | None = None) -> None:
 
 def build_agent(config: AgentServiceConfig):
     """The ``LangChainAgent`` a config describes (also used by ``opentinker agent chat``)."""
-    from opentinker.agents.llm import LangChainAgent, PolicyTool, PythonREPL, WebSearch
+    from opentinker.llm import LangChainAgent, PolicyTool, PythonREPL, WebSearch
 
     tools: list[Any] = []
     for name in config.tools:
@@ -143,11 +143,11 @@ class AgentService:
             enable_tracing()
         self.agent = build_agent(self.config)
         if self.config.llm == "local" and not self.config.base_url:
-            from opentinker.agents.llm.local_weights import load_local_weights
+            from opentinker.agents.lm_weights import load_local_weights
 
             load_local_weights()  # load before /readyz turns green, not on the first request
         elif self.config.llm.startswith("models:/"):
-            from opentinker.agents.llm.local_model import load_adapter_weights
+            from opentinker.llm.local_model import load_adapter_weights
 
             load_adapter_weights(self.config.llm)
 

@@ -169,8 +169,8 @@ def evaluate_adapter(
     """Base + merged adapter, greedy, on the first ``prompts`` held-out examples of the adapter's own task —
     the model and decoding the agent service runs. Logged (metrics + episode table) when ``run_id`` is given."""
     from opentinker.agents.grpo import summarise
-    from opentinker.agents.llm.policy import load_adapted_model
-    from opentinker.agents.llm.rollout import evaluate_model
+    from opentinker.agents.lm_policy import load_adapted_model
+    from opentinker.agents.lm_rollout import evaluate_model
 
     model, tokenizer, meta = load_adapted_model(adapter_dir, cache_dir)
     episodes = evaluate_model(

@@ -2,7 +2,7 @@
 files + ``opentinker_llm.json`` naming the base model), loaded through this module (no pickled code).
 
 ``mlflow.pyfunc.load_model(uri).predict(["What is 2 + 3?"])`` answers with the base + adapter, greedily; OpenTinker's
-chat model downloads the folder (``download_adapter``) and serves it (``agents.llm.local_model.AdapterChatModel``).
+chat model downloads the folder (``download_adapter``) and serves it (``opentinker.llm.local_model.AdapterChatModel``).
 URIs resolve like policies' (``tasks.model_store.resolve_policy``): ``models:/NAME@champion`` names one version.
 """
 
@@ -24,7 +24,7 @@ def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str
     """Log the adapter folder into ``run_id`` and register it as a new version of ``registered_name``."""
     import mlflow
 
-    from opentinker.agents.llm.policy import ADAPTER_META
+    from opentinker.agents.lm_policy import ADAPTER_META
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / ADAPTER_META).is_file():
@@ -45,7 +45,7 @@ def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str
 
 def download_adapter(model_uri: str) -> tuple[PolicyRef, Path]:
     """(the exact version a URI names now, its adapter folder); a local adapter folder is used as is."""
-    from opentinker.agents.llm.policy import ADAPTER_META
+    from opentinker.agents.lm_policy import ADAPTER_META
 
     if not model_uri.startswith(("models:/", "runs:/")):
         folder = Path(model_uri)
@@ -67,12 +67,12 @@ class _AdapterPyfunc:
     """``predict(list of prompts) -> list of replies`` (greedy, the chat template, no tools)."""
 
     def __init__(self, folder: str):
-        from opentinker.agents.llm.policy import load_adapted_model
+        from opentinker.agents.lm_policy import load_adapted_model
 
         self.model, self.tokenizer, self.meta = load_adapted_model(folder)
 
     def predict(self, model_input: Any, params: dict | None = None) -> list[str]:
-        from opentinker.agents.llm.rollout import generate
+        from opentinker.agents.lm_rollout import generate
 
         prompts = [
             self.tokenizer.apply_chat_template(

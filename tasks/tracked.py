@@ -20,25 +20,25 @@ def _params(
     eval_seed: int,
 ):
     """The run described as ``TrainParams``, so the logged params read as a flow run's do."""
-    from opentinker.agents.config import ENV_FIELDS
     from opentinker.flows.params import TrainParams
 
     env = trainer.env
-    config = {k: v for k, v in dataclasses.asdict(trainer.config).items() if k not in ENV_FIELDS}
+    engine = {
+        **dataclasses.asdict(trainer.config),
+        "algorithm": trainer.algorithm,
+        "backend": env.backend,
+        "workers": env.num_workers if env.backend == "ray" else None,
+    }
     return TrainParams(
         env_id=trainer.env_id,
         steps=steps,
         seed=trainer.seed,
-        algorithm=trainer.algorithm,
-        num_envs=env.num_envs,
-        backend=env.backend,
-        workers=env.num_workers if env.backend == "ray" else None,
+        engine=engine,
         run_name=run_name,
         model_name=model_name,
         experiment=experiment,
         eval_episodes=eval_episodes,
         eval_seed=eval_seed,
-        **{trainer.algorithm: config},
     )
 
 
@@ -64,7 +64,7 @@ def train_tracked(
     from opentinker.tasks.upload import render_reports, upload_artifacts
 
     params = _params(trainer, steps, run_name, model_name, experiment, eval_episodes, eval_seed)
-    config = params.model_dump()
+    config = params.config_form()
     tracking = start_tracking_run.fn(config, params.resolved_run_name, params.experiment)
     trainer.last_run_id = tracking.run_id
     try:

@@ -207,6 +207,27 @@ def test_sdk_train_with_track_logs_the_flow_layout():
     trainer.env.close()
 
 
+def test_sdk_tracked_run_has_the_flow_runs_metrics_and_engine_params():
+    """One training entry: ``train(track=True)`` and ``train_flow`` log the same metric names and engine params (the
+    flow adds only its probe's random-policy return)."""
+    from opentinker import PPOTrainer
+    from opentinker.flows.params import TrainParams
+    from opentinker.flows.train import run_train_flow
+
+    engine = {"num_envs": 4, "backend": "local", "n_steps": 32, "hidden_sizes": (16,)}
+    flow = run_train_flow(
+        TrainParams(steps=256, seed=5, engine=engine, run_name="same-flow", model_name="same-flow", eval_episodes=2)
+    )
+    trainer = PPOTrainer("CartPole-v1", seed=5, **engine)
+    trainer.train(256, track=True, run_name="same-sdk", model_name="same-sdk", eval_episodes=2)
+    trainer.env.close()
+    flow_run, sdk_run = _client().get_run(flow.run_id), _client().get_run(trainer.last_run_id)
+    assert set(sdk_run.data.metrics) == set(flow_run.data.metrics) - {"charts/random_policy_return"}
+    assert "charts/sps" in sdk_run.data.metrics and "losses/policy" in sdk_run.data.metrics
+    for key in ("algorithm", "num_envs", "backend", "ppo.n_steps", "ppo.hidden_sizes"):
+        assert sdk_run.data.params[key] == flow_run.data.params[key], key
+
+
 def test_cli_training_starts_before_its_flow_run_and_keeps_every_metric(tmp_path):
     """``opentinker train`` on an in-process env starts training while Prefect starts; the flow adopts it and the
     metrics logged before its MLflow run existed are all there, at their steps."""

@@ -1,19 +1,95 @@
-"""What the pipeline commands need around a flow run: Prefect environment, quiet logs, progress bar, summary."""
+"""The CLI's one console, its error decorator, and what a flow run needs around it in a terminal.
+
+Heavy packages are imported inside functions so ``opentinker --help`` stays fast.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Annotated, ParamSpec, TypeVar
 
+import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 console = Console(soft_wrap=True)  # long paths and URIs stay on one line (copy-pasteable)
 
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect/MLflow logs and full tracebacks.")]
+
 _NOISY_LOGGERS = ("mlflow", "ray", "alembic", "httpx", "urllib3", "botocore", "bentoml", "filelock")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """The project's bad-input (and clearly explained start-up) errors: their message is the whole story."""
+    from pydantic import ValidationError
+
+    from opentinker.agents.bc import DatasetError
+    from opentinker.envs.errors import EnvSpecError, EnvValidationError
+    from opentinker.federated.config import FederatedConfigError
+    from opentinker.federated.deploy import FederationError
+    from opentinker.flows.params import ConfigError
+    from opentinker.infra.cluster import ClusterError
+    from opentinker.infra.processes import ServiceError
+    from opentinker.infra.s3 import S3Error
+    from opentinker.infra.stack import StackError
+    from opentinker.serving.auth import ApiKeyError
+    from opentinker.serving.deploy import DeploymentError
+    from opentinker.tasks.model_store import PolicyStoreError
+
+    return (
+        ConfigError,
+        ValidationError,  # pydantic models and settings (OPENTINKER_* variables)
+        EnvSpecError,
+        EnvValidationError,
+        ApiKeyError,
+        PolicyStoreError,
+        DatasetError,
+        FederatedConfigError,
+        FederationError,
+        DeploymentError,
+        StackError,
+        ClusterError,
+        ServiceError,
+        S3Error,  # unreachable storage or refused credentials
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
+    from opentinker.flows.params import describe_errors
+
+    if isinstance(exc, ValidationError):
+        return f"invalid {exc.title}:\n{describe_errors(exc)}"
+    return str(exc)
+
+
+def cli_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Known bad input: one red ``error:`` line (or a field list) and exit code 1. Anything else: the traceback.
+
+    A command with ``--verbose`` re-raises known errors too, for their traceback.
+    """
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except Exception as exc:
+            if kwargs.get("verbose") or not isinstance(exc, _known_errors()):
+                raise
+            console.print(f"[bold red]error:[/] {escape(_describe(exc))}")
+            raise typer.Exit(1) from None
+
+    return wrapper
 
 
 def prepare_prefect(verbose: bool = False) -> None:
@@ -70,16 +146,17 @@ def training_progress(total_steps: int, label: str) -> Iterator[None]:
             progress.remove_listener(listener)
 
 
-def ui_hints() -> list[str]:
+def print_ui_hints() -> None:
     """How to look at what just happened."""
     from opentinker.infra.settings import get_settings
     from opentinker.tasks.tracking import ui_url
 
     settings = get_settings()
-    hints = [f"MLflow UI:  {ui_url('experiments')}"]
+    console.print(f"MLflow UI:  {ui_url('experiments')}")
     prefect_url = settings.prefect_api_url or os.environ.get("PREFECT_API_URL", "")
     if prefect_url:
-        hints.append(f"Prefect UI: {prefect_url.removesuffix('/api')}/runs")
+        console.print(f"Prefect UI: {prefect_url.removesuffix('/api')}/runs")
     if not (prefect_url and settings.tracking_uri.startswith("http")):
-        hints.append("Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)")
-    return hints
+        console.print(
+            "Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)"
+        )
