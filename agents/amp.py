@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -58,8 +59,12 @@ class AmpController:
         optimizer: torch.optim.Optimizer,
         params: list[torch.nn.Parameter],
         max_grad_norm: float,
+        reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
     ) -> bool:
         """Backward, clip and apply one update; False when the step was skipped (safe mode fallback).
+
+        ``reduce(params)`` averages the gradients across learners right after backward (still scaled, so every
+        learner then takes the same unscale, finite-check, clip and step decisions).
 
         Under bf16/fp16 a non-finite loss, or non-finite gradients that loss scaling cannot explain (bf16 has
         no scaler; fp16 once the scale is down to 1), raise ``AmpNaNError`` naming ``amp_mode='safe'``.
@@ -72,6 +77,8 @@ class AmpController:
             return self._fall_back(f"non-finite loss ({loss.item()}) under {self.dtype}", optimizer)
         optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        if reduce is not None:
+            reduce(params)
         self.scaler.unscale_(optimizer)
         if guard and not all(torch.isfinite(p.grad).all().item() for p in params if p.grad is not None):
             return self._fall_back(f"non-finite gradients under {self.dtype}", optimizer)

@@ -29,6 +29,9 @@ class TrainerConfig:
     """Hidden-layer activation: "tanh" or "relu"."""
     total_steps: int | None = None
     """Horizon of the schedules (LR annealing, epsilon). None: the ``steps`` of the first ``train`` call."""
+    num_learners: int = 1
+    """Learner processes (Ray actors) sharing each update: every minibatch is split across them and their gradients
+    are averaged with a ring all-reduce (torch.distributed: gloo on CPU, NCCL on CUDA). 1: in this process."""
     torch_threads: int | None = 1
     """Torch intra-op threads while ``train`` runs (restored after). Small MLPs are overhead-bound: extra
     threads only spin against the env loop and other processes. None keeps torch's setting."""
@@ -38,6 +41,12 @@ class TrainerConfig:
         check_field("num_envs", isinstance(self.num_envs, int) and self.num_envs >= 1, "an int >= 1", self.num_envs)
         check_field("workers", self.workers is None or self.workers >= 1, "None or an int >= 1", self.workers)
         check_field("backend", self.backend in BACKENDS, " or ".join(map(repr, BACKENDS)), self.backend)
+        check_field(
+            "num_learners",
+            isinstance(self.num_learners, int) and self.num_learners >= 1,
+            "an int >= 1",
+            self.num_learners,
+        )
         check_field("activation", self.activation in ("tanh", "relu"), '"tanh" or "relu"', self.activation)
         check_field(
             "hidden_sizes",

@@ -72,8 +72,9 @@ class DQNTrainer(Trainer):
             self.pending_updates += rollout.num_steps / c.train_frequency
             while self.pending_updates >= 1.0:
                 self.pending_updates -= 1.0
+                part = self.sync.shard(c.batch_size)  # this learner's rows of the sample (all when it is alone)
                 batch = {
-                    k: torch.as_tensor(v, device=self.device)
+                    k: torch.as_tensor(v[part], device=self.device)
                     for k, v in self.buffer.sample(c.batch_size, self.rng).items()
                 }
                 with torch.no_grad():
@@ -83,9 +84,10 @@ class DQNTrainer(Trainer):
                     q_all = self.policy(self.policy.preprocess(batch["obs"]))
                 q_taken = q_all.float().gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
                 loss = F.mse_loss(q_taken, td_target)
-                self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm)
-                losses.append(loss.item())
-                q_values.append(q_taken.mean().item())
+                self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm, reduce=self.sync.reduce)
+                step_loss, step_q = self.sync.average(torch.stack([loss.detach(), q_taken.detach().mean()]).float())
+                losses.append(step_loss.item())
+                q_values.append(step_q.item())
         # 4. Target network: soft/hard update every ``target_network_frequency`` env steps.
         while self.global_step >= self.next_target_update:
             self.next_target_update += c.target_network_frequency

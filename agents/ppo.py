@@ -98,6 +98,9 @@ class PPOTrainer(Trainer):
             order = torch.as_tensor(self.rng.permutation(batch), device=self.device)
             for start in range(0, batch, minibatch):
                 mb = order[start : start + minibatch]
+                mb_adv = normalize(b_advantages[mb]) if c.norm_adv else b_advantages[mb]
+                part = self.sync.shard(len(mb))  # this learner's rows (all of them when it is alone)
+                mb, mb_adv = mb[part], mb_adv[part]
                 with self.amp.autocast():
                     newlogprob, entropy, newvalue = self.policy.evaluate_actions(b_x[mb], b_actions[mb])
                 logratio = newlogprob - b_logprobs[mb]
@@ -105,19 +108,16 @@ class PPOTrainer(Trainer):
                 with torch.no_grad():
                     approx_kl = ((ratio - 1) - logratio).mean()
                     stats["clipfrac"].append(((ratio - 1.0).abs() > c.clip_coef).float().mean())
-                mb_adv = normalize(b_advantages[mb]) if c.norm_adv else b_advantages[mb]
                 pg_loss = clipped_policy_loss(mb_adv, ratio, c.clip_coef)
                 v_loss = value_loss(newvalue, b_values[mb], b_returns[mb], c.clip_coef if c.clip_vloss else None)
                 entropy_loss = entropy.mean()
                 loss = pg_loss - c.ent_coef * entropy_loss + v_loss * c.vf_coef
-                self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm)
-                for key, value in (
-                    ("policy", pg_loss),
-                    ("value", v_loss),
-                    ("entropy", entropy_loss),
-                    ("approx_kl", approx_kl),
-                ):
-                    stats[key].append(value.detach().float())
+                self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm, reduce=self.sync.reduce)
+                # The whole minibatch's statistics (every learner needs the same approx_kl for target_kl).
+                step_stats = [pg_loss, v_loss, entropy_loss, approx_kl, stats["clipfrac"].pop()]
+                step_stats = self.sync.average(torch.stack([v.detach().float() for v in step_stats]))
+                for key, value in zip(("policy", "value", "entropy", "approx_kl", "clipfrac"), step_stats):
+                    stats[key].append(value)
             if c.target_kl is not None and stats["approx_kl"][-1].item() > c.target_kl:
                 break
         # 5. Observation statistics for the next rollout (this one was collected and trained with the old ones).

@@ -26,6 +26,14 @@ from opentinker.agents.amp import AmpController
 from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, restore_rng_state, rng_state
 from opentinker.agents.config import TrainerConfig, check_fields
 from opentinker.agents.evaluation import EvalResult, evaluate_episodes
+from opentinker.agents.learners import (
+    GradientSync,
+    LearnerGroup,
+    LearnerGroupError,
+    LocalSync,
+    learner_group,
+    restart_learners,
+)
 from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import RemoteEnv
 from opentinker.envs.rollout import Rollout
@@ -155,6 +163,10 @@ class Trainer:
     algorithm: str
     config_cls: type[TrainerConfig]
     value_based: bool
+    sync: GradientSync = LocalSync()
+    """How ``update`` shares its minibatches and gradients: alone, or all-reduced inside a ``LearnerWorker``."""
+    learners: LearnerGroup | None = None
+    """With ``num_learners > 1``, the learner processes that run ``update`` while ``train`` runs."""
 
     def __init__(
         self, env: Any, policy: str = "MLP", seed: int = 0, device: str = "auto", amp_mode: str = "off", **config: Any
@@ -214,7 +226,11 @@ class Trainer:
         )
 
     def _iterate(self) -> dict[str, float]:
-        return self.update(self.collect())
+        if self.learners is None:
+            return self.update(self.collect())
+        metrics, weights, self.global_step = self.learners.update(self.collect())
+        self.policy.load_state_dict(weights)  # the rollout workers act with learner 0's weights
+        return metrics
 
     def _own_env(self, action: str) -> RemoteEnv:
         if self.env is None:
@@ -249,12 +265,16 @@ class Trainer:
         start, start_step = time.perf_counter(), self.global_step
 
         def iterate() -> dict[str, float]:
-            metrics = self._iterate()
+            try:
+                metrics = self._iterate()
+            except LearnerGroupError:
+                restart_learners(self, None if checkpoint_dir is None else Path(checkpoint_dir) / CHECKPOINT_NAME)
+                metrics = self._iterate()
             metrics["charts/sps"] = (self.global_step - start_step) / max(time.perf_counter() - start, 1e-9)
             metrics.update(self.amp.metrics())
             return metrics
 
-        with torch_threads(self.config.torch_threads):
+        with torch_threads(self.config.torch_threads), learner_group(self):
             return train_loop(self, iterate, steps, callback, checkpoint_dir, checkpoint_every)
 
     @staticmethod
@@ -310,6 +330,8 @@ class Trainer:
 
         A trainer built from ``EnvSpaces`` saves no env (its owner keeps the env copies); load it with ``env=``.
         """
+        if self.learners is not None:
+            self.load_learner_state(self.learners.state())
         env_ref = None if self.env is None else self.env.env
         if env_ref is not None and not isinstance(env_ref, str):
             try:
@@ -333,15 +355,9 @@ class Trainer:
                 "seed": self.env.seed,
                 **self.env.env_kwargs,
             },
-            "policy": self.policy.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "global_step": self.global_step,
             "iteration": self.iteration,
-            "horizon": self.horizon,
-            "rng": rng_state(self.rng),
             "env_state": [] if self.env is None else self.env.get_state(),
-            "amp": self.amp.state_dict(),
-            "extra": self._extra_state(),
+            **self.learner_state(),
         }
         return atomic_save(state, path)
 
@@ -360,19 +376,37 @@ class Trainer:
             env = RemoteEnv(ref, validate=False, **state["env_args"])
         config = dict(state["config"])
         trainer = cls(env, seed=state["seed"], device=device, amp_mode=state["amp_mode"], **config)
-        trainer.policy.load_state_dict(state["policy"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        trainer.global_step, trainer.iteration, trainer.horizon = (
-            state["global_step"],
-            state["iteration"],
-            state["horizon"],
-        )
-        trainer.amp.load_state_dict(state["amp"])
-        trainer._load_extra_state(state["extra"])
-        if trainer.env is not None and trainer.env.num_workers == len(state["env_state"]):
-            trainer.env.set_state(state["env_state"])
-        restore_rng_state(state["rng"], trainer.rng)
+        trainer.restore(state)
         return trainer
+
+    def restore(self, state: dict[str, Any] | str | os.PathLike) -> None:
+        """Continue from a checkpoint (a loaded one or its path): learner state, iteration, env workers' state."""
+        state = state if isinstance(state, dict) else load_checkpoint(state)
+        self.load_learner_state(state)
+        self.iteration = state["iteration"]
+        if self.env is not None and self.env.num_workers == len(state["env_state"]):
+            self.env.set_state(state["env_state"])
+
+    def learner_state(self) -> dict[str, Any]:
+        """What the learner owns (weights, optimiser, step counter, horizon, RNG, AMP, extras): what a learner
+        process starts from and hands back; a checkpoint adds the iteration and the env state."""
+        return {
+            "policy": self.policy.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "global_step": self.global_step,
+            "horizon": self.horizon,
+            "rng": rng_state(self.rng),
+            "amp": self.amp.state_dict(),
+            "extra": self._extra_state(),
+        }
+
+    def load_learner_state(self, state: dict[str, Any]) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.global_step, self.horizon = state["global_step"], state["horizon"]
+        self.amp.load_state_dict(state["amp"])
+        self._load_extra_state(state["extra"])
+        restore_rng_state(state["rng"], self.rng)
 
     @property
     def observation_space(self) -> gym.Space:

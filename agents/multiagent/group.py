@@ -83,6 +83,11 @@ class AgentGroup:
                         f"configure({kind}=...): {key!r} is shared by the whole group (every kind trains "
                         "on the same rollouts); set num_envs=, n_steps=, backend=, workers= in AgentGroup.build"
                     )
+                if field == "num_learners" and value != 1:
+                    raise ValueError(
+                        f"configure({kind}=...): num_learners must be 1 in an agent group (data-parallel learners "
+                        f"run under Trainer.train; GroupTrainer updates each kind in its own process), got {value!r}"
+                    )
                 if field not in fields:
                     valid = sorted(fields - set(GROUP_FIELDS) | set(ALIASES))
                     raise ValueError(
