@@ -21,14 +21,20 @@ def up(
     cpus_per_node: int = typer.Option(1, min=1, help="CPUs each node offers to Ray."),
     object_store_mb: int = typer.Option(512, min=64, help="Object store size per node (MiB)."),
     timeout: float = typer.Option(180.0, help="Seconds to wait for each node."),
+    autoscale: bool = typer.Option(
+        False, "--autoscale", help="Only the head; Ray's autoscaler adds up to NODES-1 workers for pending actors."
+    ),
+    idle_timeout_s: float | None = typer.Option(
+        None, help="With --autoscale: remove a worker idle this long (default: settings, else 60)."
+    ),
 ) -> None:
     """Start a head and NODES-1 worker nodes, each `ray start --block` in its own process group."""
-    from opentinker.infra.cluster import ClusterError, LocalCluster
+    from opentinker.infra.autoscale import start_cluster
+    from opentinker.infra.cluster import ClusterError
 
-    cluster = LocalCluster()
     try:
-        with console.status(f"starting {nodes} Ray node(s)"):
-            cluster.up(nodes=nodes, cpus_per_node=cpus_per_node, object_store_mb=object_store_mb, timeout=timeout)
+        with console.status("starting the Ray cluster"):
+            cluster = start_cluster(nodes, cpus_per_node, object_store_mb, timeout, autoscale, idle_timeout_s)
     except ClusterError as exc:
         console.print(f"[red]cluster up failed:[/red] {exc}")
         raise typer.Exit(1) from exc
