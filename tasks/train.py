@@ -74,6 +74,7 @@ def train_policy(
     import mlflow
 
     from opentinker.envs import RemoteEnv
+    from opentinker.infra.autoscale import log_capacity_wait
     from opentinker.infra.ray_runtime import failing_without_rollout_nodes, learner_device, rollout_actor_options
 
     root = Path(directory)
@@ -91,11 +92,15 @@ def train_policy(
         early.cancel()
     with learner_device(num_gpus) as device:  # first: a missing GPU fails before any actor starts
         options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if backend == "ray" else None
+        placing = time.perf_counter()
         env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend=backend, seed=seed, ray_options=options)
         try:
             nodes = [node or "local" for node in env.worker_node_ids()]
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
             client.set_tag(run_id, "opentinker.rollout_nodes", ",".join(nodes))
+            if options:  # nodes used, and the wait for capacity (autoscaler launches included)
+                client.log_metric(run_id, "perf/rollout_nodes", len(set(nodes)))
+                log_capacity_wait(client, run_id, time.perf_counter() - placing)
             with failing_without_rollout_nodes(options, env.close) if options else contextlib.nullcontext():
                 outcome = _train(
                     env, run_id, env_id, steps, seed, root, algorithm, config, device, resume, checkpoint_every
