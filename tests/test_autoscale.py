@@ -76,7 +76,7 @@ def test_autoscaler_launches_rollout_nodes_for_a_run_removes_them_when_idle_and_
     )
     impossible = feasible.model_copy(update={"rollout_num_cpus": 2.0, "run_name": "autoscale-impossible"})
     out, log = tmp_path / "out.txt", tmp_path / "driver.log"
-    driver, seen = None, {}  # node id -> (last time the autoscaler reported it alive, since when it was idle then)
+    driver, idle_since, gone = None, {}, {}  # node id -> since when idle (0: busy) at its last report; when it vanished
     # `opentinker cluster up` autoscales because the settings say so: at most 3 nodes, the head and 2 workers.
     with settings_env(OPENTINKER_DATA_DIR=str(tmp_path), OPENTINKER_CLUSTER_IDLE_TIMEOUT_S=str(IDLE_TIMEOUT_S)):
         cluster = LocalCluster()
@@ -108,13 +108,14 @@ def test_autoscaler_launches_rollout_nodes_for_a_run_removes_them_when_idle_and_
         # Watch the nodes until the driver is done and every launched node is gone again.
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            alive = _rollout_nodes(address)
-            seen.update((node, (time.time(), idle_since)) for node, idle_since in alive.items())
+            alive, now = _rollout_nodes(address), time.time()
+            idle_since.update(alive)
+            gone.update((node, now) for node in idle_since.keys() - alive.keys() - gone.keys())
             if driver.poll() is not None and not alive:
                 break
             time.sleep(0.5)
         assert driver.wait(timeout=30) == 0, log.read_text()[-4000:]
-        assert not _rollout_nodes(address), f"rollout nodes still alive: {seen}"
+        assert not _rollout_nodes(address), f"rollout nodes still alive: {idle_since}"
     finally:
         if driver is not None and driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
@@ -123,17 +124,23 @@ def test_autoscaler_launches_rollout_nodes_for_a_run_removes_them_when_idle_and_
 
     lines = out.read_text().splitlines()
     report = _line(lines, "RESULT ")
-    run = mlflow.MlflowClient(get_settings().tracking_uri).get_run(report["result"]["run_id"])
+    client = mlflow.MlflowClient(get_settings().tracking_uri)
+    run = client.get_run(report["result"]["run_id"])
     assert report["result"]["global_step"] >= feasible.steps
     # The run trained on 2 nodes the autoscaler launched for it (none existed when it started)...
     nodes = run.data.tags["opentinker.rollout_nodes"].split(",")
-    assert len(set(nodes)) == 2 and set(nodes) <= seen.keys(), (nodes, seen)
+    assert len(set(nodes)) == 2 and set(nodes) <= idle_since.keys(), (nodes, idle_since)
     assert run.data.metrics["perf/rollout_nodes"] == 2
-    assert run.data.metrics["perf/capacity_wait_s"] > 0
+    waits = [
+        m.value
+        for m in sorted(client.get_metric_history(run.info.run_id, "perf/capacity_wait_s"), key=lambda m: m.step)
+    ]
+    assert len(waits) == 2 and 0 < waits[0] <= waits[1] == run.data.metrics["perf/capacity_wait_s"], waits
     # ...and which the autoscaler removed once they had been idle for the idle timeout (not before).
-    idle_for = {node: seen[node][0] - seen[node][1] for node in set(nodes)}
+    # (-1 s: the idle time in a report is up to the raylet's report period old, so "since" may come out a bit late.)
+    idle_for = {node: gone[node] - idle_since[node] for node in set(nodes)}
     assert all(IDLE_TIMEOUT_S - 1 <= s <= IDLE_TIMEOUT_S + REMOVAL_SLACK_S for s in idle_for.values()), idle_for
-    assert max(seen[node][1] for node in nodes) <= report["ended"]  # idle from the end of training, before the flow's
+    assert max(idle_since[node] for node in nodes) <= report["ended"]  # idle from training's end, before the flow's
 
     failure = _line(lines, "FAILED ")
     assert failure["type"] == "ClusterResourceError", failure
@@ -147,6 +154,7 @@ def test_autoscaler_launches_rollout_nodes_for_a_run_removes_them_when_idle_and_
         "autoscale figures: "
         + json.dumps(
             {
+                "scale_up_s": waits[0],  # the probe's 2 actors: both workers launched and the actors running
                 "capacity_wait_s": run.data.metrics["perf/capacity_wait_s"],
                 "removed_after_idle_s": {node[-5:]: round(idle, 1) for node, idle in idle_for.items()},
                 "infeasible_failure_s": round(failure["seconds"], 1),
