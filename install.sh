@@ -3,7 +3,7 @@
 # uv resolves nothing here: requirements.lock pins every package, so users and CI get the same set.
 set -euo pipefail
 cd "$(dirname "$0")"
-# Debian packages: bubblewrap isolates the agents' Python tool (agents/llm/sandbox.py) and libseccomp2 backs its
+# Debian packages: bubblewrap isolates the agents' Python tool (opentinker/llm/sandbox.py) and libseccomp2 backs its
 # seccomp filter (both required); chromium and chromium-driver run the dashboard browser test (tests/test_dashboards.py).
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)

@@ -1,6 +1,6 @@
-"""RL core, torch + numpy only: configs, policies, PPO, DQN, buffers, checkpoints, export.
+"""RL core: configs, policies, PPO, DQN, GRPO with the trainable LM policy, buffers, checkpoints, export.
 
-Names resolve lazily so that rollout workers importing ``opentinker.agents.numpy_policy`` never load torch.
+Names resolve lazily so that importing one submodule (``agents.config``, ``agents.export``) never loads torch.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ _EXPORTS = {
     "DQNConfig": "opentinker.agents.config",
     "PPOTrainer": "opentinker.agents.ppo",
     "DQNTrainer": "opentinker.agents.dqn",
-    "EvalResult": "opentinker.agents.trainer",
+    "EvalResult": "opentinker.agents.evaluation",
     "export_policy": "opentinker.agents.export",
     "load_policy": "opentinker.agents.export",
     "InferencePolicy": "opentinker.agents.export",

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from opentinker.agents.policies import ActorCritic
+from opentinker.infra.checks import check_field, check_ints
 
 REQUIRED_FIELDS = ("obs", "actions")
 OPTIONAL_FIELDS = ("rewards", "terminated", "truncated", "next_obs")
@@ -49,13 +50,9 @@ class BCConfig:
     """Torch intra-op threads during the update (restored after); small MLPs are overhead-bound."""
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {getattr(self, name)!r}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate!r}")
-        if self.box_loss not in BOX_LOSSES:
-            raise ValueError(f"box_loss must be one of {BOX_LOSSES}, got {self.box_loss!r}")
+        check_ints(self, ("epochs", "batch_size"))
+        check_field("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
+        check_field("box_loss", self.box_loss in BOX_LOSSES, f"one of {BOX_LOSSES}", self.box_loss)
 
 
 @dataclass

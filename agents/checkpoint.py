@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from opentinker.infra.files import atomic_write
 
 CHECKPOINT_NAME = "checkpoint.pt"
 
@@ -42,20 +43,8 @@ def resolve_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def atomic_save(state: dict[str, Any], path: str | os.PathLike) -> Path:
-    """Write to a temp file in the same directory, fsync, then rename: a crash never leaves a torn file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(state, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """``torch.save`` through ``atomic_write``: a crash never leaves a torn checkpoint."""
+    return atomic_write(path, lambda handle: torch.save(state, handle))
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-
-def _check(name: str, ok: bool, expected: str, value: object) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {expected}, got {value!r}")
+from opentinker.envs.remote_env import BACKENDS
+from opentinker.infra.checks import check_field
 
 
 @dataclass
-class EnvConfig:
-    """Fields shared by every trainer: how the env copies are built when the trainer is given an env id."""
+class TrainerConfig:
+    """Fields every trainer's config has: how its env copies are built (when given an env id), the network, the
+    schedules' horizon and the torch threads while it trains."""
 
     num_envs: int = 8
     """Env copies stepped together (with a RemoteEnv: its ``num_envs``; a different value here is an error)."""
@@ -35,21 +35,23 @@ class EnvConfig:
 
     def __post_init__(self) -> None:
         self.hidden_sizes = tuple(self.hidden_sizes)
-        _check("num_envs", isinstance(self.num_envs, int) and self.num_envs >= 1, "an int >= 1", self.num_envs)
-        _check("activation", self.activation in ("tanh", "relu"), '"tanh" or "relu"', self.activation)
-        _check(
+        check_field("num_envs", isinstance(self.num_envs, int) and self.num_envs >= 1, "an int >= 1", self.num_envs)
+        check_field("workers", self.workers is None or self.workers >= 1, "None or an int >= 1", self.workers)
+        check_field("backend", self.backend in BACKENDS, " or ".join(map(repr, BACKENDS)), self.backend)
+        check_field("activation", self.activation in ("tanh", "relu"), '"tanh" or "relu"', self.activation)
+        check_field(
             "hidden_sizes",
             all(isinstance(h, int) and h > 0 for h in self.hidden_sizes),
             "positive ints",
             self.hidden_sizes,
         )
-        _check("total_steps", self.total_steps is None or self.total_steps > 0, "None or > 0", self.total_steps)
+        check_field("total_steps", self.total_steps is None or self.total_steps > 0, "None or > 0", self.total_steps)
         for name in (f.name for f in dataclasses.fields(self) if f.type == "float"):
-            _check(name, getattr(self, name) >= 0, ">= 0", getattr(self, name))
+            check_field(name, getattr(self, name) >= 0, ">= 0", getattr(self, name))
 
 
 @dataclass
-class PPOConfig(EnvConfig):
+class PPOConfig(TrainerConfig):
     """Proximal Policy Optimisation (clipped objective, GAE), after CleanRL's ppo.py / ppo_continuous_action.py."""
 
     n_steps: int = 128
@@ -92,16 +94,16 @@ class PPOConfig(EnvConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check("n_steps", isinstance(self.n_steps, int) and self.n_steps >= 1, "an int >= 1", self.n_steps)
-        _check("num_minibatches", self.num_minibatches >= 1, "an int >= 1", self.num_minibatches)
-        _check("update_epochs", self.update_epochs >= 1, "an int >= 1", self.update_epochs)
-        _check("gamma", 0 <= self.gamma <= 1, "in [0, 1]", self.gamma)
-        _check("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]", self.gae_lambda)
-        _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
+        check_field("n_steps", isinstance(self.n_steps, int) and self.n_steps >= 1, "an int >= 1", self.n_steps)
+        check_field("num_minibatches", self.num_minibatches >= 1, "an int >= 1", self.num_minibatches)
+        check_field("update_epochs", self.update_epochs >= 1, "an int >= 1", self.update_epochs)
+        check_field("gamma", 0 <= self.gamma <= 1, "in [0, 1]", self.gamma)
+        check_field("gae_lambda", 0 <= self.gae_lambda <= 1, "in [0, 1]", self.gae_lambda)
+        check_field("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
 
 
 @dataclass
-class DQNConfig(EnvConfig):
+class DQNConfig(TrainerConfig):
     """Deep Q-learning with a replay buffer and a target network, after CleanRL's dqn.py."""
 
     num_envs: int = 4
@@ -140,22 +142,39 @@ class DQNConfig(EnvConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check("n_steps", isinstance(self.n_steps, int) and self.n_steps >= 1, "an int >= 1", self.n_steps)
-        _check(
+        check_field("n_steps", isinstance(self.n_steps, int) and self.n_steps >= 1, "an int >= 1", self.n_steps)
+        check_field(
             "buffer_size", self.buffer_size >= self.batch_size, f">= batch_size ({self.batch_size})", self.buffer_size
         )
-        _check("train_frequency", self.train_frequency >= 1, "an int >= 1", self.train_frequency)
-        _check("tau", 0 < self.tau <= 1, "in (0, 1]", self.tau)
-        _check(
+        check_field("train_frequency", self.train_frequency >= 1, "an int >= 1", self.train_frequency)
+        check_field("tau", 0 < self.tau <= 1, "in (0, 1]", self.tau)
+        check_field(
             "epsilon_decay",
             self.epsilon_decay is None or 0 < self.epsilon_decay <= 1,
             "in (0, 1] or None (linear schedule)",
             self.epsilon_decay,
         )
-        _check("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
+        check_field("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
 
 
-CONFIGS: dict[str, type[EnvConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig}
-"""Algorithm name -> its config class: the pipeline's ``TrainParams`` validates its ``<algorithm>`` table against it."""
+CONFIGS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig}
+"""Algorithm name -> its config class; each is a member of the pipeline's ``TrainParams.engine`` union."""
 ENV_FIELDS = ("num_envs", "workers", "backend", "state_diff")
-"""``EnvConfig`` fields that say how env copies are built (the pipeline sets them once, at the top level)."""
+"""``TrainerConfig`` fields that say how env copies are built (a pipeline config file sets them at the top level)."""
+
+
+def check_fields(algorithm: str, names: Iterable[str]) -> None:
+    """Every name is a field of ``algorithm``'s config; else the error names the field and why: another
+    algorithm's field does not apply to this one, anything else is unknown."""
+    config_cls = CONFIGS[algorithm]
+    known = {field.name for field in dataclasses.fields(config_cls)}
+    for name in names:
+        if name in known:
+            continue
+        owners = [other for other, cls in CONFIGS.items() if name in {f.name for f in dataclasses.fields(cls)}]
+        if owners:
+            raise ValueError(
+                f"{name!r} does not apply to algorithm {algorithm!r} (a {CONFIGS[owners[0]].__name__} field: "
+                f"set algorithm = {owners[0]!r} to use it)"
+            )
+        raise ValueError(f"unknown {config_cls.__name__} field {name!r}; expected one of: {', '.join(sorted(known))}")

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from opentinker.agents.numpy_policy import NumpyPolicy
+from opentinker.envs.numpy_policy import NumpyPolicy
+from opentinker.infra.files import atomic_write
 
 FORMAT_VERSION = 1
 SPEC_FILE, WEIGHTS_FILE = "policy.json", "weights.npz"
@@ -122,10 +122,7 @@ def export_policy(trainer_or_policy: Any, directory: str | os.PathLike, metadata
         (WEIGHTS_FILE, lambda fh: np.savez(fh, **policy.numpy_weights())),
         (SPEC_FILE, lambda fh: fh.write(json.dumps(spec, indent=2).encode())),
     ):
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-        os.replace(tmp, directory / name)
+        atomic_write(directory / name, write)
     return directory
 
 

@@ -36,6 +36,7 @@ from opentinker.agents.checkpoint import (
     rng_state,
 )
 from opentinker.agents.trainer import check_train_args, train_loop
+from opentinker.infra.checks import check_field, check_ints
 
 
 @dataclass
@@ -45,7 +46,7 @@ class GRPOConfig:
     task: str = "arithmetic"
     """A shipped text task (``envs.text_tasks.TEXT_TASKS``)."""
     base_model: str = "smollm2"
-    """``"smollm2"``, ``"tiny"`` or a transformers checkpoint folder (``agents.llm.policy``)."""
+    """``"smollm2"``, ``"tiny"`` or a transformers checkpoint folder (``agents.lm_policy``)."""
     group_size: int = 8
     """Completions per prompt; the group's rewards are each other's baseline."""
     prompts_per_step: int = 4
@@ -77,40 +78,25 @@ class GRPOConfig:
     """Where the de-quantised base model is cached (default ``<data_dir>/llm-cache``)."""
 
     def __post_init__(self) -> None:
-        positive = (
-            "group_size",
-            "prompts_per_step",
-            "max_new_tokens",
-            "update_epochs",
-            "micro_batch",
-            "lora_rank",
-            "lora_alpha",
-            "eval_prompts",
-            "eval_batch",
-        )
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"GRPOConfig.{name}: expected an integer >= 1, got {value!r}")
-        if self.group_size < 2:
-            raise ValueError(
-                f"GRPOConfig.group_size: expected >= 2 (a group is its own baseline), got {self.group_size}"
-            )
+        counts = ("prompts_per_step", "max_new_tokens", "update_epochs", "micro_batch", "lora_rank", "lora_alpha")
+        check_ints(self, (*counts, "eval_prompts", "eval_batch"), prefix="GRPOConfig.")
+        check_ints(self, ("group_size",), minimum=2, prefix="GRPOConfig.")  # a group is its own baseline
         for name in ("temperature", "kl_coef", "learning_rate", "clip_range", "max_grad_norm"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"GRPOConfig.{name}: expected a number >= 0, got {value!r}")
-        if self.temperature == 0:
-            raise ValueError("GRPOConfig.temperature: expected > 0 (a group of greedy completions is all alike)")
-        if self.loss_norm not in ("token", "sequence"):
-            raise ValueError(f"GRPOConfig.loss_norm: expected 'token' or 'sequence', got {self.loss_norm!r}")
+            check_field(f"GRPOConfig.{name}", isinstance(value, (int, float)) and value >= 0, "a number >= 0", value)
+        check_field(
+            "GRPOConfig.temperature", self.temperature > 0, "> 0 (greedy completions are all alike)", self.temperature
+        )
+        check_field(
+            "GRPOConfig.loss_norm", self.loss_norm in ("token", "sequence"), "'token' or 'sequence'", self.loss_norm
+        )
         from opentinker.envs.text_tasks import text_task
 
         text_task(self.task)
 
     @property
     def lora(self):
-        from opentinker.agents.llm.policy import LoraSpec
+        from opentinker.agents.lm_policy import LoraSpec
 
         return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha)
 
@@ -229,7 +215,7 @@ class GRPOTrainer:
     """Learner (this process: base model + LoRA, AdamW) and rollout workers (Ray actors or in-process)."""
 
     def __init__(self, config: GRPOConfig, seed: int = 0, workers: int = 1, backend: str = "ray"):
-        from opentinker.agents.llm.policy import add_lora, load_base_model
+        from opentinker.agents.lm_policy import add_lora, load_base_model
         from opentinker.envs.text_tasks import task_examples
 
         if backend not in ("ray", "local"):
@@ -255,18 +241,12 @@ class GRPOTrainer:
     # -- workers -------------------------------------------------------------------------------------------------
     def _pool(self) -> Any:
         if self.pool is None:
-            from opentinker.agents.llm.rollout import LLMRolloutWorker
+            from opentinker.agents.lm_rollout import LLMRolloutWorker
+            from opentinker.envs.remote_env import actor_pool
 
             c = self.config
             args = [(c.task, "train", c.task_seed, c.base_model, c.lora, c.cache_dir)] * self.workers
-            if self.backend == "ray":
-                from opentinker.envs.ray_backend import RayActorPool
-
-                self.pool = RayActorPool(LLMRolloutWorker, args)
-            else:
-                from opentinker.envs.remote_env import LocalActorPool
-
-                self.pool = LocalActorPool(LLMRolloutWorker, args)
+            self.pool = actor_pool(self.backend, LLMRolloutWorker, args)
         return self.pool
 
     def _split(self, items: list) -> list[list]:
@@ -281,7 +261,7 @@ class GRPOTrainer:
 
     def rollout(self, iteration: int, indices: list[int]) -> tuple[list, int]:
         """The step's episodes (ordered by group) and the adapter bytes sent to each worker."""
-        from opentinker.agents.llm.policy import adapter_state, state_bytes
+        from opentinker.agents.lm_policy import adapter_state, state_bytes
 
         c = self.config
         adapter = adapter_state(self.policy)
@@ -392,7 +372,7 @@ class GRPOTrainer:
 
     def evaluate(self, split: str = "heldout", prompts: int | None = None, base: bool = False) -> LLMEvalResult:
         """Greedy episodes on the first ``prompts`` examples of ``split`` (``base``: adapter disabled)."""
-        from opentinker.agents.llm.policy import adapter_state
+        from opentinker.agents.lm_policy import adapter_state
 
         c = self.config
         indices = list(range(prompts or c.eval_prompts))
@@ -405,7 +385,7 @@ class GRPOTrainer:
 
     # -- persistence ---------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
-        from opentinker.agents.llm.policy import adapter_state
+        from opentinker.agents.lm_policy import adapter_state
 
         return atomic_save(
             {
@@ -423,7 +403,7 @@ class GRPOTrainer:
 
     @classmethod
     def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray") -> GRPOTrainer:
-        from opentinker.agents.llm.policy import load_adapter_state
+        from opentinker.agents.lm_policy import load_adapter_state
 
         state = load_checkpoint(path)
         trainer = cls(GRPOConfig(**state["config"]), seed=state["seed"], workers=workers, backend=backend)
@@ -435,7 +415,7 @@ class GRPOTrainer:
         return trainer
 
     def save_adapter(self, directory: str | os.PathLike, **meta: Any) -> Path:
-        from opentinker.agents.llm.policy import save_adapter
+        from opentinker.agents.lm_policy import save_adapter
 
         return save_adapter(
             self.policy,

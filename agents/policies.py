@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -11,7 +12,6 @@ import torch
 from torch import nn
 
 from opentinker.envs.errors import EnvSpecError
-import itertools
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 

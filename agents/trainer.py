@@ -24,10 +24,11 @@ import torch
 
 from opentinker.agents.amp import AmpController
 from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, restore_rng_state, rng_state
-from opentinker.agents.config import EnvConfig
-from opentinker.agents.numpy_policy import NumpyPolicy
+from opentinker.agents.config import TrainerConfig, check_fields
+from opentinker.agents.evaluation import EvalResult, evaluate_episodes
+from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import RemoteEnv
-from opentinker.envs.rollout import Rollout, build_vector_env
+from opentinker.envs.rollout import Rollout
 
 Callback = Callable[[dict[str, float], int], "bool | None"]
 ROLLOUT_EFFICIENCY_TARGET = 0.85
@@ -135,12 +136,6 @@ def torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-class EvalResult(NamedTuple):
-    mean: float
-    std: float
-    returns: list[float]
-
-
 def resolve_device(device: str | torch.device) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -158,7 +153,7 @@ class Trainer:
     """
 
     algorithm: str
-    config_cls: type[EnvConfig]
+    config_cls: type[TrainerConfig]
     value_based: bool
 
     def __init__(
@@ -166,10 +161,13 @@ class Trainer:
     ):
         if policy != "MLP":
             raise ValueError(f"policy must be 'MLP' (the only architecture so far), got {policy!r}")
-        fields = {f.name for f in dataclasses.fields(self.config_cls)}
-        unknown = sorted(set(config) - fields)
-        if unknown:
-            raise ValueError(f"unknown {self.config_cls.__name__} field(s) {unknown}; valid fields: {sorted(fields)}")
+        check_fields(self.algorithm, config)
+        if isinstance(env, RemoteEnv):
+            if config.setdefault("num_envs", env.num_envs) != env.num_envs:  # unset: the env copies it was given
+                raise ValueError(
+                    f"num_envs={config['num_envs']} conflicts with the RemoteEnv's num_envs="
+                    f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only"
+                )
         self.config = self.config_cls(**config)
         self.seed, self.device = seed, resolve_device(device)
         self.env: RemoteEnv | None
@@ -178,13 +176,7 @@ class Trainer:
             self.env_id, self._spaces = env.env_id, (env.observation_space, env.action_space)
         else:
             if isinstance(env, RemoteEnv):
-                if "num_envs" in config and config["num_envs"] != env.num_envs:
-                    raise ValueError(
-                        f"num_envs={config['num_envs']} conflicts with the RemoteEnv's num_envs="
-                        f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only"
-                    )
                 self.env = env
-                self.config.num_envs = env.num_envs  # the default follows the env copies it was given
             else:
                 self.env = RemoteEnv(
                     env,
@@ -309,17 +301,8 @@ class Trainer:
         """Mean/std return of ``episodes`` deterministic episodes, one per env copy, seeded by ``seed``."""
         env = self._own_env("evaluate")
         policy = self.numpy_policy()
-        vec = build_vector_env(env.env, episodes, **env.env_kwargs)
-        try:
-            obs, _ = vec.reset(seed=seed)
-            returns, finished = np.zeros(episodes), np.zeros(episodes, dtype=bool)
-            while not finished.all():
-                obs, reward, term, trunc, _ = vec.step(policy.env_actions(policy.sample(obs, None, True)[0]))
-                returns += np.where(finished, 0.0, reward)
-                finished |= term | trunc
-        finally:
-            vec.close()
-        return EvalResult(float(returns.mean()), float(returns.std()), returns.tolist())
+        act = lambda obs: policy.env_actions(policy.sample(obs, None, True)[0])  # noqa: E731
+        return evaluate_episodes(env.env, act, episodes, seed, **env.env_kwargs)
 
     # -- persistence ------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:

@@ -76,9 +76,9 @@ def trl_run(args) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from opentinker.agents.grpo import summarise
-    from opentinker.agents.llm.local_weights import converted_checkpoint
-    from opentinker.agents.llm.policy import LoraSpec, load_tokenizer
-    from opentinker.agents.llm.rollout import evaluate_model
+    from opentinker.agents.lm_policy import LoraSpec, load_tokenizer
+    from opentinker.agents.lm_rollout import evaluate_model
+    from opentinker.agents.lm_weights import converted_checkpoint
     from opentinker.envs.text import TextExample, exact_integer
     from opentinker.envs.text_tasks import make_text_env, task_examples
 

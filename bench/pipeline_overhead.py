@@ -37,13 +37,11 @@ def main() -> None:
     params = TrainParams(
         env_id="CartPole-v1", steps=args.steps, seed=args.seed, run_name="bench", model_name="bench-cartpole"
     )
-    resolved = resolve_params(params)
+    resolved = resolve_params(params).engine
 
     def bare() -> tuple[float, float]:
         started = time.perf_counter()
-        trainer = PPOTrainer(
-            "CartPole-v1", seed=args.seed, backend=resolved.backend, num_envs=resolved.num_envs, **resolved.ppo
-        )
+        trainer = PPOTrainer("CartPole-v1", seed=args.seed, **resolved.overrides())
         trainer.train(args.steps)
         mean = trainer.evaluate(params.eval_episodes, params.eval_seed).mean
         trainer.env.close()
@@ -55,8 +53,10 @@ def main() -> None:
         return seconds, mean
 
     before_s, bare_eval = bare()
-    import opentinker.tasks  # noqa: F401  (Prefect defaults)
     from opentinker.flows.train import run_train_flow
+    from opentinker.tasks import prefect_defaults
+
+    prefect_defaults()
 
     started = time.perf_counter()
     result = run_train_flow(params)  # what `opentinker train` runs

@@ -167,8 +167,8 @@ def main() -> None:
         task = progress.add_task("runs", total=2 * args.seeds)
         for seed in range(args.seeds):
             for name, runs, fn in (
-                ("ours", ours, lambda: run_ours(seed, args.ours_budget, args.threads, config)),
-                ("sb3", sb3, lambda: run_sb3(seed, args.sb3_budget, args.threads)),
+                ("ours", ours, lambda seed=seed: run_ours(seed, args.ours_budget, args.threads, config)),
+                ("sb3", sb3, lambda seed=seed: run_sb3(seed, args.sb3_budget, args.threads)),
             ):
                 progress.update(task, description=f"{name} seed {seed}")
                 runs.append(fn())

@@ -32,8 +32,8 @@ def bare() -> str:
 
 
 def sandboxed(mode: str) -> str:
-    from opentinker.agents.llm import run_python
     from opentinker.infra.settings import get_settings
+    from opentinker.llm import run_python
 
     os.environ["OPENTINKER_SANDBOX"] = mode
     get_settings.cache_clear()
@@ -46,7 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=40)
     args = parser.parse_args()
-    import opentinker.agents.llm  # noqa: F401  (its import time is not the sandbox's)
+    import opentinker.llm  # noqa: F401  (its import time is not the sandbox's)
 
     runs = {"bare": bare, "guard": lambda: sandboxed("none"), "bwrap": lambda: sandboxed("bwrap")}
     start = time.perf_counter()

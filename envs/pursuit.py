@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 from pettingzoo import ParallelEnv
+
+from opentinker.infra.checks import check_ints
 
 # stay, up, down, left, right
 MOVES = np.array([[0, 0], [0, 1], [0, -1], [-1, 0], [1, 0]], dtype=np.int64)
@@ -51,14 +53,8 @@ class PursuitConfig:
     """Per step, to every living prey."""
 
     def __post_init__(self) -> None:
-        for name in ("n_predators", "n_prey", "grid_size", "max_cycles"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"PursuitConfig.{name} must be an int >= 1, got {value!r}")
-        for name in ("capture_radius", "observe_nearest", "observe_allies"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"PursuitConfig.{name} must be an int >= 0, got {value!r}")
+        check_ints(self, ("n_predators", "n_prey", "grid_size", "max_cycles"), prefix="PursuitConfig.")
+        check_ints(self, ("capture_radius", "observe_nearest", "observe_allies"), minimum=0, prefix="PursuitConfig.")
 
 
 def _nearest(
@@ -85,7 +81,7 @@ def _nearest(
 class PursuitEnv(ParallelEnv):
     """``PursuitEnv(n_predators=2, n_prey=2, grid_size=8, ...)``; see ``PursuitConfig`` for every field."""
 
-    metadata = {"name": "pursuit_v0", "render_modes": [], "is_parallelizable": True}
+    metadata: ClassVar[dict[str, Any]] = {"name": "pursuit_v0", "render_modes": [], "is_parallelizable": True}
 
     def __init__(self, render_mode: str | None = None, **config: Any):
         fields = {f.name for f in dataclasses.fields(PursuitConfig)}

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -22,7 +24,6 @@ from opentinker.envs.base import EnvLike, check_spaces, env_name, make_env
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
 from opentinker.envs.remote import RemoteFunction, ship_by_value
 from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed
-import itertools
 
 BACKENDS = ("auto", "local", "ray")
 # "auto" picks Ray only when it can pay off: at least AUTO_RAY_MIN_PARALLEL copies of an env that has no
@@ -150,15 +151,36 @@ def mean_step_seconds(env: EnvLike, env_kwargs: dict, steps: int = 32) -> float:
         probe.close()
 
 
-def resolve_backend(env: EnvLike, backend: str, parallel: int, workers: int | None, env_kwargs: dict) -> str:
+def resolve_backend(
+    env: Any,
+    backend: str,
+    parallel: int,
+    workers: int | None,
+    env_kwargs: dict,
+    step_seconds: Callable[[], float] | None = None,
+) -> str:
+    """The backend for ``parallel`` copies of ``env`` on ``workers``: "auto" picks Ray only for
+    ``AUTO_RAY_MIN_PARALLEL``+ copies on more than one worker of an env with no numpy-vectorised implementation
+    whose step (``step_seconds()``, default ``mean_step_seconds`` of one copy) takes ``AUTO_RAY_MIN_STEP_S`` or more.
+    ``RemoteEnv`` and the multi-agent ``RemoteJointEnv`` (a joint step of a PettingZoo env) share this rule."""
     if backend not in BACKENDS:
-        raise EnvSpecError(f"RemoteEnv backend must be one of {BACKENDS}, got {backend!r}")
+        raise EnvSpecError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
     vectorised = isinstance(env, str) and env in gym.registry and gym.spec(env).vector_entry_point is not None
     if vectorised or parallel < AUTO_RAY_MIN_PARALLEL or workers == 1 or isinstance(env, gym.Env):
         return "local"
-    return "ray" if mean_step_seconds(env, env_kwargs) >= AUTO_RAY_MIN_STEP_S else "local"
+    seconds = step_seconds() if step_seconds else mean_step_seconds(env, env_kwargs)
+    return "ray" if seconds >= AUTO_RAY_MIN_STEP_S else "local"
+
+
+def worker_sizes(backend: str, parallel: int, workers: int | None) -> list[int]:
+    """Copies per worker: ``workers`` given, else one in-process worker, or one Ray actor per cluster CPU."""
+    if workers is None and backend == "ray":
+        from opentinker.envs.ray_backend import default_workers
+
+        workers = default_workers(parallel)
+    return split_envs(parallel, workers or 1)
 
 
 def split_envs(parallel: int, workers: int) -> list[int]:
@@ -180,6 +202,15 @@ class LocalActorPool:
     def close(self) -> None:
         for w in self.workers:
             w.close()
+
+
+def actor_pool(backend: str, worker_cls: type, per_worker_args: list[tuple]) -> Any:
+    """``worker_cls(*args)`` workers as Ray actors (backend "ray": ``RayActorPool``) or in this process."""
+    if backend == "ray":
+        from opentinker.envs.ray_backend import RayActorPool
+
+        return RayActorPool(worker_cls, per_worker_args)
+    return LocalActorPool(worker_cls, per_worker_args)
 
 
 class LocalPool(LocalActorPool):
@@ -283,13 +314,12 @@ class RemoteEnv:
         workers, validate = self._options["workers"], self._options["validate"]
         self.env, self.env_kwargs, self.env_id = env, dict(env_kwargs), env_name(env)
         self.backend = resolve_backend(env, self._options["backend"], self.num_envs, workers, self.env_kwargs)
+        self.sizes = worker_sizes(self.backend, self.num_envs, workers)
         if self.backend == "local":
-            self.sizes = split_envs(self.num_envs, workers or 1)
             self._pool = LocalPool(env, self.sizes, self.seed, self.env_kwargs)
         else:
-            from opentinker.envs.ray_backend import RayPool, default_workers
+            from opentinker.envs.ray_backend import RayPool
 
-            self.sizes = split_envs(self.num_envs, workers or default_workers(self.num_envs))
             self._pool = RayPool(env, self.sizes, self.seed, self.env_kwargs, self._options["ray_options"])
         self.single_observation_space, self.single_action_space = self._pool.call("spaces")[0]
         if validate:
@@ -355,4 +385,7 @@ class RemoteEnv:
         self.close()
 
     def __repr__(self) -> str:
-        return f"RemoteEnv({self.env_id!r}, parallel={self.num_envs}, workers={self.num_workers}, backend={self.backend!r})"
+        return (
+            f"RemoteEnv({self.env_id!r}, parallel={self.num_envs}, workers={self.num_workers}, "
+            f"backend={self.backend!r})"
+        )

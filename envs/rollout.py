@@ -19,9 +19,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.envs.base import EnvLike, make_env
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
+from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.state_diff import decode_observations, encode_observations
 
 

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from opentinker.envs.base import BaseEnv
+from opentinker.envs.tool_calls import parse_reply, system_message, tool_result, worked_examples
 
 CHARSET = frozenset(string.printable)
 MAX_CHARS = 8192
@@ -106,8 +107,6 @@ class TextEnv(BaseEnv):
         return printable(self.example.prompt), {"index": self.index}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-        from opentinker.agents.llm.local_model import parse_reply
-
         self.turn += 1
         message = parse_reply(str(action), list(self.tools))
         info: dict[str, Any] = {
@@ -125,11 +124,11 @@ class TextEnv(BaseEnv):
         for call in message.tool_calls:
             result = self._run_tool(call["name"], call["args"])
             info["tool_calls"].append({"name": call["name"], "args": call["args"], "result": result})
-            blocks.append(f'<tool_result name="{call["name"]}">{result[:TOOL_RESULT_CHARS]}</tool_result>')
+            blocks.append(tool_result(call["name"], result[:TOOL_RESULT_CHARS]))
         for call in message.invalid_tool_calls:
             reward += self.invalid_call_reward
             info["invalid_tool_calls"] += 1
-            blocks.append(f'<tool_result name="error">invalid tool call: {call.get("error", "")}</tool_result>')
+            blocks.append(tool_result("error", f"invalid tool call: {call.get('error', '')}"))
         truncated = self.turn >= self.max_turns
         return printable("\n".join(blocks)), reward, False, truncated, info
 
@@ -149,13 +148,9 @@ def _specs(tools: Sequence[Any]) -> list[dict]:
 
 def chat_examples(tools: Sequence[Any]) -> list[dict]:
     """The worked call → result → answer turns ``LocalChatModel`` shows for these tools."""
-    from opentinker.agents.llm.local_model import worked_examples
-
     return worked_examples(_specs(tools))
 
 
 def chat_system_prompt(tools: Sequence[Any], system_prompt: str = "") -> str:
     """The system message the chat model writes for these tools (training and serving see the same text)."""
-    from opentinker.agents.llm.local_model import system_message
-
     return system_message(_specs(tools), system_prompt)

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any
 
 import numpy as np
 
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.text import RewardFn, TextEnv, TextExample, exact_integer
+from opentinker.envs.tool_calls import DEFAULT_SYSTEM_PROMPT
 
 SPLITS = ("train", "heldout")
-TOOL_WALL_TIME_S = 5.0
+TOOLS_GROUP = "opentinker.text_tools"
+"""Entry-point group of tool factories (name -> zero-argument callable) a task's ``tools`` are looked up in."""
 
 
 @dataclass(frozen=True)
@@ -102,26 +105,27 @@ def task_examples(name: str, split: str = "train", seed: int = 0) -> list[TextEx
 
 
 def task_tools(names: tuple[str, ...]) -> list[Any]:
-    from opentinker.agents.llm import PythonREPL, SandboxLimits, WebSearch
-
-    made = {
-        "python_repl": lambda: PythonREPL(limits=SandboxLimits(wall_time_s=TOOL_WALL_TIME_S)),
-        "web_search": WebSearch,
-    }
-    return [made[name]() for name in names]
+    """Fresh tools for a task's names, from the factories installed under ``TOOLS_GROUP`` (the env contract names
+    tools; whoever ships them registers them, so envs never imports the LLM area)."""
+    found = {ep.name: ep for ep in entry_points(group=TOOLS_GROUP)}
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise EnvSpecError(
+            f"tools: no tool {missing[0]!r} is installed (entry points {TOOLS_GROUP!r}: {', '.join(sorted(found))}); "
+            "reinstall opentinker, or pass tools= to make_text_env"
+        )
+    return [found[name].load()() for name in names]
 
 
 def make_text_env(name: str, split: str = "train", seed: int = 0, **overrides: Any) -> TextEnv:
     """A ``TextEnv`` over one split of a shipped task (``overrides``: TextEnv arguments, e.g. ``tools``)."""
-    from opentinker.agents.llm.agent import (
-        DEFAULT_SYSTEM_PROMPT,  # what a served agent sends: same prompt as trained
-    )
-
     spec = text_task(name)
     kwargs = {
         "reward_fn": spec.reward_fn,
-        "tools": task_tools(spec.tools),
         "max_turns": spec.max_turns,
-        "system_prompt": DEFAULT_SYSTEM_PROMPT,
+        "system_prompt": DEFAULT_SYSTEM_PROMPT,  # what a served agent sends: same prompt as trained
+        **overrides,
     }
-    return TextEnv(task_examples(name, split, seed), **{**kwargs, **overrides})
+    if "tools" not in kwargs:
+        kwargs["tools"] = task_tools(spec.tools)
+    return TextEnv(task_examples(name, split, seed), **kwargs)

@@ -49,7 +49,10 @@ def _rollout(env: gym.Env, seed: int, actions: list) -> tuple[list, list[str]]:
     for t, action in enumerate(actions):
         out = env.step(action)
         if not (isinstance(out, tuple) and len(out) == 5):
-            return seen, [*problems, f"step() must return (obs, reward, terminated, truncated, info), got {type(out).__name__}"]
+            return seen, [
+                *problems,
+                f"step() must return (obs, reward, terminated, truncated, info), got {type(out).__name__}",
+            ]
         obs, reward, terminated, truncated, info = out
         problems += _space_problems(f"step() #{t}", obs, env.observation_space)
         if not isinstance(reward, (int, float, np.integer, np.floating)) or isinstance(reward, bool):

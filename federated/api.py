@@ -77,6 +77,18 @@ def apply_local_data(site: SiteConfig, local_data: LocalData, site_dir: Path) ->
     return site
 
 
+def site_configs(sites: int, datasets: list[str]) -> list[SiteConfig]:
+    """One config per site; each ``SITE=PATH`` in ``datasets`` makes site SITE train by behaviour cloning on the
+    ``.npz`` transitions at PATH (``opentinker federated up --dataset``)."""
+    configs = [SiteConfig(site_id=i) for i in range(sites)]
+    for item in datasets:
+        site, sep, path = item.partition("=")
+        if not sep or not site.isdigit() or int(site) >= sites:
+            raise FederatedConfigError(f"dataset: {item!r}: expected SITE=PATH with SITE in 0..{sites - 1}")
+        apply_local_data(configs[int(site)], path, Path())
+    return configs
+
+
 @dataclass
 class SiteHandle:
     """A running site (its flower-supernode process group)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from opentinker.infra.files import atomic_write
 
 VALID_DAYS = 365
 
@@ -48,11 +49,7 @@ class CertPaths:
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    atomic_write(path, data, mode=0o600 if private else 0o644)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -81,7 +78,8 @@ def _certificate(subject: str, public_key, issuer: x509.Name | None, signing_key
 
 
 def generate_site_key(paths: CertPaths, site: int) -> None:
-    """A fresh P-384 key pair for one SuperNode (OpenSSH encoding, as flower-supernode and `flwr supernode register` read it)."""
+    """A fresh P-384 key pair for one SuperNode (OpenSSH encoding, as flower-supernode and `flwr supernode register`
+    read it)."""
     key = ec.generate_private_key(ec.SECP384R1())
     private = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()

@@ -8,11 +8,12 @@ resume of its own (flwr issue #599); a restarted server loads ``latest.json`` an
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from opentinker.infra.files import atomic_write
 
 Weights = dict[str, np.ndarray]
 
@@ -33,24 +34,15 @@ class ServerState:
     """The MLflow parent run, so a resumed server keeps logging into the same run."""
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def save(directory: Path, state: ServerState) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     arrays = {f"w/{k}": v for k, v in state.weights.items()}
     for group, tensors in state.strategy_state.items():
         arrays.update({f"s/{group}/{k}": v for k, v in tensors.items()})
     name = f"round-{state.round:04d}.npz"
-    _atomic_write(directory / name, lambda handle: np.savez(handle, **arrays))
+    atomic_write(directory / name, lambda handle: np.savez(handle, **arrays))
     meta = {"round": state.round, "file": name, "history": state.history, "mlflow_run_id": state.mlflow_run_id}
-    _atomic_write(directory / "latest.json", lambda handle: handle.write(json.dumps(meta, indent=1).encode()))
+    atomic_write(directory / "latest.json", json.dumps(meta, indent=1))
     for old in directory.glob("round-*.npz"):
         if old.name != name:
             old.unlink()

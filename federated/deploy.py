@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from opentinker.federated.certs import CertPaths, generate_certs
 from opentinker.federated.config import FedConfig, FederatedConfigError, SiteConfig
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, start, venv_bin
 from opentinker.infra.settings import get_settings
 
 STATE_FILE = "federation.json"
@@ -25,7 +24,7 @@ APP_DIR = Path(__file__).resolve().parents[1]
 """The repository root: its pyproject.toml carries the Flower app ([tool.flwr.app])."""
 
 
-class FederationError(RuntimeError):
+class FederationError(ServiceError):
     """A Flower process failed to start, was refused, or a run failed; the message carries its log tail."""
 
 
@@ -61,12 +60,6 @@ def connection_hint(log_text: str, address: str) -> str:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def default_root() -> Path:
     return get_settings().resolved_data_dir / "federated" / "deployment"
 
@@ -79,9 +72,18 @@ class Federation:
     port: int
     certs: str
     transport: str = "rest"
-    superlink_pid: int = 0
-    site_pids: dict[str, int] = field(default_factory=dict)
+    superlink: ServiceProcess | None = None
+    sites: dict[str, ServiceProcess] = field(default_factory=dict)
+    """Each running site's flower-supernode, by site id."""
     node_ids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def superlink_pid(self) -> int:
+        return self.superlink.pid if self.superlink else 0
+
+    @property
+    def site_pids(self) -> dict[str, int]:
+        return {site: service.pid for site, service in self.sites.items()}
 
     @property
     def address(self) -> str:
@@ -96,20 +98,24 @@ class Federation:
         return Path(self.root) / "cli-home"
 
     def save(self) -> None:
-        path = Path(self.root) / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        os.replace(tmp, path)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["superlink"] = self.superlink.to_dict() if self.superlink else None
+        data["sites"] = {site: service.to_dict() for site, service in self.sites.items()}
+        atomic_write(Path(self.root) / STATE_FILE, json.dumps(data, indent=1))
 
     @classmethod
     def load(cls, root: str | Path | None = None) -> Federation:
         path = Path(root or default_root()) / STATE_FILE
         if not path.exists():
             raise FederationError(f"no federation at {path.parent}: start one with `opentinker federated up`")
-        return cls(**json.loads(path.read_text()))
+        data = json.loads(path.read_text())
+        superlink = ServiceProcess.from_dict(data["superlink"]) if data.get("superlink") else None
+        sites = {site: ServiceProcess.from_dict(service) for site, service in data.get("sites", {}).items()}
+        return cls(**{**data, "superlink": superlink, "sites": sites})
 
 
 def _env(flwr_home: Path) -> dict[str, str]:
+    flwr_home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["FLWR_HOME"] = str(flwr_home)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -117,66 +123,36 @@ def _env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
-def _spawn(args: list[str], log: Path, flwr_home: Path) -> subprocess.Popen:
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            args,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=_env(flwr_home),
-            start_new_session=True,
-        )
-
-
-def _tail(log: Path, lines: int = 15) -> str:
-    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else "(no log)"
-
-
-def _wait_for(log: Path, marker: str, proc: subprocess.Popen, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and marker in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            raise FederationError(f"{what} exited with code {proc.returncode}:\n{_tail(log)}")
-        time.sleep(0.3)
-    raise FederationError(f"{what} not ready after {timeout:.0f}s:\n{_tail(log)}")
-
-
-def stop_pid(pid: int, timeout: float = 20.0) -> None:
-    """Stop a process and its group (flower-supernode leaves a flower-superexec child otherwise), then wait."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                return
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.2)
+def _start(name: str, args: list[str], log: Path, flwr_home: Path, ready: str, timeout: float) -> ServiceProcess:
+    """A Flower process in its own session, returned once its log shows ``ready``; stopped with its whole group
+    (flower-supernode leaves a flower-superexec child otherwise)."""
+    return start(
+        name,
+        args,
+        log,
+        ready=ready,
+        what=f"its log showed {ready!r}",
+        timeout=timeout,
+        env=_env(flwr_home),
+        stop_timeout=20.0,
+        error=FederationError,
+    )
 
 
 def _flwr(fed: Federation, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    flwr = str(Path(sys.executable).parent / "flwr")
-    return subprocess.run([flwr, *args], env=_env(fed.cli_home), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [venv_bin("flwr"), *args], env=_env(fed.cli_home), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def start_superlink(root: Path, certs: CertPaths, timeout: float = 180.0, transport: str = "rest") -> Federation:
     """flower-superlink with TLS and SuperNode auth; its Fleet API serves ``transport`` (see ``TRANSPORTS``)."""
-    fed = Federation(root=str(root), port=free_port(), certs=str(certs.directory), transport=check_transport(transport))
-    log = root / "superlink.log"
-    proc = _spawn(
+    (port,) = free_ports(1)
+    fed = Federation(root=str(root), port=port, certs=str(certs.directory), transport=check_transport(transport))
+    fed.superlink = _start(
+        "flower-superlink",
         [
-            str(Path(sys.executable).parent / "flower-superlink"),
+            venv_bin("flower-superlink"),
             "--ssl-certfile",
             str(certs.server_cert),
             "--ssl-keyfile",
@@ -192,11 +168,11 @@ def start_superlink(root: Path, certs: CertPaths, timeout: float = 180.0, transp
             "--port",
             str(fed.port),
         ],
-        log,
+        root / "superlink.log",
         root / "superlink-home",
+        "Uvicorn running",
+        timeout,
     )
-    fed.superlink_pid = proc.pid
-    _wait_for(log, "Uvicorn running", proc, timeout, "flower-superlink")
     fed.cli_home.mkdir(parents=True, exist_ok=True)
     (fed.cli_home / "config.toml").write_text(
         f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{fed.address}"\n'
@@ -237,10 +213,8 @@ def start_site(
     site_dir.mkdir(parents=True, exist_ok=True)
     if not site.state_dir:
         site.state_dir = str(site_dir / "state")
-    log = site_dir / "supernode.log"
-    log.unlink(missing_ok=True)
     args = [
-        str(Path(sys.executable).parent / "flower-supernode"),
+        venv_bin("flower-supernode"),
         "--superlink",
         address,
         "--root-certificates",
@@ -248,30 +222,29 @@ def start_site(
         "--auth-supernode-private-key",
         str(key),
         "--port",
-        str(free_port()),
+        str(free_ports(1)[0]),
         "--node-config",
         site.to_node_config() or f"site-id={site.site_id}",
     ]
     if max_wait_time is not None:
         args += ["--max-wait-time", str(max_wait_time)]
-    proc = _spawn(args, log, site_dir / "flwr-home")
+    name = f"site {site.site_id} (flower-supernode)"
     try:
-        _wait_for(log, "SuperNode ID:", proc, timeout, f"site {site.site_id} (flower-supernode)")
+        service = _start(name, args, site_dir / "supernode.log", site_dir / "flwr-home", "SuperNode ID:", timeout)
     except FederationError as err:
-        stop_pid(proc.pid)
-        hint = connection_hint(log.read_text(errors="replace") if log.exists() else "", address)
+        hint = connection_hint(err.service.log_text() if err.service else "", address)
         if hint:
-            raise FederationError(hint + str(err)) from err
+            raise FederationError(hint + str(err), err.service) from err
         raise
-    fed.site_pids[str(site.site_id)] = proc.pid
+    fed.sites[str(site.site_id)] = service
     fed.save()
-    return proc.pid
+    return service.pid
 
 
 def stop_site(fed: Federation, site_id: int) -> None:
-    pid = fed.site_pids.pop(str(site_id), 0)
-    if pid:
-        stop_pid(pid)
+    service = fed.sites.pop(str(site_id), None)
+    if service is not None:
+        service.stop()
     fed.save()
 
 
@@ -299,10 +272,11 @@ def up(
 def down(root: str | Path | None = None) -> None:
     """Stop every SuperNode, then the SuperLink, and wait for each process group to go."""
     fed = Federation.load(root)
-    for site_id in list(fed.site_pids):
+    for site_id in list(fed.sites):
         stop_site(fed, int(site_id))
-    stop_pid(fed.superlink_pid)
-    fed.superlink_pid = 0
+    if fed.superlink is not None:
+        fed.superlink.stop()
+    fed.superlink = None
     fed.save()
 
 

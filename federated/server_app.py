@@ -5,7 +5,6 @@ tracked in one MLflow parent run, ending with the global policy in the MLflow re
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from opentinker.federated.client_app import from_record, to_record
 from opentinker.federated.config import FedConfig
 from opentinker.federated.rounds import RoundStats, evaluate_round, train_round
 from opentinker.federated.strategies import make_strategy, restore_strategy_state, strategy_state
+from opentinker.infra.files import atomic_write
 from opentinker.infra.settings import get_settings
 
 RESULT_FILE = "result.json"
@@ -47,10 +47,7 @@ def checkpoint_dir(config: FedConfig) -> Path:
 
 
 def _write_result(directory: Path, result: FederatedResult) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / f".{RESULT_FILE}.tmp"
-    tmp.write_text(json.dumps(asdict(result), indent=1))
-    os.replace(tmp, directory / RESULT_FILE)
+    atomic_write(directory / RESULT_FILE, json.dumps(asdict(result), indent=1))
 
 
 def read_result(config: FedConfig) -> FederatedResult | None:

@@ -14,9 +14,9 @@ def open_parent_run(config: FedConfig, existing_run_id: str = "") -> str:
     """The run to log into: the checkpoint's run when resuming (params are immutable), else a new one with params."""
     import mlflow
 
-    from opentinker.tasks.tracking import configure_mlflow
+    from opentinker.tracking.runs import ensure_experiment
 
-    experiment_id = configure_mlflow()
+    experiment_id = ensure_experiment()
     client = mlflow.MlflowClient()
     if existing_run_id:
         client.update_run(existing_run_id, status="RUNNING")
@@ -30,7 +30,7 @@ def open_parent_run(config: FedConfig, existing_run_id: str = "") -> str:
 def log_round(run_id: str, stats: RoundStats) -> None:
     import mlflow
 
-    from opentinker.tasks.tracking import configure_mlflow
+    from opentinker.tracking.runs import configure_mlflow
 
     configure_mlflow()
     client = mlflow.MlflowClient()
@@ -45,8 +45,8 @@ def finish_run(run_id: str, status: str) -> None:
 
 
 def register_global_model(run_id: str, config: FedConfig, weights: task.Weights, rounds: int) -> str:
-    """Export the global policy, log it in the parent run and register it as `register_as` with `alias`; returns the version."""
-    from opentinker.tasks.model_store import log_policy_model, register_policy
+    """Export the global policy, log it in the parent run, register it as `register_as` with `alias`: the version."""
+    from opentinker.tracking.registry import log_policy_model, register_policy
 
     with tempfile.TemporaryDirectory(prefix="opentinker-fed-export-") as tmp:
         export_dir = task.export_global_policy(

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
-from opentinker.federated.prefect_tasks import check_registered_model, ensure_federation, run_federated, stop_federation
+from opentinker.tasks.federated import check_registered_model, ensure_federation, run_federated, stop_federation
 
 
 @flow(name="federated", log_prints=True)

@@ -4,14 +4,12 @@ register the adapter → champion gate. ``opentinker train TASK --algo grpo`` ru
 No ``from __future__ import annotations`` (Prefect builds a pydantic model from the flow's signature).
 """
 
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.llm import (
     GateDecision,
@@ -24,6 +22,7 @@ from opentinker.tasks.llm import (
 )
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
 from opentinker.tasks.train import run_dir
+from opentinker.tracking.registry import slug
 
 
 class GRPOParams(BaseModel):
@@ -51,6 +50,8 @@ class GRPOParams(BaseModel):
     def _known_fields(cls, grpo: dict[str, Any]) -> dict[str, Any]:
         from opentinker.agents.grpo import grpo_config
 
+        if "task" in grpo:  # one place per field: the top-level task is what runs
+            raise ValueError("grpo.task: set it at the top level (task = ...), not in the [grpo] table")
         grpo_config(grpo)  # unknown field or bad value: named here, before any service starts
         return grpo
 
@@ -68,15 +69,11 @@ class GRPOParams(BaseModel):
 
     @property
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{_slug(self.task)}-grpo-seed{self.seed}"
+        return self.run_name or f"{slug(self.task)}-grpo-seed{self.seed}"
 
     @property
     def resolved_model_name(self) -> str:
-        return self.model_name or f"opentinker-{_slug(self.task)}-agent"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+        return self.model_name or f"opentinker-{slug(self.task)}-agent"
 
 
 class GRPOFlowResult(BaseModel):
@@ -185,25 +182,3 @@ def grpo_train_flow(params: GRPOParams) -> GRPOFlowResult:
         adapter_dir=trained.adapter_dir,
         checkpoint_path=trained.checkpoint_path,
     )
-
-
-def run_grpo_command(task: str, config_file: Path | None, verbose: bool, **overrides: Any) -> GRPOFlowResult:
-    """``opentinker train TASK --algo grpo``: params checked first, then the flow, then a short summary."""
-    from opentinker.flows.console import console, prepare_prefect, ui_hints
-
-    params = load_grpo_params(config_file, task=task, **overrides)
-    prepare_prefect(verbose)
-    with console.status(f"GRPO on {params.task}: {params.steps} steps"):
-        result = grpo_train_flow(params)
-    before = f"{result.base_eval.success:.1%} → " if result.base_eval else ""
-    console.print(f"Held-out success: {before}{result.evaluation.success:.1%} over {result.evaluation.prompts} prompts")
-    console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
-    console.print(f"Gate: {result.decision}")
-    console.print(
-        f"Serve it: opentinker agent serve --llm models:/{result.model_name}@{result.aliases[-1]} "
-        f"--tool python_repl --api-key KEY"
-    )
-    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
-    for hint in ui_hints():
-        console.print(hint)
-    return result

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from prefect import flow
 from pydantic import BaseModel
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
+from opentinker.agents.evaluation import EvalResult
 from opentinker.flows.params import MultiAgentParams
 from opentinker.infra.settings import get_settings
-from opentinker.tasks.multiagent import KindEvaluation, evaluate_group, train_group
-from opentinker.tasks.package import package_model
+from opentinker.tasks.multiagent import evaluate_group, train_group
+from opentinker.tasks.register import register_model
 from opentinker.tasks.run import finish_tracking_run, start_tracking_run
 from opentinker.tasks.train import run_dir
-from opentinker.tasks.types import EvalOutcome, ModelRef
+from opentinker.tracking.registry import ModelRef
 
 
 class MultiAgentFlowResult(BaseModel):
     run_id: str
     run_url: str
     global_step: int
-    evaluation: dict[str, KindEvaluation]
+    evaluation: dict[str, EvalResult]
     models: dict[str, ModelRef]
 
 
@@ -48,17 +50,11 @@ def multiagent_train_flow(params: MultiAgentParams) -> MultiAgentFlowResult:
         )
         evaluation = evaluate_group(trained.checkpoint_path, params.eval_episodes, params.eval_seed)
         models = {
-            kind: package_model(
+            kind: register_model(
                 tracking.run_id,
                 trained.export_dirs[kind],
                 f"{params.model_name}-{kind}",
-                EvalOutcome(
-                    model_key=f"{tracking.run_id}/{kind}",
-                    seed=params.eval_seed,
-                    returns=result.returns,
-                    mean=result.mean,
-                    std=result.std,
-                ),
+                dataclasses.replace(result, model_key=f"{tracking.run_id}/{kind}"),
             )
             for kind, result in evaluation.items()
         }

@@ -1,31 +1,97 @@
-"""Flow parameters as pydantic models: Prefect records them on every flow run; config files are validated against them."""
+"""Flow parameters as pydantic models: Prefect records them on every flow run; config files are validated against
+them."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
+import itertools
 import json
-import re
+import textwrap
 import tomllib
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from opentinker.agents.config import CONFIGS, ENV_FIELDS, check_fields
+from opentinker.tracking.registry import slug
 
 
 class ConfigError(ValueError):
     """A bad parameter or config file; the message names the field and what was expected."""
 
 
-ALGORITHMS = ("ppo", "dqn")
-"""Keys of the engine's ``agents.config.CONFIGS``; each has a ``TrainParams`` table of the same name."""
+class EngineParams(BaseModel):
+    """One algorithm's engine config as a pydantic model: its fields are the config class's (defined once, in
+    ``agents/config.py``), each None until set (None: the preset's value, else the engine's default)."""
+
+    model_config = ConfigDict(extra="forbid")
+    config_cls: ClassVar[type]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_apply(cls, data: Any) -> Any:
+        """Another algorithm's field is named as such, not as an unknown one."""
+        if isinstance(data, dict):
+            check_fields(cls.model_fields["algorithm"].default, (key for key in data if key != "algorithm"))
+        return data
+
+    @model_validator(mode="after")
+    def _valid_values(self) -> EngineParams:
+        self.config_cls(**self.overrides())  # its __post_init__ names the field and the expected range
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The fields that are set, as the trainer's keyword arguments."""
+        return self.model_dump(exclude={"algorithm"}, exclude_none=True)
+
+
+def engine_params(algorithm: str) -> type[EngineParams]:
+    """The ``TrainParams.engine`` union member of an algorithm, built from its config class in ``CONFIGS``."""
+    config_cls = CONFIGS[algorithm]
+    hints, docs = typing.get_type_hints(config_cls), _field_docs(config_cls)
+    fields: dict[str, Any] = {
+        field.name: (hints[field.name] | None, Field(None, description=docs.get(field.name)))
+        for field in dataclasses.fields(config_cls)
+    }
+    model = create_model(
+        config_cls.__name__.replace("Config", "Params"),
+        __base__=EngineParams,
+        __doc__=f"``{config_cls.__name__}`` fields for ``algorithm = {algorithm!r}``.",
+        algorithm=(Literal[algorithm], algorithm),
+        **fields,
+    )
+    model.config_cls = config_cls
+    return model
+
+
+def _field_docs(config_cls: type) -> dict[str, str]:
+    """The docstring under each field of a config dataclass (CleanRL style), for Prefect's parameter form."""
+    docs: dict[str, str] = {}
+    for cls in reversed(config_cls.__mro__[:-1]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        for node, doc in itertools.pairwise(body):
+            if isinstance(node, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+                docs[node.target.id] = inspect.cleandoc(doc.value.value)
+    return docs
+
+
+Engine = Annotated[Union[tuple(engine_params(name) for name in CONFIGS)], Field(discriminator="algorithm")]  # noqa: UP007
+"""The engine config, one union member per algorithm of ``agents.config.CONFIGS`` (tagged by ``algorithm``)."""
 
 
 class TrainParams(BaseModel):
     """Everything one training flow run needs; recorded by Prefect and logged to MLflow as params.
 
-    ``algorithm`` selects the engine trainer; its hyper-parameters are the table of the same name (``ppo`` or
-    ``dqn``), checked against the engine's ``PPOConfig``/``DQNConfig`` (each field defined once, there). Fields left
-    out come from the preset for the env's kind of problem (``flows/presets.py``); a table of another algorithm is
-    an error, never ignored.
+    ``engine`` is the typed engine config of the chosen algorithm (``PPOParams``/``DQNParams``, the fields of
+    ``PPOConfig``/``DQNConfig``). A config file writes it in its own form (``config_form``): ``algorithm`` and the
+    env-copy fields (``num_envs``, ``workers``, ``backend``, ``state_diff``) at the top level, the algorithm's
+    other fields in the table of its name (``[ppo]``/``[dqn]``); an ``[engine]`` table is read as well. Fields left
+    out come from the preset for the env's kind of problem (``flows/presets.py``); a field or a table of another
+    algorithm is an error naming the field and the algorithm, never ignored.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -38,17 +104,10 @@ class TrainParams(BaseModel):
     )
     steps: int = Field(200_000, gt=0, description="Total global env steps to reach (a resumed run continues up to it).")
     seed: int = Field(0, ge=0, description="Seeds the policy, the learner and every rollout (seed, iteration, worker).")
-    algorithm: Literal[ALGORITHMS] = Field(
-        "ppo", description="Training algorithm; its table holds its hyper-parameters."
+    engine: Engine = Field(
+        default_factory=lambda: engine_params("ppo")(),
+        description="The algorithm ('ppo' or 'dqn') and its engine config fields, over the preset.",
     )
-    num_envs: int | None = Field(None, gt=0, description="Env copies stepped in parallel; None: the preset's.")
-    backend: Literal["auto", "local", "ray"] = Field(
-        "auto",
-        description="Where env copies run: 'local' (in-process, gymnasium's vectorised implementation when the "
-        "env has one), 'ray' (rollout actors), 'auto' (Ray when workers is set or the env's step is costly, else "
-        "local).",
-    )
-    workers: int | None = Field(None, gt=0, description="Ray rollout actors; None lets the engine choose.")
     num_gpus: float = Field(
         0.0,
         ge=0,
@@ -61,12 +120,6 @@ class TrainParams(BaseModel):
         description="CPUs per rollout actor (fractions allowed); None: one, or an equal share of the free CPUs.",
     )
     rollout_num_gpus: float = Field(0.0, ge=0, description="GPUs per rollout actor (fractions allowed).")
-    ppo: dict[str, Any] = Field(
-        default_factory=dict, description="PPOConfig fields (algorithm 'ppo'), over the preset."
-    )
-    dqn: dict[str, Any] = Field(
-        default_factory=dict, description="DQNConfig fields (algorithm 'dqn'), over the preset."
-    )
     checkpoint_every: int | None = Field(
         None, gt=0, description="Env steps between checkpoints; None checkpoints at the end only."
     )
@@ -85,52 +138,57 @@ class TrainParams(BaseModel):
     )
     experiment: str | None = Field(None, description="MLflow experiment; default from settings.")
 
-    @field_validator(*ALGORITHMS)
+    @model_validator(mode="before")
     @classmethod
-    def _known_config_fields(cls, table: dict[str, Any], info) -> dict[str, Any]:
-        """Checked against the engine's config class here, so a typo fails before any service starts."""
-        if table:
-            import dataclasses
-
-            from opentinker.agents.config import CONFIGS, ENV_FIELDS
-
-            config_cls = CONFIGS[info.field_name]
-            known = {field.name for field in dataclasses.fields(config_cls)} - set(ENV_FIELDS)
-            unknown = sorted(set(table) - known)
-            if unknown:
-                where = (
-                    "set it at the top level, not in the table"
-                    if unknown[0] in ENV_FIELDS
-                    else f"expected one of: {', '.join(sorted(known))}"
+    def _from_config_form(cls, data: Any) -> Any:
+        """The config file's form (see the class docstring) into ``engine``; keys given at the top level (CLI flags
+        are) win over the same keys in an ``[engine]`` table."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        engine = data.pop("engine", None) or {}
+        if isinstance(engine, BaseModel):
+            engine = engine.model_dump(exclude_none=True)
+        engine = {**engine, **{key: data.pop(key) for key in ("algorithm", *ENV_FIELDS) if key in data}}
+        algorithm = engine.setdefault("algorithm", "ppo")
+        for name in CONFIGS:
+            table = data.pop(name, None)
+            if not table:
+                continue
+            if name != algorithm:
+                raise ValueError(
+                    f"{name}: does not apply to algorithm {algorithm!r} (set algorithm = "
+                    f"{name!r} to train with it, or move the fields to the [{algorithm}] table)"
                 )
-                raise ValueError(f"unknown {config_cls.__name__} field {unknown[0]!r} ({where})")
-            config_cls(**table)  # its __post_init__ names the field and the expected range
-        return table
+            if not isinstance(table, dict):
+                raise ValueError(f"{name}: expected a table of {CONFIGS[name].__name__} fields, got {table!r}")
+            misplaced = sorted(set(table) & set(ENV_FIELDS))
+            if misplaced:
+                raise ValueError(f"{name}.{misplaced[0]}: set it at the top level, not in the [{name}] table")
+            engine.update(table)
+        data["engine"] = engine
+        return data
 
     @model_validator(mode="after")
-    def _one_algorithm(self) -> TrainParams:
-        for other in ALGORITHMS:
-            if other != self.algorithm and getattr(self, other):
-                raise ValueError(
-                    f"{other}: does not apply to algorithm {self.algorithm!r} (set algorithm = "
-                    f"{other!r} to train with it, or move the fields to the [{self.algorithm}] table)"
-                )
-        if self.backend == "local" and self.workers is not None and self.workers > 1:
+    def _local_has_no_workers(self) -> TrainParams:
+        if self.engine.backend == "local" and self.engine.workers is not None and self.engine.workers > 1:
             raise ValueError("workers: Ray rollout actors need backend 'ray' or 'auto', not 'local'")
         return self
 
-    @property
-    def engine_overrides(self) -> dict[str, Any]:
-        """The selected algorithm's table."""
-        return getattr(self, self.algorithm)
+    def config_form(self) -> dict[str, Any]:
+        """The params as a config file writes them, unset (None) fields left out: what MLflow logs as params."""
+        engine = self.engine.model_dump(exclude_none=True)
+        algorithm = engine.pop("algorithm")
+        top = {key: engine.pop(key) for key in ENV_FIELDS if key in engine}
+        return {**self.model_dump(exclude={"engine"}), "algorithm": algorithm, **top, algorithm: engine}
 
     @property
     def resolved_run_name(self) -> str:
-        return self.run_name or f"{_slug(self.env_id)}-seed{self.seed}"
+        return self.run_name or f"{slug(self.env_id)}-seed{self.seed}"
 
     @property
     def resolved_model_name(self) -> str:
-        return self.model_name or f"opentinker-{_slug(self.env_id)}"
+        return self.model_name or f"opentinker-{slug(self.env_id)}"
 
 
 class EvalParams(BaseModel):
@@ -181,10 +239,6 @@ class MultiAgentParams(BaseModel):
         return self
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def load_train_params(config_file: Path | None = None, **overrides: Any) -> TrainParams | MultiAgentParams:
     """Read a TOML/JSON config (optional) and apply CLI overrides; errors name the offending field.
 
@@ -226,11 +280,17 @@ def describe_errors(exc: ValidationError) -> str:
     lines = []
     for error in exc.errors():
         message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
-        if not error["loc"]:  # a whole-model check: its message already names the field
+        loc = error["loc"][1:] if error["loc"][:1] == ("engine",) else error["loc"]  # as the config file writes it
+        if error["type"] == "union_tag_invalid":
+            tags = ", ".join(map(repr, CONFIGS))
+            lines.append(f"  - algorithm: expected one of {tags} (got {error['ctx']['tag']!r})")
+            continue
+        if not loc:  # a whole-model check: its message already names the field
             lines.append(f"  - {message}")
             continue
-        field = ".".join(str(part) for part in error["loc"])
-        got = f" (got {error['input']!r})" if error["type"] != "missing" and "input" in error else ""
+        field = ".".join(str(part) for part in loc)
+        shown = error["type"] != "missing" and not isinstance(error.get("input", {}), dict)  # not a whole table
+        got = f" (got {error['input']!r})" if shown else ""
         lines.append(f"  - {field}: {message}{got}")
     return "\n".join(lines)
 
@@ -255,11 +315,3 @@ class TrainFlowResult(BaseModel):
     train_seconds: float
     checkpoint_path: str
     artifact_uris: list[str]
-
-
-class EvalFlowResult(BaseModel):
-    model_key: str
-    mean: float
-    std: float
-    returns: list[float]
-    cached: bool

@@ -2,12 +2,13 @@
 
 The family is picked from the env itself (``ProblemKind``): discrete or continuous actions, observation size,
 episode length and whether rewards are dense per step. Per-id entries exist only where the family default is
-known to fail. A config file's ``[ppo]``/``[dqn]`` table (or ``TrainParams.ppo``/``.dqn``) overrides any field;
-``num_envs`` is set at the top level. The table is documented in docs/pipeline.md ("Presets").
+known to fail. A config file's ``[ppo]``/``[dqn]`` table and top-level ``num_envs`` (``TrainParams.engine``)
+override any field. The table is documented in docs/pipeline.md ("Presets").
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,8 +110,10 @@ class ProblemKind:
         return self.actions if self.actions == "continuous" or not long else f"{self.actions}-long"
 
 
+@functools.lru_cache(maxsize=64)
 def problem_kind(env_ref: str) -> ProblemKind:
-    """Build one copy of the env (id or ``module:Class``) and describe it."""
+    """Build one copy of the env (id or ``module:Class``) and describe it; once per process (the CLI's checks and the
+    flow resolve the same params)."""
     import gymnasium as gym
 
     from opentinker.envs import make_env
@@ -150,22 +153,22 @@ def preset(algorithm: str, env_id: str, kind: ProblemKind) -> dict[str, Any]:
 
 def resolve_params(params):
     """``TrainParams`` with every default made concrete, so the run records what it trained with: the preset's
-    fields under the user's table, ``num_envs``, the backend, and the gate threshold (the env spec's
-    ``reward_threshold`` unless set; None when the env has none: the gate then compares with champion or random)."""
+    fields under the user's engine fields (``num_envs`` included), the backend, and the gate threshold (the env
+    spec's ``reward_threshold`` unless set; None when the env has none: the gate then compares with champion or
+    random)."""
     from opentinker.envs.remote_env import resolve_backend
 
     kind = problem_kind(params.env_id)
-    table = preset(params.algorithm, params.env_id, kind)
-    num_envs = params.num_envs or table.pop("num_envs")
-    table.pop("num_envs", None)
-    table.update(params.engine_overrides)
-    backend = params.backend
-    if backend == "auto":
-        backend = "ray" if params.workers is not None else resolve_backend(params.env_id, "auto", num_envs, None, {})
+    engine = params.engine
+    table = {**preset(engine.algorithm, params.env_id, kind), **engine.overrides()}
+    if table.get("backend", "auto") == "auto":
+        table["backend"] = (
+            "ray"
+            if table.get("workers") is not None
+            else resolve_backend(params.env_id, "auto", table["num_envs"], None, {})
+        )
     threshold = params.champion_threshold if params.champion_threshold is not None else kind.reward_threshold
-    return params.model_copy(
-        update={params.algorithm: table, "num_envs": num_envs, "backend": backend, "champion_threshold": threshold}
-    )
+    return params.model_copy(update={"engine": type(engine)(**table), "champion_threshold": threshold})
 
 
 def engine_preset(algorithm: str, env_id: str) -> dict[str, Any]:

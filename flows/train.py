@@ -1,4 +1,4 @@
-"""The training flow: storage check → tracking run → Ray start → probe → train → evaluate → package → gate → reports.
+"""The training flow: storage check → tracking run → Ray start → probe → train → evaluate → register → gate → reports.
 
 No ``from __future__ import annotations`` in flow modules: Prefect builds a pydantic model from the flow's
 signature to validate deployment parameters, and string annotations leave it "not fully defined".
@@ -6,14 +6,13 @@ signature to validate deployment parameters, and string annotations leave it "no
 
 from prefect import flow
 
-import opentinker.tasks  # noqa: F401  (Prefect defaults first)
 from opentinker.flows.params import TrainFlowResult, TrainParams
 from opentinker.flows.presets import resolve_params
 from opentinker.flows.release import release_flow
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.evaluate import evaluate_policy, resolve_model
-from opentinker.tasks.package import package_model
-from opentinker.tasks.rollout import collect_rollouts, start_ray
+from opentinker.tasks.probe import probe_env, start_ray
+from opentinker.tasks.register import register_model
 from opentinker.tasks.run import finish_tracking_run, publish_summary, start_tracking_run
 from opentinker.tasks.train import is_pending, run_dir, start_early, train_policy
 from opentinker.tasks.upload import check_storage, render_reports, upload_artifacts
@@ -27,20 +26,21 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
     """
     check_storage()
     params = resolve_params(params)
-    config = params.model_dump()
+    config = params.config_form()
     tracking = start_tracking_run(config, params.resolved_run_name, params.experiment)
+    engine = params.engine
     try:
-        if params.backend == "ray":
+        if engine.backend == "ray":
             start_ray()  # its own step: Ray's start-up shows in the UI, not inside the probe
-        collect_rollouts(
+        probe_env(
             params.env_id,
             params.seed,
-            params.num_envs,
-            params.workers,
+            engine.num_envs,
+            engine.workers,
             run_id=tracking.run_id,
             rollout_num_cpus=params.rollout_num_cpus,
             rollout_num_gpus=params.rollout_num_gpus,
-            backend=params.backend,
+            backend=engine.backend,
         )
         trained = train_policy(
             tracking.run_id,
@@ -48,11 +48,7 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
             params.steps,
             params.seed,
             str(run_dir(get_settings().resolved_data_dir, params.resolved_run_name)),
-            algorithm=params.algorithm,
-            config=params.engine_overrides,
-            num_envs=params.num_envs,
-            workers=params.workers,
-            backend=params.backend,
+            engine.model_dump(exclude_none=True),
             num_gpus=params.num_gpus,
             rollout_num_cpus=params.rollout_num_cpus,
             rollout_num_gpus=params.rollout_num_gpus,
@@ -60,9 +56,9 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
             checkpoint_every=params.checkpoint_every,
         )
         evaluation = evaluate_policy(
-            resolve_model(trained.export_dir, params.env_id), params.eval_episodes, params.eval_seed
+            resolve_model(trained.export_dir), params.env_id, params.eval_episodes, params.eval_seed
         )
-        candidate = package_model(
+        candidate = register_model(
             tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation, step=trained.global_step
         )
         released = release_flow(
@@ -112,15 +108,13 @@ def run_train_flow(params: TrainParams) -> TrainFlowResult:
     first; the flow's training task adopts it. Other runs start training inside the flow as usual."""
     resolved = resolve_params(params)
     early = None
-    if resolved.backend == "local" and resolved.num_gpus == 0:
+    if resolved.engine.backend == "local" and resolved.num_gpus == 0:
         early = start_early(
             resolved.env_id,
             resolved.steps,
             resolved.seed,
             str(run_dir(get_settings().resolved_data_dir, resolved.resolved_run_name)),
-            resolved.algorithm,
-            resolved.engine_overrides,
-            resolved.num_envs,
+            resolved.engine.model_dump(exclude_none=True),
             resolved.resume,
             resolved.checkpoint_every,
         )

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from opentinker.flows.params import ConfigError
+from pathlib import Path
+from typing import Any
+
+from opentinker.flows.params import ConfigError, MultiAgentParams, TrainParams, load_train_params
 
 
 def check_env_id(env_id: str) -> None:
@@ -49,3 +52,30 @@ def check_prefect_server() -> None:
             "prefect_api_url: a schedule needs a Prefect server; run `opentinker stack up` "
             "or set OPENTINKER_PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)"
         )
+
+
+def checked_train_params(
+    env_id: str | None, config: Path | None, groups: bool = False, **overrides: Any
+) -> TrainParams | MultiAgentParams:
+    """Params from a config file + overrides, checked before any work: the env (``validate_env``), the engine
+    config of the algorithm, and that the algorithm has a preset for the env's kind of problem.
+
+    ``groups``: whether the caller can run a multi-agent config (one with ``policy_mapping``).
+    """
+    params = load_train_params(config, env_id=env_id, **overrides)
+    if not isinstance(params, MultiAgentParams):
+        check_env_id(params.env_id)
+        check_presets(params)
+    elif not groups:  # group envs are PettingZoo envs, checked when the group is built
+        raise ConfigError(
+            "policy_mapping: this command deploys the single-agent train_flow; "
+            "train an agent group with `opentinker train ENV --config FILE`"
+        )
+    return params
+
+
+def check_deployment(cron: str | None) -> None:
+    """A deployment's cron (if any) is valid and a Prefect server is there to hold it."""
+    if cron is not None:
+        check_cron(cron)
+    check_prefect_server()

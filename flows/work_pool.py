@@ -48,3 +48,18 @@ def deploy_train_flow(pool: str, name: str, parameters: dict, cron: str | None =
         print_next_steps=False,
     )
     return str(deployment_id)
+
+
+def serve_train_flow(name: str, cron: str, parameters: dict, verbose: bool = False) -> None:
+    """Serve a cron-scheduled train_flow deployment from this process until interrupted (``opentinker schedule``)."""
+    from prefect.deployments.runner import EntrypointType
+
+    from opentinker.flows.train import train_flow
+
+    train_flow.serve(
+        name=name,
+        cron=cron,
+        parameters=parameters,
+        entrypoint_type=EntrypointType.MODULE_PATH,
+        print_starting_message=verbose,
+    )

@@ -7,20 +7,22 @@ pods of the ``cpu-rollout`` group (``infra/k8s/raycluster.yaml``). ``ray.cluster
 used: its ``start()`` runs ``ray stop --force`` (every Ray on the machine) and its base config is not in the wheel,
 so the provider is named as an external module.
 
-Drivers read the autoscaler's reports from the GCS, on any autoscaling cluster (here or KubeRay): which node groups
-it may launch (``launchable_resources``), which requests it found infeasible (``wait_for_actors`` fails on those at
-once, naming the resource), and ``log_capacity_wait`` records in the run how long it waited for capacity.
+Drivers read the autoscaler's report from the GCS, on any cluster run by the v2 autoscaler (here or KubeRay): that
+there is one (``autoscaling_state``: actors may wait for nodes that do not exist yet) and which requests no node
+type can ever meet (``wait_for_actors`` fails on those at once, naming the resources). ``log_capacity_wait``
+records in the run how long it waited for capacity.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
 
 from opentinker.infra.cluster import WORKER_RESOURCE, ClusterError, LocalCluster
-from opentinker.infra.processes import ServiceError, free_ports, write_json_atomic
-from opentinker.infra.settings import get_settings
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceError, free_ports
 
 HEAD_TYPE = "ray.head.default"
 WORKER_TYPE = "rollout"
@@ -58,7 +60,7 @@ class AutoscalingLocalCluster(LocalCluster):
         address = f"127.0.0.1:{gcs_port}"
         config_path = self.root / "autoscaler.json"
         config = autoscaler_config(address, max_workers, cpus_per_node, object_store_mb, idle_timeout_s)
-        write_json_atomic(config_path, config)
+        atomic_write(config_path, json.dumps(config, indent=2))
         env = {
             "RAY_FAKE_CLUSTER": "1",
             "RAY_enable_autoscaler_v2": "1",
@@ -85,32 +87,31 @@ class AutoscalingLocalCluster(LocalCluster):
                 raise ClusterError(str(exc)) from exc
             raise
         state = {"nodes": {"head": head.to_dict()}, "temp_dir": temp_dir, "next_worker": 1, "autoscale": True}
-        write_json_atomic(self.state_path, state)
+        self._write_state(state)
         return address
 
 
 def start_cluster(
+    cluster: LocalCluster,
     nodes: int,
     cpus_per_node: int = 1,
     object_store_mb: int = 512,
     timeout: float = 180.0,
     autoscale: bool = False,
     idle_timeout_s: float | None = None,
-) -> LocalCluster:
-    """``opentinker cluster up``: ``nodes`` fixed nodes, or with ``autoscale`` (or ``cluster_idle_timeout_s`` > 0 in
-    the settings) a head whose autoscaler runs up to ``nodes - 1`` workers, each removed after ``idle_timeout_s``
-    idle (default: the setting, else ``DEFAULT_IDLE_TIMEOUT_S``)."""
-    settings = get_settings()
+) -> str:
+    """``opentinker cluster up`` into ``cluster``'s root: ``nodes`` fixed nodes, or with ``autoscale`` (or
+    ``cluster_idle_timeout_s`` > 0 in the settings) a head whose autoscaler runs up to ``nodes - 1`` workers, each
+    removed after ``idle_timeout_s`` idle (default: the setting, else ``DEFAULT_IDLE_TIMEOUT_S``); returns the
+    address."""
+    settings = cluster.settings
     if not (autoscale or settings.cluster_idle_timeout_s > 0):
-        cluster = LocalCluster()
-        cluster.up(nodes=nodes, cpus_per_node=cpus_per_node, object_store_mb=object_store_mb, timeout=timeout)
-        return cluster
+        return cluster.up(nodes=nodes, cpus_per_node=cpus_per_node, object_store_mb=object_store_mb, timeout=timeout)
     if nodes < 2:
         raise ClusterError(f"nodes must be >= 2 with autoscaling (the most nodes, head included), got {nodes}")
     idle = idle_timeout_s or settings.cluster_idle_timeout_s or DEFAULT_IDLE_TIMEOUT_S
-    cluster = AutoscalingLocalCluster()
-    cluster.up_autoscaling(nodes - 1, cpus_per_node, object_store_mb, idle, timeout)
-    return cluster
+    autoscaling = AutoscalingLocalCluster(cluster.root, cluster.settings)
+    return autoscaling.up_autoscaling(nodes - 1, cpus_per_node, object_store_mb, idle, timeout)
 
 
 def autoscaler_config(

@@ -17,17 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentinker.infra.processes import (
-    ServiceError,
-    ServiceProcess,
-    free_ports,
-    log_since,
-    set_session_priority,
-    spawn,
-    venv_bin,
-    wait_until,
-    write_json_atomic,
-)
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, start, venv_bin
 from opentinker.infra.settings import Settings, get_settings
 
 WORKER_RESOURCE = "rollout_node"
@@ -61,6 +52,9 @@ class LocalCluster:
         if not self.state_path.exists():
             return {"nodes": {}}
         return json.loads(self.state_path.read_text())
+
+    def _write_state(self, state: dict) -> None:
+        atomic_write(self.state_path, json.dumps(state, indent=2), mode=0o600)
 
     def nodes(self) -> dict[str, ServiceProcess]:
         return {name: ServiceProcess.from_dict(data) for name, data in self._state()["nodes"].items()}
@@ -101,7 +95,7 @@ class LocalCluster:
             raise
         state["nodes"] = {node.name: node.to_dict() for node in started}
         state["next_worker"] = nodes
-        write_json_atomic(self.state_path, state)
+        self._write_state(state)
         return address
 
     def add_worker(self, cpus_per_node: int = 1, object_store_mb: int = 512, timeout: float = 180.0) -> ServiceProcess:
@@ -115,7 +109,7 @@ class LocalCluster:
         )
         state["nodes"][node.name] = node.to_dict()
         state["next_worker"] = index + 1
-        write_json_atomic(self.state_path, state)
+        self._write_state(state)
         return node
 
     def stop_node(self, name: str) -> None:
@@ -124,7 +118,7 @@ class LocalCluster:
         if name not in state["nodes"]:
             raise ClusterError(f"no node named {name!r}; known: {', '.join(state['nodes']) or 'none'}")
         ServiceProcess.from_dict(state["nodes"].pop(name)).stop()
-        write_json_atomic(self.state_path, state)
+        self._write_state(state)
 
     def down(self) -> list[str]:
         """Stop workers first, then the head; returns the names of nodes that were running."""
@@ -137,7 +131,7 @@ class LocalCluster:
         if state.get("temp_dir"):
             shutil.rmtree(state["temp_dir"], ignore_errors=True)
         if self.state_path.exists():
-            write_json_atomic(self.state_path, {"nodes": {}})
+            self._write_state({"nodes": {}})
         return stopped
 
     def status(self) -> list[NodeStatus]:
@@ -159,7 +153,7 @@ class LocalCluster:
         env: Mapping[str, str] | None = None,
         gcs_port: int | None = None,
     ) -> ServiceProcess:
-        """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower, so retry.
+        """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower: retry.
 
         ``extra_args`` go to ``ray start``, ``env`` is added to its environment and ``gcs_port`` fixes the head's GCS
         port (the autoscaling head needs all three: its autoscaler config names the GCS address)."""
@@ -223,20 +217,18 @@ class LocalCluster:
         else:
             cmd += [f"--address={head_address}", f"--resources={json.dumps({WORKER_RESOURCE: 1})}"]
             url = head_address
-        log = self.root / "logs" / f"{name}.log"
-        offset = log.stat().st_size if log.exists() else 0  # logs are appended to: only this start's lines count
-        node = spawn(name, cmd, log, url=url, ports=ports, env={**os.environ, **env} if env else None)
-        node.stop_timeout = 20.0
         # Ray gives a new raylet a hard-coded 30 s to register (agents included); on a busy machine the node's
         # session would not get enough CPU for that, so it gets a higher share while starting, then the normal one.
-        set_session_priority(node.pid, STARTUP_NICE)
-        try:
-            wait_until(
-                node, lambda: READY_MARKER in log_since(log, offset), timeout, "`ray start` reported the node up"
-            )
-        except BaseException:
-            node.stop()
-            raise
-        finally:
-            set_session_priority(node.pid, 0)
-        return node
+        return start(
+            name,
+            cmd,
+            self.root / "logs" / f"{name}.log",
+            ready=READY_MARKER,
+            what="`ray start` reported the node up",
+            timeout=timeout,
+            url=url,
+            ports=ports,
+            env={**os.environ, **env} if env else None,
+            stop_timeout=20.0,
+            startup_nice=STARTUP_NICE,
+        )

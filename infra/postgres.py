@@ -17,7 +17,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, spawn, wait_until
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, start
 
 DATABASE = "mlflow"
 USER = "opentinker"
@@ -75,10 +76,7 @@ def _password(directory: Path) -> str:
     if path.exists():
         return json.loads(path.read_text())["password"]
     password = secrets.token_hex(16)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"user": USER, "password": password}))
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps({"user": USER, "password": password}), mode=0o600)
     return password
 
 
@@ -150,10 +148,18 @@ def start_postgres(directory: Path, log: Path, timeout: float = 180.0) -> tuple[
         "fsync=on",
     ]
     base_uri = f"postgresql://{USER}:{password}@127.0.0.1:{port}"
-    service = spawn("postgres", cmd, log, url=f"postgresql://{USER}@127.0.0.1:{port}/{DATABASE}", ports={"tcp": port})
-    service.stop_command = [*_run_as(), str(bindir / "pg_ctl"), "stop", "-D", str(pgdata), "-m", "fast", "-w"]
+    service = start(
+        "postgres",
+        cmd,
+        log,
+        ready=lambda: _can_connect(f"{base_uri}/postgres"),
+        what=f"a connection on port {port}",
+        timeout=timeout,
+        url=f"postgresql://{USER}@127.0.0.1:{port}/{DATABASE}",
+        ports={"tcp": port},
+        stop_command=[*_run_as(), str(bindir / "pg_ctl"), "stop", "-D", str(pgdata), "-m", "fast", "-w"],
+    )
     try:
-        wait_until(service, lambda: _can_connect(f"{base_uri}/postgres"), timeout, f"a connection on port {port}")
         _ensure_database(f"{base_uri}/postgres", DATABASE)
     except BaseException:
         service.stop()

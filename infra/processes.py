@@ -6,7 +6,8 @@ command that started it and ``stop`` can end it together with every child it spa
 
 from __future__ import annotations
 
-import json
+import contextlib
+import http.client
 import os
 import signal
 import socket
@@ -25,14 +26,19 @@ import psutil
 class ServiceError(RuntimeError):
     """A service did not start, or stopped, with the reason and the tail of its log."""
 
+    def __init__(self, message: str, service: ServiceProcess | None = None):
+        super().__init__(message)
+        self.service = service
+        """The process that failed (already stopped), for callers that read more of its log."""
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free loopback ports (all sockets held open until every port is chosen)."""
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports the OS just handed out on ``host`` (all held open until every one is chosen)."""
     sockets = []
     try:
         for _ in range(count):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
+            sock.bind((host, 0))
             sockets.append(sock)
         return [sock.getsockname()[1] for sock in sockets]
     finally:
@@ -47,7 +53,7 @@ def venv_bin(name: str) -> str:
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
-    if not path.exists():
+    if not path.is_file():
         return "(no log written)"
     text = path.read_text(errors="replace").splitlines()
     return "\n".join(text[-lines:]) or "(log is empty)"
@@ -59,26 +65,8 @@ def log_since(path: Path, offset: int) -> str:
         with open(path, "rb") as handle:
             handle.seek(offset)
             return handle.read().decode(errors="replace")
-    except FileNotFoundError:
+    except (FileNotFoundError, IsADirectoryError):
         return ""
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    """Write JSON to a temp file and rename it, so a crash never leaves a half-written state file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
-
-
-def write_private(path: Path, text: str) -> None:
-    """Atomically write a file only its owner can read (keys, secrets): created 0600, never briefly wider."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.unlink(missing_ok=True)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -90,7 +78,10 @@ class ServiceProcess:
     create_time: float
     url: str
     log: str
+    """Its stdout and stderr (appended to across restarts); empty when it writes to ours."""
     ports: dict[str, int] = field(default_factory=dict)
+    log_offset: int = 0
+    """Where this start's output begins in ``log`` (after the line naming the command)."""
     stop_command: list[str] = field(default_factory=list)
     """When set, the service is stopped by running this command (e.g. ``pg_ctl stop``) before signalling."""
     stop_timeout: float = 30.0
@@ -117,6 +108,23 @@ class ServiceProcess:
 
     def alive(self) -> bool:
         return self.process() is not None
+
+    def log_text(self) -> str:
+        """What this start of the service wrote to its log so far."""
+        return log_since(Path(self.log), self.log_offset) if self.log else ""
+
+    def exit_code(self, timeout: float = 5.0) -> int | None:
+        """The exit status of a service that is no longer alive, known only in the process that started it.
+
+        Waits up to ``timeout``: a multi-threaded process whose main thread has ended shows as a zombie while its
+        other threads still finish, and cannot be reaped before they do.
+        """
+        if self.popen is None:
+            return None
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop the service and every process of its group or tree (TERM, then KILL after ``timeout``), and wait.
@@ -196,23 +204,27 @@ def _signal_all(procs: Sequence[psutil.Process], sig: int) -> None:
 def spawn(
     name: str,
     cmd: Sequence[str],
-    log: Path,
+    log: Path | None,
     url: str,
     ports: dict[str, int],
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> ServiceProcess:
-    """Start ``cmd`` in a new session, output appended to ``log``; ``env`` is the whole environment (default: ours)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    """Start ``cmd`` in a new session, output appended to ``log`` (None: to ours); ``env`` is the whole
+    environment (default: ours)."""
     full_env = dict(os.environ if env is None else env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")  # a service that dies early leaves what it printed in its log
-    with open(log, "ab") as out:
-        out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
-        out.flush()
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") if log is not None else contextlib.nullcontext() as out:
+        if out is not None:
+            out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(cmd)}\n".encode())
+            out.flush()
+        offset = out.tell() if out is not None else 0
         popen = subprocess.Popen(
             list(cmd),
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT if out is not None else None,
             stdin=subprocess.DEVNULL,
             env=full_env,
             cwd=cwd,
@@ -220,8 +232,52 @@ def spawn(
         )
     create_time = psutil.Process(popen.pid).create_time()
     return ServiceProcess(
-        name=name, pid=popen.pid, create_time=create_time, url=url, log=str(log), ports=dict(ports), popen=popen
+        name=name,
+        pid=popen.pid,
+        create_time=create_time,
+        url=url,
+        log=str(log or ""),
+        ports=dict(ports),
+        log_offset=offset,
+        popen=popen,
     )
+
+
+def start(
+    name: str,
+    cmd: Sequence[str],
+    log: Path | None,
+    *,
+    ready: Callable[[], bool] | str,
+    what: str,
+    timeout: float,
+    url: str = "",
+    ports: dict[str, int] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    fails_on: str | None = None,
+    stop_command: Sequence[str] = (),
+    stop_timeout: float = 30.0,
+    startup_nice: int | None = None,
+    error: type[ServiceError] = ServiceError,
+) -> ServiceProcess:
+    """``spawn`` then ``wait_until`` ready; a service that does not get there is stopped before ``error`` is raised.
+
+    ``startup_nice`` raises the CPU share of the service's session while it starts (see ``set_session_priority``).
+    """
+    service = spawn(name, cmd, log, url=url, ports=ports or {}, env=env, cwd=cwd)
+    service.stop_command, service.stop_timeout = list(stop_command), stop_timeout
+    if startup_nice is not None:
+        set_session_priority(service.pid, startup_nice)
+    try:
+        wait_until(service, ready, timeout, what, fails_on=fails_on, error=error)
+    except BaseException:
+        service.stop()
+        raise
+    finally:
+        if startup_nice is not None:
+            set_session_priority(service.pid, 0)
+    return service
 
 
 def set_session_priority(pid: int, nice: int) -> bool:
@@ -242,22 +298,48 @@ def http_ok(url: str, timeout: float = 3.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return 200 <= response.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
         return False
 
 
-def wait_until(service: ServiceProcess, ready: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``ready`` until true; raise ``ServiceError`` with the log tail if the process dies or time runs out."""
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 2.0) -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(
+    service: ServiceProcess,
+    ready: Callable[[], bool] | str,
+    timeout: float,
+    what: str,
+    *,
+    fails_on: str | None = None,
+    error: type[ServiceError] = ServiceError,
+) -> None:
+    """Poll ``ready`` (a check, or a line this start must log) until true; raise ``error`` with the log tail when
+    the process dies, logs ``fails_on`` (a supervisor that keeps restarting a broken worker) or time runs out."""
+    check = (lambda: ready in service.log_text()) if isinstance(ready, str) else ready
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not service.alive():
-            raise ServiceError(
-                f"{service.name} exited before {what}. Last lines of {service.log}:\n{log_tail(Path(service.log))}"
-            )
-        if ready():
+            code = service.exit_code()
+            status = f" (exited with code {code})" if code is not None else ""
+            raise error(f"{service.name} exited before {what}{status}. {_log_excerpt(service)}", service)
+        if fails_on is not None and fails_on in service.log_text():
+            raise error(f"{service.name} failed to start ({fails_on!r} in its log). {_log_excerpt(service)}", service)
+        if check():
             return
-        time.sleep(0.5)
-    raise ServiceError(
-        f"{service.name} did not become ready ({what}) within {timeout:.0f} s. "
-        f"Last lines of {service.log}:\n{log_tail(Path(service.log))}"
+        time.sleep(0.25)
+    raise error(
+        f"{service.name} did not become ready ({what}) within {timeout:.0f} s. {_log_excerpt(service)}", service
     )
+
+
+def _log_excerpt(service: ServiceProcess) -> str:
+    if not service.log:
+        return "Its output went to the terminal."
+    return f"Last lines of {service.log}:\n{log_tail(Path(service.log))}"

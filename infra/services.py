@@ -12,16 +12,8 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from opentinker.infra.processes import (
-    ServiceError,
-    ServiceProcess,
-    free_ports,
-    http_ok,
-    spawn,
-    venv_bin,
-    wait_until,
-    write_private,
-)
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, http_ok, start, venv_bin
 from opentinker.infra.settings import Settings
 
 DEFAULT_TIMEOUT_S = 180.0
@@ -67,7 +59,7 @@ def s3_credentials(directory: Path) -> tuple[str, str]:
         data = json.loads(path.read_text())
         return data["access_key"], data["secret_key"]
     access, secret = "opentinker", secrets.token_hex(20)
-    write_private(path, json.dumps({"access_key": access, "secret_key": secret}))
+    atomic_write(path, json.dumps({"access_key": access, "secret_key": secret}), mode=0o600)
     return access, secret
 
 
@@ -88,7 +80,7 @@ def start_s3(
         ]
     }
     config = directory / "s3.json"
-    write_private(config, json.dumps(identities))
+    atomic_write(config, json.dumps(identities), mode=0o600)
     names = ["master", "master_grpc", "volume", "volume_grpc", "filer", "filer_grpc", "s3", "s3_grpc"]
     ports = dict(zip(names, free_ports(len(names))))
     cmd = [
@@ -116,13 +108,19 @@ def start_s3(
     endpoint = S3Endpoint(f"http://127.0.0.1:{ports['s3']}", access, secret, bucket, region)
     # weed treats AWS_* variables in its environment as an extra identity that overrides -s3.config: drop them.
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    service = spawn("s3", cmd, log, url=endpoint.endpoint_url, ports=ports, env=env, cwd=directory)
-    service.stop_timeout = 10.0  # weed lingers ~25 s after SIGTERM; its stores are crash-safe
-    try:
-        wait_until(service, lambda: _s3_round_trip(endpoint), timeout, "an S3 put/get round-trip")
-    except BaseException:
-        service.stop()
-        raise
+    service = start(
+        "s3",
+        cmd,
+        log,
+        ready=lambda: _s3_round_trip(endpoint),
+        what="an S3 put/get round-trip",
+        timeout=timeout,
+        url=endpoint.endpoint_url,
+        ports=ports,
+        env=env,
+        cwd=directory,
+        stop_timeout=10.0,  # weed lingers ~25 s after SIGTERM; its stores are crash-safe
+    )
     return service, endpoint
 
 
@@ -169,13 +167,18 @@ def start_mlflow(
     ]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(s3.client_env() if s3 else {})}
     url = f"http://127.0.0.1:{port}"
-    service = spawn("mlflow", cmd, log, url=url, ports={"http": port}, env=env, cwd=directory)
-    try:
-        wait_until(service, lambda: http_ok(f"{url}/health"), timeout, f"{url}/health answered")
-    except BaseException:
-        service.stop()
-        raise
-    return service
+    return start(
+        "mlflow",
+        cmd,
+        log,
+        ready=lambda: http_ok(f"{url}/health"),
+        what=f"{url}/health answered",
+        timeout=timeout,
+        url=url,
+        ports={"http": port},
+        env=env,
+        cwd=directory,
+    )
 
 
 def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> ServiceProcess:
@@ -208,13 +211,18 @@ def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = 
         "--analytics-off",
         "--no-prompt",
     ]
-    service = spawn("prefect", cmd, log, url=url, ports={"http": port}, env=env, cwd=directory)
-    try:
-        wait_until(service, lambda: http_ok(f"{url}/api/health"), timeout, f"{url}/api/health answered")
-    except BaseException:
-        service.stop()
-        raise
-    return service
+    return start(
+        "prefect",
+        cmd,
+        log,
+        ready=lambda: http_ok(f"{url}/api/health"),
+        what=f"{url}/api/health answered",
+        timeout=timeout,
+        url=url,
+        ports={"http": port},
+        env=env,
+        cwd=directory,
+    )
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "S3Endpoint", "ServiceError", "start_mlflow", "start_prefect", "start_s3"]

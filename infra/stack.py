@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentinker.infra.processes import ServiceError, ServiceProcess, write_json_atomic, write_private
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceError, ServiceProcess
 from opentinker.infra.services import (
     DEFAULT_TIMEOUT_S,
     S3Endpoint,
@@ -59,6 +60,9 @@ class Stack:
             raise StackError(
                 f"{self.state_path} is corrupt ({exc}); stop leftover processes by hand and delete it."
             ) from exc
+
+    def _write_state(self, state: dict) -> None:
+        atomic_write(self.state_path, json.dumps(state, indent=2), mode=0o600)
 
     def services(self) -> dict[str, ServiceProcess]:
         return {name: ServiceProcess.from_dict(data) for name, data in self._read_state()["services"].items()}
@@ -130,7 +134,7 @@ class Stack:
                 service.stop()
             raise
         state["services"] = {svc.name: svc.to_dict() for svc in started}
-        write_json_atomic(self.state_path, state)
+        self._write_state(state)
         self.write_env_file()
         return self.status()
 
@@ -144,7 +148,7 @@ class Stack:
         if self.state_path.exists():
             state = self._read_state()
             state["services"] = {}
-            write_json_atomic(self.state_path, state)
+            self._write_state(state)
         self.env_path.unlink(missing_ok=True)
         return stopped
 
@@ -189,5 +193,5 @@ class Stack:
         """``stack.env``: ``source`` it in a shell to use the stack (owner-only permissions: it holds the S3 secret)."""
         lines = ["# Written by `opentinker stack up`; `source` this file to point OpenTinker at the local stack."]
         lines += [f"export {key}={value}" for key, value in self.env().items()]
-        write_private(self.env_path, "\n".join(lines) + "\n")
+        atomic_write(self.env_path, "\n".join(lines) + "\n", mode=0o600)
         return self.env_path

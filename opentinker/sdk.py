@@ -61,7 +61,7 @@ class _Tracked:
             return super().train(steps, callback, checkpoint_dir, checkpoint_every)
         if checkpoint_dir is not None:
             raise ValueError("checkpoint_dir: with track=True checkpoints go to the run's directory")
-        from opentinker.tasks.tracked import train_tracked
+        from opentinker.flows.tracked import train_tracked
 
         return train_tracked(self, steps, callback, checkpoint_every, **track_options)
 

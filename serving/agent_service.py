@@ -7,20 +7,22 @@ Threads persist in the agent's SQLite checkpointer, so a restarted service conti
 
 Configured by ``OPENTINKER_AGENT_CONFIG`` (JSON of ``AgentServiceConfig``, set by ``serve_agent``). This
 module is the edge where MLflow tracing (``mlflow.langchain.autolog``: spans per model/tool call, token usage)
-is switched on; ``agents/llm`` itself never imports MLflow or BentoML.
+is switched on; ``opentinker/llm`` itself never imports MLflow or BentoML.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import bentoml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from .auth import API_KEY_ENV, HASH_ENV, ApiKeyMiddleware, hash_api_key
+from opentinker.infra.processes import free_ports
+
+from .auth import ApiKeyMiddleware, hash_api_key
+from .deploy import Served, bento_env, start_bento
 from .middleware import BodyLimitMiddleware, JsonBodyMiddleware
 
 CONFIG_ENV = "OPENTINKER_AGENT_CONFIG"
@@ -61,19 +63,18 @@ def load_config() -> AgentServiceConfig:
 def enable_tracing(experiment: str | None = None) -> None:
     """Trace LangChain/LangGraph runs to MLflow: one trace per turn, spans per model and tool call with
     latencies, token usage from the models' ``usage_metadata``."""
-    import mlflow
-
     from opentinker.infra.settings import get_settings
+    from opentinker.tracking.runs import configure_mlflow
 
     settings = get_settings()
-    mlflow.set_tracking_uri(settings.tracking_uri)
+    mlflow = configure_mlflow()
     mlflow.set_experiment(experiment or f"{settings.mlflow_experiment}-agents")
     mlflow.langchain.autolog(log_traces=True, silent=True)
 
 
 def build_agent(config: AgentServiceConfig):
     """The ``LangChainAgent`` a config describes (also used by ``opentinker agent chat``)."""
-    from opentinker.agents.llm import LangChainAgent, PolicyTool, PythonREPL, WebSearch
+    from opentinker.llm import LangChainAgent, PolicyTool, PythonREPL, WebSearch
 
     tools: list[Any] = []
     for name in config.tools:
@@ -143,11 +144,11 @@ class AgentService:
             enable_tracing()
         self.agent = build_agent(self.config)
         if self.config.llm == "local" and not self.config.base_url:
-            from opentinker.agents.llm.local_weights import load_local_weights
+            from opentinker.agents.lm_weights import load_local_weights
 
             load_local_weights()  # load before /readyz turns green, not on the first request
         elif self.config.llm.startswith("models:/"):
-            from opentinker.agents.llm.local_model import load_adapter_weights
+            from opentinker.llm.local_model import load_adapter_weights
 
             load_adapter_weights(self.config.llm)
 
@@ -186,14 +187,8 @@ AgentService.add_asgi_middleware(BodyLimitMiddleware, max_bytes=64 * 1024)
 AgentService.add_asgi_middleware(JsonBodyMiddleware)
 
 
-@dataclass
-class AgentDeployment:
+class AgentDeployment(Served):
     """A running agent service: its URL, ``chat``/``history`` over HTTP, and ``stop()``."""
-
-    url: str
-    process: Any
-    log_path: Path
-    _api_key: str = field(repr=False)
 
     def _post(self, path: str, payload: dict) -> dict:
         import httpx
@@ -210,17 +205,6 @@ class AgentDeployment:
     def history(self, thread_id: str) -> dict:
         return self._post("/history", {"thread_id": thread_id})
 
-    def stop(self) -> None:
-        from .deploy import stop_process_group
-
-        stop_process_group(self.process)
-
-    def __enter__(self) -> AgentDeployment:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
 
 def serve_agent(
     api_key: str,
@@ -232,32 +216,11 @@ def serve_agent(
 ) -> AgentDeployment:
     """Start ``bentoml serve`` for the agent (free port by default) and wait until ready; the child gets only
     the key's hash. Raises ``serving.deploy.DeploymentError`` with the log tail when it does not start."""
-    import subprocess
-    import sys
-
     from opentinker.infra.settings import get_settings
 
-    from .deploy import free_port, stop_process_group, wait_ready
-
     config = config if isinstance(config, AgentServiceConfig) else AgentServiceConfig.model_validate(config or {})
-    port = port or free_port(host)
+    port = port or free_ports(1, host)[0]
     log_file = Path(log_path) if log_path else get_settings().resolved_data_dir / "serving" / f"agent-{port}.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    env.update(
-        {
-            CONFIG_ENV: config.model_dump_json(),
-            HASH_ENV: hash_api_key(api_key),
-            "BENTOML_DO_NOT_TRACK": "True",
-            "HF_HUB_OFFLINE": "1",
-        }
-    )
-    cmd = [sys.executable, "-m", "bentoml", "serve", SERVICE_IMPORT, "--host", host, "--port", str(port)]
-    with open(log_file, "ab") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_ready(f"http://{host}:{port}", proc, ready_timeout_s, log_file)
-    except BaseException:
-        stop_process_group(proc)
-        raise
-    return AgentDeployment(url=f"http://{host}:{port}", process=proc, log_path=log_file, _api_key=api_key)
+    env = bento_env(hash_api_key(api_key), {CONFIG_ENV: config.model_dump_json(), "HF_HUB_OFFLINE": "1"})
+    service = start_bento("agent service", SERVICE_IMPORT, env, host, port, log_file, ready_timeout_s)
+    return AgentDeployment(url=service.url, service=service, log_path=log_file, _api_key=api_key)

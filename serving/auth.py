@@ -22,6 +22,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from opentinker.infra.files import atomic_write
+
 HASH_ENV = "OPENTINKER_SERVE_API_KEY_HASH"
 HASH_FILE_ENV = "OPENTINKER_SERVE_API_KEY_HASH_FILE"
 API_KEY_ENV = "OPENTINKER_API_KEY"
@@ -86,14 +88,7 @@ def resolve_api_key(api_key: str | None = None, api_key_file: str | Path | None 
 def write_key_hash_file(key_hash: str, path: str | Path) -> Path:
     """Persist a hash (never a key) atomically, readable only by the owner."""
     _parse_hash(key_hash)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key_hash + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, key_hash + "\n", mode=0o600)
 
 
 def key_hash_from_env() -> str:

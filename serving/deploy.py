@@ -9,20 +9,16 @@ and ``OPENTINKER_API_KEY`` is removed from the child's environment.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Self
 
 import numpy as np
+
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, http_ok, start
 
 from .auth import API_KEY_ENV, HASH_ENV, hash_api_key
 
@@ -31,23 +27,51 @@ STARTUP_FAILED = "Application startup failed"
 """BentoML's log line when the service's __init__ raised (its supervisor then keeps restarting the worker)."""
 
 
-class DeploymentError(RuntimeError):
+class DeploymentError(ServiceError):
     """The server process exited or did not become ready; the message carries its log tail."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS just handed out (bind to 0); never a fixed one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def bento_env(key_hash: str, extra: dict[str, str]) -> dict[str, str]:
+    """A BentoML child's environment: ours minus any plaintext key, plus the key's hash and ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    env.update({HASH_ENV: key_hash, "BENTOML_DO_NOT_TRACK": "True", **extra})
+    return env
 
 
 def server_env(model_ref: str | Path, key_hash: str, settings: dict[str, Any] | None = None) -> dict[str, str]:
-    """The child's environment: ours minus any plaintext key, plus the model, the key hash and settings."""
-    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    env.update({"OPENTINKER_SERVE_MODEL": str(model_ref), HASH_ENV: key_hash, "BENTOML_DO_NOT_TRACK": "True"})
-    env.update({f"OPENTINKER_SERVE_{k.upper()}": str(v) for k, v in (settings or {}).items()})
-    return env
+    """The policy server's environment: ``bento_env`` plus the model and ``ServeSettings`` overrides."""
+    settings_env = {f"OPENTINKER_SERVE_{k.upper()}": str(v) for k, v in (settings or {}).items()}
+    return bento_env(key_hash, {"OPENTINKER_SERVE_MODEL": str(model_ref), **settings_env})
+
+
+def start_bento(
+    name: str,
+    service_import: str,
+    env: dict[str, str],
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    log: Path | None = None,
+    ready_timeout_s: float = 180.0,
+) -> ServiceProcess:
+    """``bentoml serve`` in its own session on ``host:port`` (a free port by default), returned once ``/readyz``
+    answers; ``log`` None leaves its output on our terminal. Raises ``DeploymentError`` with the log tail."""
+    port = port or free_ports(1, host)[0]
+    url = f"http://{host}:{port}"
+    cmd = [sys.executable, "-m", "bentoml", "serve", service_import, "--host", host, "--port", str(port)]
+    return start(
+        name,
+        cmd,
+        log,
+        ready=lambda: http_ok(f"{url}/readyz"),
+        what=f"{url}/readyz answered",
+        timeout=ready_timeout_s,
+        url=url,
+        ports={"http": port},
+        env=env,
+        fails_on=STARTUP_FAILED,
+        stop_timeout=15.0,
+        error=DeploymentError,
+    )
 
 
 def start_server(
@@ -56,85 +80,45 @@ def start_server(
     host: str = "127.0.0.1",
     port: int | None = None,
     settings: dict[str, Any] | None = None,
-    log: IO[bytes] | None = None,
-) -> tuple[subprocess.Popen, str]:
-    """Launch ``bentoml serve`` in its own process group; returns the process and its base URL."""
-    port = port or free_port(host)
-    cmd = [sys.executable, "-m", "bentoml", "serve", SERVICE_IMPORT, "--host", host, "--port", str(port)]
-    proc = subprocess.Popen(
-        cmd,
-        env=server_env(model_ref, key_hash, settings),
-        stdout=log,
-        stderr=subprocess.STDOUT if log is not None else None,
-        start_new_session=True,
-    )
-    return proc, f"http://{host}:{port}"
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0, log_path: Path | None = None) -> None:
-    """Poll ``/readyz`` until 200; fail fast, with the log tail, if the process dies."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DeploymentError(f"bentoml serve exited with code {proc.returncode}{_log_tail(log_path)}")
-        if log_path is not None and log_path.exists() and STARTUP_FAILED in log_path.read_text(errors="replace"):
-            raise DeploymentError(f"the service failed to start{_log_tail(log_path)}")
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.25)
-    raise DeploymentError(f"{url} not ready after {timeout_s:.0f} s{_log_tail(log_path)}")
-
-
-def stop_process_group(proc: subprocess.Popen, timeout_s: float = 15.0) -> None:
-    """Stop the server and every process under it, then reap them.
-
-    BentoML's supervisor starts its workers in their own sessions, so the process group is not
-    enough: descendants are collected first and any survivor of the supervisor's SIGTERM is killed.
-    """
-    import psutil
-
-    if proc.poll() is not None:
-        return
-    try:
-        children = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        children = []
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout_s)
-    _, alive = psutil.wait_procs(children, timeout=timeout_s)
-    for child in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    psutil.wait_procs(alive, timeout=timeout_s)
-
-
-def _log_tail(log_path: Path | None, lines: int = 30) -> str:
-    if log_path is None or not log_path.exists():
-        return ""
-    return "\n--- server log (tail) ---\n" + "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])
+    log: Path | None = None,
+    ready_timeout_s: float = 180.0,
+) -> ServiceProcess:
+    """The policy service for ``model_ref``, ready; the child gets only the key's hash."""
+    env = server_env(model_ref, key_hash, settings)
+    return start_bento("bentoml serve", SERVICE_IMPORT, env, host, port, log, ready_timeout_s)
 
 
 @dataclass
-class Deployment:
-    """A running policy service: its URL, an authenticated client and ``stop()``."""
+class Served:
+    """A running BentoML service started here: its URL, its process and ``stop()`` (also as a context manager)."""
 
     url: str
-    model_ref: str
-    process: subprocess.Popen
+    service: ServiceProcess
     log_path: Path | None
     _api_key: str = field(repr=False)
+
+    @property
+    def process(self) -> subprocess.Popen:
+        """The ``bentoml serve`` supervisor process (``.pid``, ``.poll()``, ``.wait()``)."""
+        assert self.service.popen is not None
+        return self.service.popen
+
+    def stop(self) -> None:
+        """Stop the server and every process under it (BentoML's workers run in their own sessions), then reap."""
+        self.service.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class Deployment(Served):
+    """A running policy service: its URL, an authenticated client and ``stop()``."""
+
+    model_ref: str = ""
     _client: Any = field(default=None, repr=False)
 
     @property
@@ -166,13 +150,7 @@ class Deployment:
         if self._client is not None:
             self._client.close()
             self._client = None
-        stop_process_group(self.process)
-
-    def __enter__(self) -> Deployment:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().stop()
 
 
 def deploy(
@@ -197,14 +175,7 @@ def deploy(
 
     key_hash = hash_api_key(api_key)
     resolve(str(model_ref))  # a bad URI fails here, with the store's message, before any server starts
-    port = port or free_port(host)
+    port = port or free_ports(1, host)[0]
     log_file = Path(log_path) if log_path else get_settings().resolved_data_dir / "serving" / f"policy-{port}.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "ab") as log:
-        proc, url = start_server(model_ref, key_hash, host, port, settings, log)
-    try:
-        wait_ready(url, proc, ready_timeout_s, log_file)
-    except BaseException:
-        stop_process_group(proc)
-        raise
-    return Deployment(url=url, model_ref=str(model_ref), process=proc, log_path=log_file, _api_key=api_key)
+    service = start_server(model_ref, key_hash, host, port, settings, log_file, ready_timeout_s)
+    return Deployment(url=service.url, service=service, log_path=log_file, _api_key=api_key, model_ref=str(model_ref))

@@ -23,7 +23,7 @@ class ServedModel:
     """One loaded policy version and its request schema."""
 
     ref: Any
-    """``tasks.model_store.PolicyRef``: name, exact version, run id, the URI as configured."""
+    """``tracking.registry.ModelRef``: name, exact version, run id, the URI as configured."""
     policy: Any
     """The engine's numpy ``InferencePolicy`` (``act``, ``act_with_info``, spaces, ``spec``)."""
     schema: ObservationSchema
@@ -36,7 +36,7 @@ class ServedModel:
 
 def resolve(model_uri: str):
     """The exact version ``model_uri`` names now: registry/run/local URIs, or a policy bundled in a Bento."""
-    from opentinker.tasks.model_store import resolve_policy
+    from opentinker.tracking.registry import resolve_policy
 
     from .package import BUNDLED_PREFIX, bundled_ref
 
@@ -46,7 +46,7 @@ def resolve(model_uri: str):
 def load_served_model(model_uri: str) -> ServedModel:
     """Resolve (pinning an alias to a version), download and load, then derive the request schema."""
     from opentinker.agents.export import load_policy
-    from opentinker.tasks.model_store import download_policy
+    from opentinker.tracking.registry import download_policy
 
     ref = resolve(model_uri)
     policy = load_policy(download_policy(ref))

@@ -18,6 +18,8 @@ from importlib.metadata import version as installed_version
 from pathlib import Path
 from typing import Any
 
+from opentinker.tracking.registry import slug
+
 from .deploy import SERVICE_IMPORT
 
 BUNDLED_PREFIX = "bentoml:"
@@ -37,18 +39,18 @@ class PackageResult:
 
 
 def bundled_ref(model_uri: str):
-    """``bentoml:TAG`` -> a ``PolicyRef`` for a policy saved in the BentoML model store by ``package_policy``."""
+    """``bentoml:TAG`` -> a ``ModelRef`` for a policy saved in the BentoML model store by ``package_policy``."""
     import bentoml
 
-    from opentinker.tasks.model_store import PolicyRef
+    from opentinker.tracking.registry import ModelRef
 
     model = bentoml.models.get(model_uri[len(BUNDLED_PREFIX) :])
     meta = model.info.metadata
-    return PolicyRef(
-        model_uri,
-        meta.get("name", model.tag.name),
-        meta.get("version", model.tag.version),
-        meta.get("run_id"),
+    return ModelRef(
+        uri=model_uri,
+        name=meta.get("name", model.tag.name),
+        version=meta.get("version", model.tag.version),
+        run_id=meta.get("run_id"),
         download_uri=str(model.path),
     )
 
@@ -56,22 +58,18 @@ def bundled_ref(model_uri: str):
 def _save_bundled_policy(model_ref: str):
     import bentoml
 
-    from opentinker.tasks.model_store import download_policy, resolve_policy
+    from opentinker.tracking.registry import download_policy, resolve_policy
 
     ref = resolve_policy(model_ref)
     export_dir = download_policy(ref)
     metadata = {"name": ref.name, "version": ref.version, "run_id": ref.run_id or "", "source_uri": str(model_ref)}
     with bentoml.models.create(
-        f"opentinker-policy-{_slug(ref.name)}", metadata=metadata, labels={"source": "opentinker"}
+        f"opentinker-policy-{slug(ref.name) or 'policy'}", metadata=metadata, labels={"source": "opentinker"}
     ) as model:
         for item in export_dir.iterdir():
             if item.is_file():
                 shutil.copy2(item, Path(model.path) / item.name)
     return model, ref
-
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text.lower()).strip("-_") or "policy"
 
 
 def _project_root() -> Path:
@@ -147,10 +145,10 @@ def package_policy(model_ref: str, *, bundle: bool = True) -> PackageResult:
             model, ref = _save_bundled_policy(model_ref)
             serves, models = f"{BUNDLED_PREFIX}{model.tag}", [str(model.tag)]
         else:
-            from opentinker.tasks.model_store import resolve_policy
+            from opentinker.tracking.registry import resolve_policy
 
             ref, serves, models = resolve_policy(model_ref), str(model_ref), []
-        labels = {"model_name": _slug(ref.name), "model_version": _slug(ref.version)}
+        labels = {"model_name": slug(ref.name) or "policy", "model_version": slug(ref.version)}
         config = bentofile(serves, wheel.relative_to(staging), models, labels)
         (staging / "bentofile.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
         tag = run_bentoml_build(staging)

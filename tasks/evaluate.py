@@ -1,11 +1,13 @@
 """Deterministic evaluation, cached on (model version, env, episodes, seed) with persisted results.
 
 A registry reference is first pinned to its version (``resolve_model``) so that the cache key names
-an immutable model and the evaluation loads exactly that version even if an alias moves meanwhile.
+an immutable model and the evaluation loads exactly that version even if an alias moves meanwhile. The episodes are
+the engine's (``agents.trainer.evaluate_episodes``, what ``Trainer.evaluate`` runs).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -13,106 +15,56 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
-from pydantic import BaseModel
 
+from opentinker.agents.evaluation import EvalResult, evaluate_episodes
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.types import EvalOutcome
-
-
-class ResolvedModel(BaseModel):
-    """A model reference pinned to something immutable, and the cache key naming it."""
-
-    uri: str
-    key: str
-    env_id: str
-    store: str = ""
-    """Digest of the tracking URI for registry models: versions are numbered per store, so keys must say which."""
+from opentinker.tracking.registry import ModelRef, load_registered_policy, resolve_policy
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
-def resolve_model(model_uri: str, env_id: str | None = None) -> ResolvedModel:
+def resolve_model(model_uri: str) -> ModelRef:
     """``models:/NAME@alias`` → ``models:/NAME/VERSION``; an export dir → a digest of its files."""
-    from opentinker.tasks.model_store import resolve_policy
-
-    ref = resolve_policy(model_uri)
-    store = ""
-    if ref.download_uri.startswith(("models:/", "runs:/")):
-        from opentinker.infra.settings import get_settings
-
-        store = hashlib.sha256(get_settings().tracking_uri.encode()).hexdigest()[:12]
-    return ResolvedModel(
-        uri=ref.download_uri, key=f"{ref.name}/{ref.version}", env_id=env_id or _env_of(ref.download_uri), store=store
-    )
+    return resolve_policy(model_uri)
 
 
-def _env_of(model_uri: str) -> str:
-    from opentinker.tasks.model_store import load_registered_policy
-
-    spec = load_registered_policy(model_uri).spec
+@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+def model_env_id(model: ModelRef) -> str:
+    """The env id the model's export records (the env it was trained on)."""
+    spec = load_registered_policy(model.download_uri).spec
     env_id = spec.get("env_id") or spec.get("env") or (spec.get("metadata") or {}).get("env_id")
     if not env_id:
-        raise ValueError(f"model {model_uri} records no env id; pass env_id explicitly")
+        raise ValueError(f"model {model.uri or model.download_uri} records no env id; pass env_id explicitly")
     return str(env_id)
 
 
 def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    model: ResolvedModel = parameters["model"]
-    return (
-        f"evaluate-{model.store or 'local'}-{model.key}-{model.env_id}-n{parameters['episodes']}-s{parameters['seed']}"
-    )
+    """Registry versions are numbered per store, so a registry model's key also names the store."""
+    from opentinker.infra.settings import get_settings
+
+    model: ModelRef = parameters["model"]
+    store = hashlib.sha256(get_settings().tracking_uri.encode()).hexdigest()[:12] if model.in_registry else "local"
+    return f"evaluate-{store}-{model.key}-{parameters['env_id']}-n{parameters['episodes']}-s{parameters['seed']}"
 
 
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
-def evaluate_policy(model: ResolvedModel, episodes: int = 10, seed: int = 10_000) -> EvalOutcome:
-    """Run ``episodes`` deterministic episodes, episode i seeded ``seed + i``; mean and std of returns."""
-    from opentinker.tasks.model_store import load_registered_policy
-
-    policy = load_registered_policy(model.uri)
-    returns = play_episodes(model.env_id, lambda obs: policy.act(np.asarray(obs)[None])[0], episodes, seed)
-    get_run_logger().info(
-        "%s: mean return %.2f ± %.2f over %d episodes", model.key, np.mean(returns), np.std(returns), episodes
-    )
-    return EvalOutcome(
-        model_key=model.key, seed=seed, returns=returns, mean=float(np.mean(returns)), std=float(np.std(returns))
-    )
-
-
-def play_episodes(env_id: str, act, episodes: int, seed: int) -> list[float]:
-    """Returns of ``episodes`` episodes of ``act(obs) -> action``, episode i reset with ``seed + i``."""
-    from opentinker.envs import make_env
-
-    env = make_env(env_id)
-    returns = []
-    try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            total, done = 0.0, False
-            while not done:
-                obs, reward, terminated, truncated, _ = env.step(act(obs))
-                total += float(reward)
-                done = bool(terminated or truncated)
-            returns.append(total)
-    finally:
-        env.close()
-    return returns
+def evaluate_policy(model: ModelRef, env_id: str, episodes: int = 10, seed: int = 10_000) -> EvalResult:
+    """The engine's evaluation (``evaluate_episodes``) of the exact version ``model`` pins, on ``env_id``."""
+    policy = load_registered_policy(model.download_uri)
+    result = evaluate_episodes(env_id, policy.act, episodes, seed)
+    get_run_logger().info("%s: mean return %.2f ± %.2f over %d episodes", model.key, result.mean, result.std, episodes)
+    return dataclasses.replace(result, model_key=model.key)
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_random_policy(env_id: str, episodes: int = 10, seed: int = 10_000) -> EvalOutcome:
+def evaluate_random_policy(env_id: str, episodes: int = 10, seed: int = 10_000) -> EvalResult:
     """The gate's floor when the env has no reward threshold: a uniform random policy on the evaluation seeds
     (its action space seeded with ``seed``)."""
     from opentinker.envs import make_env
 
     space = make_env(env_id).action_space
     space.seed(seed)
-    returns = play_episodes(env_id, lambda obs: space.sample(), episodes, seed)
-    return EvalOutcome(
-        model_key=f"random/{env_id}",
-        seed=seed,
-        returns=returns,
-        mean=float(np.mean(returns)),
-        std=float(np.std(returns)),
-    )
+    result = evaluate_episodes(env_id, lambda obs: np.stack([space.sample() for _ in obs]), episodes, seed)
+    return dataclasses.replace(result, model_key=f"random/{env_id}")
 
 
 def reward_threshold(env_id: str) -> float | None:

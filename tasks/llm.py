@@ -11,8 +11,8 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from opentinker.tasks import progress
-from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
+from opentinker.tracking import progress
+from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
 class LLMEvaluation(BaseModel):
@@ -169,8 +169,8 @@ def evaluate_adapter(
     """Base + merged adapter, greedy, on the first ``prompts`` held-out examples of the adapter's own task —
     the model and decoding the agent service runs. Logged (metrics + episode table) when ``run_id`` is given."""
     from opentinker.agents.grpo import summarise
-    from opentinker.agents.llm.policy import load_adapted_model
-    from opentinker.agents.llm.rollout import evaluate_model
+    from opentinker.agents.lm_policy import load_adapted_model
+    from opentinker.agents.lm_rollout import evaluate_model
 
     model, tokenizer, meta = load_adapted_model(adapter_dir, cache_dir)
     episodes = evaluate_model(
@@ -186,8 +186,8 @@ def evaluate_adapter(
 @task(cache_policy=NO_CACHE)
 def register_adapter(run_id: str, adapter_dir: str, model_name: str, base_model: str, task_name: str) -> str:
     """A new version of ``model_name`` holding the adapter, tagged with its base model; alias ``candidate``."""
-    from opentinker.tasks.llm_store import log_adapter_model
-    from opentinker.tasks.model_store import set_alias
+    from opentinker.tracking.llm_store import log_adapter_model
+    from opentinker.tracking.registry import set_alias
 
     version = log_adapter_model(
         adapter_dir, run_id, model_name, {"base_model": base_model, "task": task_name, "algorithm": "grpo"}
@@ -214,8 +214,8 @@ def gate_adapter(
 ) -> GateDecision:
     """Move ``champion`` to ``version`` only if its held-out success beats the current champion's on the same
     prompts (the champion is re-evaluated here, not trusted from its run) and reaches ``threshold``."""
-    from opentinker.tasks.llm_store import download_adapter
-    from opentinker.tasks.model_store import PolicyStoreError, set_alias
+    from opentinker.tracking.llm_store import download_adapter
+    from opentinker.tracking.registry import PolicyStoreError, set_alias
 
     champion_success = None
     try:

@@ -1,5 +1,5 @@
 """Multi-agent stages: train an ``AgentGroup`` (one task, checkpointed, metrics per kind to MLflow) and
-evaluate it from its checkpoint. Packaging reuses ``tasks.package.package_model`` once per kind."""
+evaluate it from its checkpoint. Registration reuses ``tasks.register.register_model`` once per kind."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
-from opentinker.tasks import progress
-from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
+from opentinker.agents.evaluation import EvalResult
+from opentinker.tracking import progress
+from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
 class GroupTrainOutcome(BaseModel):
@@ -26,16 +27,6 @@ class GroupTrainOutcome(BaseModel):
     global_step: int
     agent_steps: int
     train_seconds: float
-
-
-class KindEvaluation(BaseModel):
-    """Deterministic evaluation of one kind (per agent-episode)."""
-
-    mean: float
-    std: float
-    returns: list[float]
-    mean_length: float
-    terminated_fraction: float
 
 
 @task(cache_policy=NO_CACHE)
@@ -105,12 +96,12 @@ def train_group(
 
 
 @task(cache_policy=NO_CACHE)
-def evaluate_group(checkpoint_path: str, episodes: int = 10, seed: int = 10_000) -> dict[str, KindEvaluation]:
+def evaluate_group(checkpoint_path: str, episodes: int = 10, seed: int = 10_000) -> dict[str, EvalResult]:
     """Every kind acting deterministically, one episode per fresh env copy, from the saved group."""
     from opentinker.agents.multiagent import GroupTrainer
 
     trainer = GroupTrainer.load(checkpoint_path, device="cpu", backend="local")  # evaluation runs in-process
     try:
-        return {kind: KindEvaluation(**result._asdict()) for kind, result in trainer.evaluate(episodes, seed).items()}
+        return trainer.evaluate(episodes, seed)
     finally:
         trainer.close()

@@ -9,9 +9,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from opentinker.agents.evaluation import EvalResult
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.tracking import configure_mlflow, flatten, git_commit, run_url, ui_url
-from opentinker.tasks.types import EvalOutcome, ModelRef
+from opentinker.tracking.registry import ModelRef
+from opentinker.tracking.runs import configure_mlflow, ensure_experiment, flatten, git_commit, run_url, ui_url
 
 
 class TrackingRun(BaseModel):
@@ -26,7 +27,7 @@ def start_tracking_run(params: dict[str, Any], run_name: str, experiment: str | 
     import mlflow
     from prefect.runtime import flow_run
 
-    experiment_id = configure_mlflow(experiment)
+    experiment_id = ensure_experiment(experiment)
     client = mlflow.MlflowClient()
     prefect_link = f"[Prefect flow run]({flow_run.ui_url})" if flow_run.id and flow_run.ui_url else "Prefect local mode"
     tags = {
@@ -74,7 +75,7 @@ def finish_tracking_run(
 
 
 @task(cache_policy=NO_CACHE)
-def publish_summary(tracking: TrackingRun, model: ModelRef, evaluation: EvalOutcome) -> None:
+def publish_summary(tracking: TrackingRun, model: ModelRef, evaluation: EvalResult) -> None:
     """Prefect UI artifacts on the flow run: a link to the MLflow run, the evaluation and the gate's decision."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 

@@ -22,9 +22,10 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from opentinker.tasks import progress
-from opentinker.tasks.tracking import MetricsLogger, configure_mlflow
+from opentinker.infra.files import atomic_write
 from opentinker.tasks.types import TrainOutcome
+from opentinker.tracking import progress
+from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
 def run_log() -> logging.Logger | logging.LoggerAdapter:
@@ -50,30 +51,25 @@ def train_policy(
     steps: int,
     seed: int,
     directory: str,
-    algorithm: str = "ppo",
-    config: dict[str, Any] | None = None,
-    num_envs: int = 8,
-    workers: int | None = None,
-    backend: str = "ray",
+    engine: dict[str, Any],
     num_gpus: float = 0.0,
     resume: bool = False,
     checkpoint_every: int | None = None,
     rollout_num_cpus: float | None = None,
     rollout_num_gpus: float = 0.0,
 ) -> TrainOutcome:
-    """Train ``algorithm`` (engine config fields ``config``) until ``steps`` global env steps; checkpoint, export,
-    log every iteration.
+    """Train ``engine["algorithm"]`` with the rest of ``engine`` as its config (``TrainParams.engine``, resolved)
+    until ``steps`` global env steps; checkpoint, export, log every iteration.
 
-    ``backend`` "local" steps the env copies in this process (gymnasium's vectorised implementation when the env
-    has one: the engine's fastest path for cheap envs); "ray" on rollout actors, whose Ray node ids are logged as
-    run tags at the start and at the end (they differ when a node was replaced). The engine rewrites
+    ``engine["backend"]`` "local" steps the env copies in this process (gymnasium's vectorised implementation when
+    the env has one: the engine's fastest path for cheap envs); "ray" on rollout actors, whose Ray node ids are
+    logged as run tags at the start and at the end (they differ when a node was replaced). The engine rewrites
     ``checkpoints/checkpoint.pt`` atomically every ``checkpoint_every`` env steps and at the end; with ``resume``
     training continues from it (a finished run just re-exports). The learner trains on the GPU Ray grants for
     ``num_gpus`` (``learner_device``).
     """
     import mlflow
 
-    from opentinker.envs import RemoteEnv
     from opentinker.infra.autoscale import log_capacity_wait
     from opentinker.infra.ray_runtime import failing_without_rollout_nodes, learner_device, rollout_actor_options
 
@@ -82,18 +78,17 @@ def train_policy(
     configure_mlflow()
     client = mlflow.MlflowClient()
     early = _EARLY.pop(directory, None)
-    if early is not None and early.args == _early_args(
-        env_id, steps, seed, algorithm, config, num_envs, resume, checkpoint_every
-    ):
+    if early is not None and early.args == _early_args(env_id, steps, seed, engine, resume, checkpoint_every):
         client.set_tag(run_id, "opentinker.rollout_nodes", "local")
         _write_json(root / "workers.json", {"pids": [os.getpid()], "nodes": ["local"]})
         return early.adopt(run_id)
     if early is not None:
         early.cancel()
     with learner_device(num_gpus) as device:  # first: a missing GPU fails before any actor starts
-        options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if backend == "ray" else None
+        ray = engine["backend"] == "ray"
+        options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if ray else None
         placing = time.perf_counter()
-        env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend=backend, seed=seed, ray_options=options)
+        env = _env_copies(env_id, seed, engine, options)
         try:
             nodes = [node or "local" for node in env.worker_node_ids()]
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
@@ -102,9 +97,8 @@ def train_policy(
                 client.log_metric(run_id, "perf/rollout_nodes", len(set(nodes)))
                 log_capacity_wait(client, run_id, time.perf_counter() - placing)
             with failing_without_rollout_nodes(options, env.close) if options else contextlib.nullcontext():
-                outcome = _train(
-                    env, run_id, env_id, steps, seed, root, algorithm, config, device, resume, checkpoint_every
-                )
+                trainer = _build_trainer(env, seed, root, engine, device, resume)
+                outcome = train_logged(trainer, run_id, steps, root, checkpoint_every, metadata={"env_id": env_id})
             client.set_tag(
                 run_id, "opentinker.rollout_nodes_final", ",".join(node or "local" for node in env.worker_node_ids())
             )
@@ -113,36 +107,37 @@ def train_policy(
             env.close()
 
 
-def _build_trainer(
-    env: Any, seed: int, root: Path, algorithm: str, config: dict[str, Any] | None, device: str, resume: bool
+def _env_copies(
+    env_id: str, seed: int, engine: dict[str, Any], ray_options: dict[str, Any] | None = None, validate: bool = True
 ) -> Any:
-    """A fresh trainer, or with ``resume`` the one in the run's last checkpoint."""
+    """The env copies the engine config describes (its ``num_envs``, ``workers``, ``backend``, ``state_diff``)."""
+    from opentinker.envs import RemoteEnv
+
+    return RemoteEnv(
+        env_id,
+        parallel=engine["num_envs"],
+        workers=engine.get("workers"),
+        backend=engine["backend"],
+        state_diff=engine.get("state_diff", False),
+        seed=seed,
+        ray_options=ray_options,
+        validate=validate,
+    )
+
+
+def _build_trainer(env: Any, seed: int, root: Path, engine: dict[str, Any], device: str, resume: bool) -> Any:
+    """The engine trainer of ``engine["algorithm"]`` (the class the SDK's ``PPOTrainer``/``DQNTrainer`` extend) built
+    from the engine config; with ``resume`` the one in the run's last checkpoint."""
     from opentinker.agents import trainer_class
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
 
-    trainer_cls = trainer_class(algorithm)
+    config = dict(engine)
+    trainer_cls = trainer_class(config.pop("algorithm"))
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     if resume and checkpoint.exists():
         return trainer_cls.load(checkpoint, env=env, device=device)
     (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
-    return trainer_cls(env, policy="MLP", seed=seed, device=device, **(config or {}))
-
-
-def _train(
-    env: Any,
-    run_id: str,
-    env_id: str,
-    steps: int,
-    seed: int,
-    root: Path,
-    algorithm: str,
-    config: dict[str, Any] | None,
-    device: str,
-    resume: bool,
-    checkpoint_every: int | None,
-) -> TrainOutcome:
-    trainer = _build_trainer(env, seed, root, algorithm, config, device, resume)
-    return train_logged(trainer, run_id, steps, root, checkpoint_every, metadata={"env_id": env_id})
+    return trainer_cls(env, policy="MLP", seed=seed, device=device, **config)
 
 
 def train_logged(
@@ -158,16 +153,25 @@ def train_logged(
     ``root/checkpoints``, then the export and the history; the flow's training stage and the SDK's
     ``train(track=True)`` both run this. ``callback`` (the SDK user's) runs after the logger; False stops."""
     logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
+    start_step = int(trainer.global_step)
+    seconds = _train_loop(trainer, logger, steps, root, checkpoint_every, callback)
+    return _finish(trainer, logger, root, start_step, seconds, metadata)
+
+
+def _train_loop(
+    trainer: Any, logger: MetricsLogger, steps: int, root: Path, checkpoint_every: int | None, callback: Any
+) -> float:
+    """The engine's ``train`` with ``logger`` (the MLflow callback) then ``callback`` each iteration; its seconds."""
 
     def log_then_call(metrics: dict[str, float], step: int) -> bool | None:
         logger(metrics, step)
         return None if callback is None else callback(metrics, step)
 
-    start_step, started = int(trainer.global_step), time.perf_counter()
+    started = time.perf_counter()
     trainer.train(
         steps, callback=log_then_call, checkpoint_dir=_checkpoint_dir(root), checkpoint_every=checkpoint_every
     )
-    return _finish(trainer, logger, root, start_step, time.perf_counter() - started, metadata)
+    return time.perf_counter() - started
 
 
 def _checkpoint_dir(root: Path) -> Path:
@@ -231,21 +235,17 @@ class EarlyTraining:
         self._thread.start()
 
     def _run(self) -> None:
-        started = time.perf_counter()
         try:
-            self.trainer.train(
+            self.seconds = _train_loop(
+                self.trainer,
+                self.logger,
                 self.steps,
-                callback=self._callback,
-                checkpoint_dir=_checkpoint_dir(self.root),
-                checkpoint_every=self.checkpoint_every,
+                self.root,
+                self.checkpoint_every,
+                lambda metrics, step: not self._cancelled.is_set(),
             )
         except BaseException as exc:  # re-raised in the flow's training task, which owns the failure
             self.error = exc
-        self.seconds = time.perf_counter() - started
-
-    def _callback(self, metrics: dict[str, float], step: int) -> bool:
-        self.logger(metrics, step)
-        return not self._cancelled.is_set()
 
     def adopt(self, run_id: str) -> TrainOutcome:
         """Attach the MLflow run, wait for the loop, then export like ``train_logged``."""
@@ -278,20 +278,16 @@ def start_early(
     steps: int,
     seed: int,
     directory: str,
-    algorithm: str,
-    config: dict[str, Any] | None,
-    num_envs: int,
+    engine: dict[str, Any],
     resume: bool,
     checkpoint_every: int | None,
 ) -> EarlyTraining:
     """Start in-process training for ``train_policy`` to adopt (same arguments); ``cancel()`` it if the flow fails."""
-    from opentinker.envs import RemoteEnv
-
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    env = RemoteEnv(env_id, parallel=num_envs, backend="local", seed=seed)
-    trainer = _build_trainer(env, seed, root, algorithm, config, "auto", resume)
-    args = _early_args(env_id, steps, seed, algorithm, config, num_envs, resume, checkpoint_every)
+    env = _env_copies(env_id, seed, engine, validate=False)  # the flow's probe validates it before adopting
+    trainer = _build_trainer(env, seed, root, engine, "auto", resume)
+    args = _early_args(env_id, steps, seed, engine, resume, checkpoint_every)
     early = _EARLY[directory] = EarlyTraining(directory, args, env, trainer, steps, checkpoint_every)
     return early
 
@@ -308,6 +304,4 @@ def _early_args(*args: Any) -> str:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomic: ops tools (and the kill-a-worker test) read it while training runs."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(data))

@@ -1,11 +1,13 @@
-"""Small typed values passed between tasks: ids, URIs, numbers — never tensors."""
+"""Small typed values passed between tasks: ids, URIs, numbers — never tensors.
+
+Evaluations are the engine's ``EvalResult``; model references are ``tracking.registry.ModelRef``."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
 
-class RolloutSummary(BaseModel):
+class ProbeSummary(BaseModel):
     """What the probe rollout measured on the Ray workers."""
 
     steps: int
@@ -26,24 +28,3 @@ class TrainOutcome(BaseModel):
     iterations: int
     train_seconds: float
     worker_pids: list[int] = []
-
-
-class EvalOutcome(BaseModel):
-    """Deterministic evaluation of one model on fixed seeds (persisted: it is the cache value)."""
-
-    model_key: str = Field(description="What was evaluated: registry name/version or a weights digest.")
-    seed: int
-    returns: list[float]
-    mean: float
-    std: float
-
-
-class ModelRef(BaseModel):
-    """A registered model version and where its aliases point after this stage."""
-
-    name: str
-    version: str
-    run_id: str
-    aliases: list[str] = []
-    decision: str = ""
-    model_id: str = Field("", description="MLflow 3 logged-model id (``m-…``): metrics linked to it show on its page.")

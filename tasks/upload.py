@@ -7,6 +7,7 @@ so that another machine can resume from it. Transient IO is retried with exponen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,14 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from opentinker.agents.evaluation import EvalResult
 from opentinker.infra.settings import get_settings
-from opentinker.tasks import plots
-from opentinker.tasks.model_card import render_model_card
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.tracking import configure_mlflow, load_history
-from opentinker.tasks.types import EvalOutcome, ModelRef, TrainOutcome
+from opentinker.tasks.types import TrainOutcome
+from opentinker.tracking import plots
+from opentinker.tracking.model_card import render_model_card
+from opentinker.tracking.registry import ModelRef
+from opentinker.tracking.runs import configure_mlflow, load_history
 
 Artifact = tuple[str, str]
 """(artifact sub-directory, local path)."""
@@ -38,7 +41,7 @@ def check_storage() -> str:
 
 @task(cache_policy=NO_CACHE)
 def render_reports(
-    params: dict[str, Any], trained: TrainOutcome, evaluation: EvalOutcome | None, model: ModelRef | None
+    params: dict[str, Any], trained: TrainOutcome, evaluation: EvalResult | None, model: ModelRef | None
 ) -> list[Artifact]:
     """Learning curve + system plots (PNG), the config (JSON) and the model card (markdown)."""
     out = Path(trained.history_path).parent / "reports" / trained.run_id
@@ -50,7 +53,7 @@ def render_reports(
     card.write_text(
         render_model_card(
             params,
-            evaluation.model_dump() if evaluation else None,
+            dataclasses.asdict(evaluation) if evaluation else None,
             model.model_dump() if model else None,
             trained.run_id,
             trained.global_step,

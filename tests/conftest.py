@@ -12,10 +12,12 @@ import tempfile
 _SESSION_DIR = tempfile.mkdtemp(prefix="opentinker-tests-")
 os.environ.setdefault("OPENTINKER_DATA_DIR", os.path.join(_SESSION_DIR, "data"))
 os.environ.setdefault("PREFECT_HOME", os.path.join(_SESSION_DIR, "prefect"))
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from opentinker.tasks import prefect_defaults  # noqa: E402
+
+prefect_defaults()  # the test session starts flows
 from fixtures.federated import *  # noqa: F403, E402
 from fixtures.llm import *  # noqa: F403, E402
 from fixtures.pipeline import *  # noqa: F403, E402

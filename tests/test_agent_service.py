@@ -62,7 +62,7 @@ def test_agent_runs_are_traced_to_mlflow_with_tool_spans_and_token_usage(tmp_pat
     import mlflow
     from fixtures.llm import make_slow_tool
 
-    from opentinker.agents.llm import LangChainAgent
+    from opentinker.llm import LangChainAgent
     from opentinker.serving.agent_service import enable_tracing
 
     enable_tracing(experiment="llm-tracing-test")

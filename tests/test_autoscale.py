@@ -17,8 +17,8 @@ from fixtures.pipeline import settings_env, small_train_params
 from ray.autoscaler.v2.sdk import get_cluster_status
 from typer.testing import CliRunner
 
+from opentinker.cli import cluster as cluster_cli
 from opentinker.envs.ray_backend import START_TIMEOUT_S
-from opentinker.infra import cluster_cli
 from opentinker.infra.autoscale import WORKER_TYPE
 from opentinker.infra.cluster import WORKER_RESOURCE, LocalCluster
 from opentinker.infra.settings import get_settings

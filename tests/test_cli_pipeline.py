@@ -112,3 +112,55 @@ def test_real_process_exit_code_and_no_traceback(tmp_path):
     assert done.returncode == 1, output
     assert "eval_episodes" in output and "greater than 0" in output
     assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(
+    ("body", "algorithm", "expected"),
+    [
+        ('algorithm = "dqn"\nnum_envs = 4\n[dqn]\nbatch_size = 64\nhidden_sizes = [32, 32]\n', "dqn", {}),
+        ("num_envs = 4\n[dqn]\nbatch_size = 64\nhidden_sizes = [32, 32]\n", "dqn", {}),  # as with --algo dqn
+        ('[engine]\nalgorithm = "ppo"\nnum_envs = 4\nn_steps = 64\nhidden_sizes = [32, 32]\n', None, {"n_steps": 64}),
+    ],
+)
+def test_config_file_parses_into_the_algorithms_typed_engine_config(tmp_path, body, algorithm, expected):
+    """The [ppo]/[dqn] table form and the [engine] form both give the algorithm's union member; the params read
+    back in the config file's form and survive Prefect's JSON round trip."""
+    from opentinker.agents.config import CONFIGS
+    from opentinker.flows.params import TrainParams, load_train_params
+
+    config = tmp_path / "train.toml"
+    config.write_text(body)
+    params = load_train_params(config, env_id="CartPole-v1", algorithm=algorithm)
+    engine = params.engine
+    assert engine.config_cls is CONFIGS[engine.algorithm] and engine.num_envs == 4
+    assert engine.hidden_sizes == (32, 32) and all(getattr(engine, k) == v for k, v in expected.items())
+    if engine.algorithm == "dqn":
+        assert engine.batch_size == 64 and params.config_form()["dqn"]["batch_size"] == 64
+    form = params.config_form()
+    assert form["algorithm"] == engine.algorithm and form["num_envs"] == 4 and "engine" not in form
+    assert TrainParams.model_validate(form) == params
+    assert TrainParams.model_validate_json(params.model_dump_json()) == params
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("[ppo]\nbatch_size = 64", ["ppo", "'batch_size' does not apply to algorithm 'ppo'", "DQNConfig"]),
+        ('algorithm = "dqn"\n[dqn]\nclip_coef = 0.1', ["dqn", "'clip_coef' does not apply to algorithm 'dqn'"]),
+        ('[engine]\nalgorithm = "dqn"\ngae_lambda = 0.9', ["'gae_lambda' does not apply to algorithm 'dqn'"]),
+    ],
+)
+def test_a_field_of_another_algorithm_is_an_error_naming_field_and_algorithm(tmp_path, body, expected):
+    config = tmp_path / "train.toml"
+    config.write_text(body + "\n")
+    _fails_cleanly(["train", "CartPole-v1", "--config", str(config)], *expected)
+
+
+def test_the_engine_trainer_refuses_another_algorithms_field_and_keeps_its_env_copies():
+    from opentinker.agents import DQNTrainer, PPOTrainer
+    from opentinker.envs import RemoteEnv
+
+    with pytest.raises(ValueError, match="'epsilon_decay' does not apply to algorithm 'ppo'"):
+        PPOTrainer("CartPole-v1", epsilon_decay=0.99)
+    with RemoteEnv("CartPole-v1", parallel=3, backend="local") as env:
+        assert DQNTrainer(env, learning_starts=10).config.num_envs == 3  # built with it, never overwritten

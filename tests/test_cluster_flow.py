@@ -29,7 +29,7 @@ import ray
 from opentinker.flows.params import TrainParams
 from opentinker.flows.train import train_flow
 from opentinker.infra.settings import get_settings
-from opentinker.tasks import progress
+from opentinker.tracking import progress
 
 handshake, pause_at, runs = Path(sys.argv[1]), int(sys.argv[2]), [TrainParams.model_validate_json(a) for a in sys.argv[3:]]
 phase = 0

@@ -179,10 +179,10 @@ def test_prefect_flow_run_page_shows_the_completed_run_its_stages_logs_and_artif
         "check_storage",
         "start_tracking_run",
         "start_ray",
-        "collect_rollouts",
+        "probe_env",
         "train_policy",
         "evaluate_policy",
-        "package_model",
+        "register_model",
         "publish_summary",
         "finish_tracking_run",
     } <= set(tasks), sorted(tasks)

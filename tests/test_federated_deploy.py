@@ -17,7 +17,7 @@ from opentinker.federated.api import FLClient
 from opentinker.federated.certs import CertPaths, generate_certs, generate_site_key
 from opentinker.federated.config import SiteConfig
 from opentinker.flows.federated_flow import federated_flow
-from opentinker.tasks.model_store import load_registered_policy
+from opentinker.tracking.registry import load_registered_policy
 
 
 def _wait_for_line(path: Path, text: str, timeout: float) -> None:
@@ -70,13 +70,13 @@ def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
     try:
         site_log = Path(federation.root) / "site-2" / "supernode.log"
         _wait_for_line(site_log, "Receiving: train message", timeout=600)
-        deploy.stop_pid(federation.site_pids["2"])  # the whole process group: supernode, superexec, clientapp
+        federation.sites["2"].stop()  # the whole process group: supernode, superexec, clientapp
         # Same key, same node id: the site rejoins through the seed API, now training on in-memory transitions.
         dataset = expert_transitions(site_id=2, episodes=1, seed=3)
         FLClient(strategy="fedavg", aggregation_interval=60, site_id=2, federation=federation.root).train(
             local_data={"dataset": dataset, "pole_length": 0.65, "gravity": 10.78}
         )
-        federation.site_pids.update(deploy.Federation.load(federation.root).site_pids)
+        federation.sites.update(deploy.Federation.load(federation.root).sites)
     finally:
         runner.join(timeout=1500)
     result = outcome["result"]

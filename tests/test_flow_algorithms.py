@@ -52,7 +52,7 @@ def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
     from opentinker.agents import PPOTrainer
     from opentinker.flows.params import TrainParams
     from opentinker.flows.train import train_flow
-    from opentinker.tasks.model_store import load_registered_policy
+    from opentinker.tracking.registry import load_registered_policy
 
     dqn = train_flow(
         TrainParams(
@@ -139,7 +139,7 @@ def test_a_module_class_env_trains_from_the_cli_on_ray_workers(tmp_path):
     assert run.data.params["env_id"] == "fixtures.corridor:Corridor" and run.data.params["backend"] == "ray"
     nodes = run.data.tags["opentinker.rollout_nodes"].split(",")
     assert len(nodes) == 2 and "local" not in nodes  # stepped inside Ray actors, which imported the module
-    from opentinker.tasks.model_store import load_registered_policy
+    from opentinker.tracking.registry import load_registered_policy
 
     spec = load_registered_policy(f"models:/corridor/{version.version}").spec
     assert spec["env_id"] == "fixtures.corridor:Corridor"  # how evaluation rebuilds the env
@@ -169,10 +169,10 @@ def test_bad_algorithm_env_or_override_exits_1_with_one_line(tmp_path, args, con
 
 
 def test_gate_without_threshold_beats_champion_or_random_floor():
-    from opentinker.tasks.package import decide, random_floor
-    from opentinker.tasks.types import EvalOutcome
+    from opentinker.agents.evaluation import EvalResult
+    from opentinker.tasks.register import decide, random_floor
 
-    random = EvalOutcome(model_key="random/x", seed=0, returns=[-200.0, -200.0], mean=-200.0, std=0.0)
+    random = EvalResult(model_key="random/x", seed=0, returns=[-200.0, -200.0], mean=-200.0, std=0.0)
     floor = random_floor(random)
     assert floor == pytest.approx(-180.0)  # 10 % of the magnitude when every random episode is alike
     assert decide(-200.0, None, None, floor)[0] is False  # no better than random
@@ -205,6 +205,27 @@ def test_sdk_train_with_track_logs_the_flow_layout():
     version = client.get_model_version_by_alias("sdk-tracked", "candidate")
     assert version.run_id == run.info.run_id
     trainer.env.close()
+
+
+def test_sdk_tracked_run_has_the_flow_runs_metrics_and_engine_params():
+    """One training entry: ``train(track=True)`` and ``train_flow`` log the same metric names and engine params (the
+    flow adds only its probe's random-policy return)."""
+    from opentinker import PPOTrainer
+    from opentinker.flows.params import TrainParams
+    from opentinker.flows.train import run_train_flow
+
+    engine = {"num_envs": 4, "backend": "local", "n_steps": 32, "hidden_sizes": (16,)}
+    flow = run_train_flow(
+        TrainParams(steps=256, seed=5, engine=engine, run_name="same-flow", model_name="same-flow", eval_episodes=2)
+    )
+    trainer = PPOTrainer("CartPole-v1", seed=5, **engine)
+    trainer.train(256, track=True, run_name="same-sdk", model_name="same-sdk", eval_episodes=2)
+    trainer.env.close()
+    flow_run, sdk_run = _client().get_run(flow.run_id), _client().get_run(trainer.last_run_id)
+    assert set(sdk_run.data.metrics) == set(flow_run.data.metrics) - {"charts/random_policy_return"}
+    assert "charts/sps" in sdk_run.data.metrics and "losses/policy" in sdk_run.data.metrics
+    for key in ("algorithm", "num_envs", "backend", "ppo.n_steps", "ppo.hidden_sizes"):
+        assert sdk_run.data.params[key] == flow_run.data.params[key], key
 
 
 def test_cli_training_starts_before_its_flow_run_and_keeps_every_metric(tmp_path):

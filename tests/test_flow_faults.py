@@ -27,8 +27,8 @@ def _weights(run_name: str) -> dict[str, np.ndarray]:
 
 def test_killing_a_rollout_actor_mid_run_changes_nothing():
     from opentinker.flows.train import train_flow
-    from opentinker.tasks import progress
     from opentinker.tasks.train import run_dir
+    from opentinker.tracking import progress
 
     params = small_train_params(seed=7, steps=3072, model_name="test-faults", eval_episodes=2)
     reference = train_flow(params.model_copy(update={"run_name": "faults-reference"}))

@@ -96,12 +96,12 @@ def test_resume_continues_from_the_last_checkpoint(cartpole_run):
 
 
 def _register_export(export_dir: Path, model_name: str) -> str:
-    from opentinker.tasks.package import package_model
+    from opentinker.tasks.register import register_model
 
     client = _client()
     experiment_id = client.get_experiment_by_name(get_settings().mlflow_experiment).experiment_id
     run_id = client.create_run(experiment_id).info.run_id
-    version = package_model(run_id, str(export_dir), model_name).version
+    version = register_model(run_id, str(export_dir), model_name).version
     client.set_terminated(run_id)
     return version
 

@@ -146,7 +146,7 @@ def test_tiny_model_learns_a_target_behaviour_from_a_verifier_reward(shout_task)
 
 
 def test_resume_is_bit_exact(tmp_path, shout_task):
-    from opentinker.agents.llm.policy import adapter_state
+    from opentinker.agents.lm_policy import adapter_state
 
     config = GRPOConfig(**{**TINY, "task": "shout"}, learning_rate=1e-2, temperature=1.0)
     straight = GRPOTrainer(config, seed=5, workers=1, backend="local")
@@ -196,7 +196,7 @@ def test_text_envs_pass_validate_env_and_splits_do_not_overlap():
 
 
 def test_tool_calls_run_and_failures_become_observations_or_negative_rewards():
-    from opentinker.agents.llm import PythonREPL, SandboxLimits
+    from opentinker.llm import PythonREPL, SandboxLimits
 
     env = TextEnv(
         [TextExample("What is 6 * 7?", "42")], tools=[PythonREPL(limits=SandboxLimits(wall_time_s=1.0))], max_turns=3
@@ -218,12 +218,21 @@ def test_tool_calls_run_and_failures_become_observations_or_negative_rewards():
     assert reward == 1.0 and terminated and info["success"]
 
 
+def test_a_task_tool_that_is_not_installed_is_a_clear_error(monkeypatch):
+    import dataclasses
+
+    monkeypatch.setitem(TEXT_TASKS, "calc", dataclasses.replace(TEXT_TASKS["arithmetic"], tools=("calculator",)))
+    with pytest.raises(EnvSpecError, match=r"tools: no tool 'calculator' is installed.*python_repl"):
+        make_text_env("calc")
+    assert make_text_env("calc", tools=[]).tools == {}  # tools= from the caller: nothing looked up
+
+
 def test_bad_names_and_fields_are_clear_errors():
-    with pytest.raises(EnvSpecError, match="unknown text task 'nope'.*arithmetic"):
+    with pytest.raises(EnvSpecError, match=r"unknown text task 'nope'.*arithmetic"):
         make_text_env("nope")
     with pytest.raises(ValueError, match="unknown GRPOConfig field 'group'"):
         grpo_config({"group": 4})
-    with pytest.raises(ValueError, match="GRPOConfig.group_size"):
+    with pytest.raises(ValueError, match=r"GRPOConfig\.group_size"):
         GRPOConfig(group_size=1)
     with pytest.raises(EnvSpecError, match="split"):
         task_examples("arithmetic", "test")

@@ -6,15 +6,15 @@ import pytest
 from fixtures.llm import failing_tool, make_slow_tool
 from langchain_core.messages import AIMessage, HumanMessage
 
-from opentinker.agents.llm import (
+from opentinker.llm import (
     LangChainAgent,
     LocalDocsBackend,
     PolicyTool,
-    ScriptedChatModel,
     WebSearch,
     resolve_chat_model,
 )
-from opentinker.agents.llm.memory import messages_outside_window
+from opentinker.llm.memory import messages_outside_window
+from opentinker.llm.scripted_model import ScriptedChatModel
 
 
 def test_scripted_model_emits_real_tool_calls_via_bind_tools():
@@ -123,7 +123,7 @@ def test_web_search_default_backend_indexes_project_docs():
 def test_web_search_backend_is_pluggable():
     class Fixed:
         def search(self, query, k):
-            from opentinker.agents.llm import SearchHit
+            from opentinker.llm import SearchHit
 
             return [SearchHit("t", "mem", f"about {query}", 1.0)]
 

@@ -18,7 +18,7 @@ def test_grpo_flow_registers_an_adapter_that_the_agent_service_serves(ray_sessio
 
     from opentinker.flows.llm_train import GRPOParams, grpo_train_flow
     from opentinker.serving.agent_service import serve_agent
-    from opentinker.tasks.model_store import _client
+    from opentinker.tracking.registry import _client
 
     grpo = {
         "base_model": "tiny",

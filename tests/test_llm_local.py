@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from langchain_core.messages import HumanMessage
 
-from opentinker.agents.llm import LangChainAgent, PythonREPL, WebSearch
+from opentinker.llm import LangChainAgent, PythonREPL, WebSearch
 
 
 def test_local_model_calls_a_tool_and_answers_from_its_result(local_chat_model):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from opentinker.agents.llm import LangChainAgent, PythonREPL, SandboxLimits, run_python
+from opentinker.llm import LangChainAgent, PythonREPL, SandboxLimits, run_python
 
 LIMITS = SandboxLimits(wall_time_s=3, memory_mb=512, max_output_chars=2000)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from opentinker.tasks import model_store
-from opentinker.tasks.model_store import PolicyStoreError
+from opentinker.tracking import registry as model_store
+from opentinker.tracking.registry import PolicyStoreError
 
 
 def _random_obs(policy, n: int, seed: int = 0) -> np.ndarray:

@@ -74,7 +74,7 @@ def test_mapping_function_and_prefixes_share_one_network_per_kind():
     assert trainer.trainers["runners"].config.num_envs == 2 * 3  # columns: env copies x agents, one shared network
     with pytest.raises(ValueError, match=r"unknown kind\(s\) \['wolf'\]"):
         trainer.freeze("wolf")
-    with pytest.raises(RuntimeError, match="built from EnvSpaces .* cannot train"):
+    with pytest.raises(RuntimeError, match=r"built from EnvSpaces .* cannot train"):
         trainer.trainers["runners"].train(64)  # a kind's rollouts come from its group
 
 
@@ -193,7 +193,7 @@ def test_ray_workers_give_the_local_rollouts_and_checkpoints_move_between_backen
     local = seed_group(shared_memory=True).build("pursuit", backend="local", **build)
     remote = seed_group(shared_memory=True).build("pursuit", backend="ray", workers=2, **build)
     try:
-        assert remote.sizes == [3, 2] and os.getpid() not in remote.pool.call("pid")  # copies 0-2 and 3-4
+        assert remote.sizes == [3, 2] and os.getpid() not in remote.envs.worker_pids()  # copies 0-2 and 3-4
         local.train(80)
         remote.train(80, checkpoint_dir=tmp_path)  # the env copies' state comes back from the actors
         resumed = GroupTrainer.load(tmp_path / "checkpoint.pt", device="cpu", backend="local")
@@ -206,10 +206,10 @@ def test_ray_workers_give_the_local_rollouts_and_checkpoints_move_between_backen
         for kind, params in weights(local).items():
             for other in (remote, resumed):
                 assert all(torch.equal(a, b) for a, b in zip(params, weights(other)[kind])), kind
-        victim = remote.pool.call("pid")[1]
+        victim = remote.envs.worker_pids()[1]
         os.kill(victim, signal.SIGKILL)  # Ray restarts the actor; it restores its shard from the last snapshot
         assert_same_rollouts(local.collect(), remote.collect())
-        assert victim not in remote.pool.call("pid")
+        assert victim not in remote.envs.worker_pids()
     finally:
         remote.close()
     with pytest.raises(ValueError, match=r"GroupTrainer workers must be an int in \[1, num_envs=5\], got 6"):

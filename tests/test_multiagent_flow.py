@@ -12,9 +12,9 @@ def test_flow_logs_per_kind_metrics_and_registers_one_model_per_kind():
     from opentinker.agents.export import load_policy
     from opentinker.flows.multiagent_flow import MultiAgentParams, multiagent_train_flow
     from opentinker.infra.settings import get_settings
-    from opentinker.tasks import model_store
-    from opentinker.tasks.tracking import configure_mlflow
     from opentinker.tasks.train import run_dir
+    from opentinker.tracking import registry as model_store
+    from opentinker.tracking.runs import configure_mlflow
 
     params = MultiAgentParams(
         env_kwargs=SMALL,

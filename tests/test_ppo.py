@@ -58,7 +58,7 @@ def test_config_errors_name_the_field():
         PPOConfig(gae_lambda=1.5)
     with pytest.raises(ValueError, match="amp_mode must be one of"):
         PPOTrainer("CartPole-v1", amp_mode="fp8")
-    with pytest.raises(EnvSpecError, match="observation_space .* is not supported"):
+    with pytest.raises(EnvSpecError, match=r"observation_space .* is not supported"):
         PPOTrainer("Blackjack-v1")  # Tuple observations
 
 

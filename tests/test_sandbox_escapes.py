@@ -21,14 +21,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from opentinker.agents.llm import (
+from opentinker.infra.settings import get_settings
+from opentinker.llm import (
     PythonREPL,
     SandboxLimits,
     SandboxUnavailable,
     run_python,
 )
-from opentinker.agents.llm import sandbox as sandbox_module
-from opentinker.infra.settings import get_settings
+from opentinker.llm import sandbox as sandbox_module
 
 LIMITS = SandboxLimits(wall_time_s=3, memory_mb=256, max_output_chars=6000, max_processes=8, disk_mb=16)
 SECRET = f"opentinker-secret-{secrets.token_hex(8)}"
@@ -316,7 +316,7 @@ subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)  # {token}"
 time.sleep(60)"""
     )
     cgroups = set(Path("/sys/fs/cgroup/pids").glob("opentinker-sandbox-*"))
-    call = f"from opentinker.agents.llm import SandboxLimits, run_python; run_python({code!r}, SandboxLimits(60))"
+    call = f"from opentinker.llm import SandboxLimits, run_python; run_python({code!r}, SandboxLimits(60))"
     caller = subprocess.Popen([sys.executable, "-c", call])
 
     def sandboxed() -> list[psutil.Process]:  # the caller's own command line holds the token too

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fixtures.serving import SERVER_SETTINGS, SERVING_API_KEY
 
-from opentinker.tasks import model_store
+from opentinker.tracking import registry as model_store
 
 AUTH = {"Authorization": f"Bearer {SERVING_API_KEY}"}
 

@@ -41,7 +41,7 @@ def test_trainer_deploy_serves_the_trainers_policy_and_stop_cleans_up():
 
 def test_deploy_fails_fast_with_the_reason(tmp_path):
     from opentinker.serving.deploy import DeploymentError
-    from opentinker.tasks.model_store import PolicyStoreError
+    from opentinker.tracking.registry import PolicyStoreError
 
     with pytest.raises(PolicyStoreError, match="export directory"):
         deploy(tmp_path / "not-an-export", api_key="some-key-123")
@@ -58,8 +58,8 @@ def test_serve_command_refuses_to_start_without_a_key(monkeypatch):
 
     monkeypatch.delenv("OPENTINKER_API_KEY", raising=False)
     result = CliRunner().invoke(app, ["serve", "models:/x@champion"])
-    assert result.exit_code == 2 and "API key is required" in result.output
+    assert result.exit_code == 1 and "API key is required" in result.output
     result = CliRunner().invoke(app, ["serve", "models:/x@champion", "--api-key", "a long key"])
-    assert result.exit_code == 2 and "whitespace" in result.output
+    assert result.exit_code == 1 and "whitespace" in result.output
     result = CliRunner().invoke(app, ["serve", "/no/such/export", "--api-key", "long-enough-key"])
-    assert result.exit_code == 2 and "export directory" in result.output
+    assert result.exit_code == 1 and "export directory" in result.output

@@ -13,7 +13,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from opentinker.infra.processes import ServiceError, ServiceProcess, http_ok, write_json_atomic
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceError, ServiceProcess, http_ok
 from opentinker.infra.s3 import s3_client
 from opentinker.infra.services import start_mlflow
 from opentinker.infra.settings import Settings
@@ -98,7 +99,7 @@ def test_down_never_signals_a_process_it_did_not_start(tmp_path):
             url="http://127.0.0.1:1",
             log=str(tmp_path / "x.log"),
         )
-        write_json_atomic(tmp_path / "stack" / "state.json", {"services": {"mlflow": impostor.to_dict()}})
+        atomic_write(tmp_path / "stack" / "state.json", json.dumps({"services": {"mlflow": impostor.to_dict()}}))
         stack = Stack(root=tmp_path / "stack", settings=Settings(data_dir=tmp_path))
         assert stack.down() == []
         time.sleep(0.5)

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 
 import mlflow
 import pytest
 
-from opentinker.tasks import tracking
-from opentinker.tasks.model_card import render_model_card
-from opentinker.tasks.package import decide
-from opentinker.tasks.plots import learning_curve, perf_metrics
+from opentinker.tasks.register import decide
 from opentinker.tasks.retry import is_transient
+from opentinker.tracking import runs as tracking
+from opentinker.tracking.model_card import render_model_card
+from opentinker.tracking.plots import learning_curve, perf_metrics
+from opentinker.tracking.registry import slug
 
 
 @pytest.fixture()
 def run_id():
-    experiment_id = tracking.configure_mlflow("test-tracking")
+    experiment_id = tracking.ensure_experiment("test-tracking")
     run = mlflow.MlflowClient().create_run(experiment_id)
     yield run.info.run_id
     mlflow.MlflowClient().set_terminated(run.info.run_id)
@@ -119,3 +123,38 @@ def test_only_transient_io_is_retried():
             raise RuntimeError("upload failed") from inner
     except RuntimeError as outer:
         assert is_transient(outer)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("CartPole-v1", "cartpole-v1"),  # the registered names existing runs carry stay the same
+        ("ALE/Pong-v5", "ale-pong-v5"),
+        ("my__model  name", "my-model-name"),
+        ("--Pendulum_v1--", "pendulum-v1"),
+        ("café", "caf"),
+    ],
+)
+def test_one_slug_for_model_run_and_bento_names(text, expected):
+    from opentinker.flows.params import TrainParams
+
+    assert slug(text) == expected
+    assert TrainParams(env_id="CartPole-v1", steps=64).resolved_model_name == "opentinker-cartpole-v1"
+
+
+def test_importing_the_library_leaves_the_environment_alone():
+    """BentoML and Flower processes import tasks/, serving/ and federated/: none may change os.environ on import."""
+    code = (
+        "import os; before = dict(os.environ)\n"
+        "import opentinker.tasks, opentinker.tasks.register, opentinker.flows.train, opentinker.tracking.registry\n"
+        "import opentinker.serving.policy_service, opentinker.federated.server_app\n"
+        "print(sorted(k for k in set(os.environ) | set(before) if k.startswith(('PREFECT_', 'MLFLOW_', 'AWS_', "
+        "'OPENTINKER_')) and os.environ.get(k) != before.get(k)))\n"
+        "from opentinker.tasks import prefect_defaults; prefect_defaults()\n"
+        "from prefect.settings import get_current_settings\n"
+        "print(get_current_settings().server.ephemeral.startup_timeout_seconds)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_SERVER_")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["[]", "180"], out.stdout  # nothing on import; the explicit call applies

@@ -10,9 +10,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from opentinker.agents.config import DQNConfig, EnvConfig, PPOConfig
+from opentinker.agents.config import DQNConfig, PPOConfig, TrainerConfig
 
-ALGORITHMS: dict[str, type[EnvConfig]] = {"PPO": PPOConfig, "DQN": DQNConfig}
+ALGORITHMS: dict[str, type[TrainerConfig]] = {"PPO": PPOConfig, "DQN": DQNConfig}
 # Short names users know from other libraries -> engine config fields.
 ALIASES = {"lr": "learning_rate", "epsilon_start": "start_e", "epsilon_end": "end_e"}
 # Set once for the whole group because every kind trains on the same rollouts.

@@ -4,8 +4,9 @@ The group collects one joint rollout per iteration (all kinds acting together), 
 ``Rollout`` per kind, and calls ``update(rollout)`` of that kind's engine trainer (``PPOTrainer`` /
 ``DQNTrainer``, built from ``EnvSpaces``: no env copies of its own) on its slice, so the engine's own update,
 replay buffer, schedules, metrics and checkpoints run unchanged. The loop (checkpoint cadence, callback, stop)
-is the engine's ``train_loop``. With ``backend="ray"`` the env copies are split over Ray actors
-(``JointWorker`` shards); noise is drawn per env copy, so the rollouts are the same as in-process, bit for bit.
+is the engine's ``train_loop``. The env copies are an ``envs.multiagent.RemoteJointEnv`` (the env runtime, as
+``RemoteEnv`` is for ``Trainer``): with ``backend="ray"`` they are split over Ray actors; noise is drawn per env
+copy, so the rollouts are the same as in-process, bit for bit.
 The public shape mirrors the engine's trainers:
 ``train(steps, callback, checkpoint_dir, checkpoint_every)``, ``evaluate``, ``save``/``load``, ``export``.
 """
@@ -18,42 +19,26 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from opentinker.agents.checkpoint import atomic_save, load_checkpoint
 from opentinker.agents.dqn import DQNTrainer
+from opentinker.agents.evaluation import EvalResult
 from opentinker.agents.export import export_policy
 from opentinker.agents.multiagent.group import AgentGroup
-from opentinker.agents.multiagent.rollout import (
-    JointEnvs,
-    JointWorker,
-    env_factory,
-    join,
-    resolve_backend,
-    run_episodes,
-)
-from opentinker.agents.numpy_policy import NumpyPolicy
 from opentinker.agents.ppo import PPOTrainer
 from opentinker.agents.trainer import EnvSpaces, Trainer, check_train_args, torch_threads, train_loop
-from opentinker.envs.remote_env import LocalActorPool, split_envs
+from opentinker.envs.multiagent import JointEnvs, RemoteJointEnv, run_episodes
+from opentinker.envs.numpy_policy import NumpyPolicy
+from opentinker.envs.remote_env import BACKENDS
 from opentinker.envs.rollout import Rollout, derive_seed
 
 ENGINE: dict[str, type[Trainer]] = {"PPO": PPOTrainer, "DQN": DQNTrainer}
 # Small MLPs gain nothing from intra-op threads, and two learners sharing a few cores thrash with them.
 KIND_DEFAULTS = {"torch_threads": 1}
 GroupCallback = Callable[[dict[str, float], int], "bool | None"]
-
-
-class KindEvalResult(NamedTuple):
-    """The engine's ``EvalResult`` fields per agent-episode of one kind, plus lengths and termination share."""
-
-    mean: float
-    std: float
-    returns: list[float]
-    mean_length: float
-    terminated_fraction: float
 
 
 class GroupTrainer:
@@ -81,6 +66,10 @@ class GroupTrainer:
         for name, value in (("num_envs", num_envs), ("n_steps", n_steps)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GroupTrainer {name} must be an int >= 1, got {value!r}")
+        if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= num_envs):
+            raise ValueError(f"GroupTrainer workers must be an int in [1, num_envs={num_envs}], got {workers!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"GroupTrainer backend must be one of {BACKENDS}, got {backend!r}")
         self.group, self.env, self.env_kwargs = group, env, dict(env_kwargs)
         self.num_envs, self.n_steps, self.seed, self.device = num_envs, n_steps, seed, device
         self.env_id = (
@@ -88,19 +77,11 @@ class GroupTrainer:
             if isinstance(env, str)
             else getattr(env, "metadata", {}).get("name") or getattr(env, "__name__", type(env).__name__)
         )
-        make = env_factory(env, **self.env_kwargs)
-        self.backend = resolve_backend(make, backend, num_envs, workers)
-        if self.backend == "ray":
-            from opentinker.envs.ray_backend import RayActorPool, default_workers
-
-            self.sizes = split_envs(num_envs, workers or default_workers(num_envs))
-            self.pool: Any = RayActorPool(JointWorker, self._worker_args(make, keep_snapshots=True))
-        else:
-            self.sizes = split_envs(num_envs, workers or 1)
-            self.pool = LocalActorPool(JointWorker, self._worker_args(make, keep_snapshots=False))
-        # The env snapshot each worker returned after its last collect (Ray: a restarted actor restores it).
-        self._snapshots: list[bytes | None] = [None] * len(self.sizes)
-        self.agents, self.observation_spaces, self.action_spaces = self.pool.call("layout")[0]
+        self.envs = RemoteJointEnv(
+            env, group.kind_of, group.kinds, group.shared_memory, num_envs, seed, backend, workers, **self.env_kwargs
+        )
+        self.agents = self.envs.agents
+        self.observation_spaces, self.action_spaces = self.envs.observation_spaces, self.envs.action_spaces
         self.trainers: dict[str, Trainer] = {}
         for i, kind in enumerate(group.kinds):
             columns = num_envs * len(self.agents[kind])
@@ -114,35 +95,22 @@ class GroupTrainer:
         self.agent_steps = 0  # actions actually taken by living agents, all kinds
         self.frozen: set[str] = set()
 
-    def _worker_args(self, make: Any, keep_snapshots: bool) -> list[tuple]:
-        firsts = np.cumsum([0, *self.sizes[:-1]])
-        return [
-            (
-                make,
-                count,
-                self.group.kind_of,
-                self.group.kinds,
-                self.group.shared_memory,
-                self.seed,
-                int(first),
-                keep_snapshots,
-            )
-            for count, first in zip(self.sizes, firsts)
-        ]
+    @property
+    def backend(self) -> str:
+        return self.envs.backend
+
+    @property
+    def sizes(self) -> list[int]:
+        return self.envs.sizes
 
     @property
     def workers(self) -> int:
-        return len(self.sizes)
+        return self.envs.num_workers
 
     @property
     def joint(self) -> JointEnvs:
-        """The env copies themselves, when they live in this process in one shard (local backend, one worker)."""
-        if self.backend != "local" or self.workers != 1:
-            raise RuntimeError(
-                f"the env copies are split over {self.workers} {self.backend} workers; "
-                "GroupTrainer.joint needs backend='local' with workers=1"
-            )
-        return self.pool.workers[0].joint
+        """The env copies themselves (local backend, one worker: see ``RemoteJointEnv.joint``)."""
+        return self.envs.joint
 
     def kind_spaces(self, kind: str) -> EnvSpaces:
         """What the kind's engine trainer knows of the env: a name and the kind's spaces (channel included)."""
@@ -150,29 +118,11 @@ class GroupTrainer:
 
     def env_state(self) -> JointEnvs:
         """All env copies with their state, gathered from the workers into one ``JointEnvs`` (for checkpoints)."""
-        snapshots = self._snapshots if None not in self._snapshots else self.pool.call("snapshot")
-        return JointEnvs.merge([pickle.loads(snapshot)[0] for snapshot in snapshots])
+        return self.envs.get_state()
 
     def set_env_state(self, joint: JointEnvs) -> None:
         """Hand ``env_state()``'s copies back to the workers, split by this trainer's shard sizes."""
-        if joint.num_envs != self.num_envs:
-            raise ValueError(
-                f"env state holds {joint.num_envs} env copies; this GroupTrainer has num_envs={self.num_envs}"
-            )
-        snapshots = [pickle.dumps((part, self.iteration)) for part in joint.split(self.sizes)]
-        self.pool.call("restore", [(snapshot,) for snapshot in snapshots])
-        if self.backend == "ray":
-            self._snapshots = snapshots
-
-    def _joint(self, num_envs: int, seed: int) -> JointEnvs:
-        return JointEnvs(
-            env_factory(self.env, **self.env_kwargs),
-            num_envs,
-            self.group.kind_of,
-            self.group.kinds,
-            self.group.shared_memory,
-            seed,
-        )
+        self.envs.set_state(joint, self.iteration)
 
     # -- control ------------------------------------------------------------------------------------------------
     def _check_kinds(self, kinds: tuple[str, ...]) -> None:
@@ -219,19 +169,9 @@ class GroupTrainer:
         """One joint rollout of ``n_steps`` with every kind's current policy, on the workers (noise from (seed,
         iteration, env copy)): a ``Rollout`` per kind and each kind's share of ended agent-episodes that ended
         by termination (NaN when none ended). Counters do not move: ``train`` does that."""
-        start = time.perf_counter()
         weights = {kind: t.policy.numpy_weights() for kind, t in self.trainers.items()}
         specs = {kind: t.rollout_spec() for kind, t in self.trainers.items()}
-        results = self.pool.call(
-            "collect",
-            [(snapshot,) for snapshot in self._snapshots],
-            broadcast=(weights, specs, self.n_steps, self.iteration),
-        )
-        self._snapshots = [snapshot for _, snapshot in results]
-        rollouts, terminated_fraction = join([shard for shard, _ in results])
-        for rollout in rollouts.values():
-            rollout.wall_s = time.perf_counter() - start
-        return rollouts, terminated_fraction
+        return self.envs.collect(weights, specs, self.n_steps, self.iteration)
 
     def _iterate(self) -> dict[str, float]:
         start = time.perf_counter()
@@ -264,11 +204,11 @@ class GroupTrainer:
         """Each kind's current policy as a numpy forward (what rollouts and exports run)."""
         return {kind: NumpyPolicy(t.spec, t.policy.numpy_weights()) for kind, t in self.trainers.items()}
 
-    def evaluate(self, episodes: int = 10, seed: int = 10_000) -> dict[str, KindEvalResult]:
+    def evaluate(self, episodes: int = 10, seed: int = 10_000) -> dict[str, EvalResult]:
         """Deterministic actions for every kind, one episode on each of ``episodes`` env copies."""
         if not isinstance(episodes, int) or episodes < 1:
             raise ValueError(f"evaluate episodes must be an int >= 1, got {episodes!r}")
-        joint = self._joint(episodes, seed)
+        joint = self.envs.fresh(episodes, seed)
         try:
             results = run_episodes(joint, self.policies())
         finally:
@@ -276,13 +216,11 @@ class GroupTrainer:
                 env.close()
         out = {}
         for kind, rows in results.items():
-            returns = [r for r, _, _ in rows]
-            out[kind] = KindEvalResult(
-                float(np.mean(returns)),
-                float(np.std(returns)),
-                returns,
-                float(np.mean([n for _, n, _ in rows])),
-                float(np.mean([t for *_, t in rows])),
+            out[kind] = EvalResult.of(
+                [r for r, _, _ in rows],
+                seed=seed,
+                mean_length=float(np.mean([n for _, n, _ in rows])),
+                terminated_fraction=float(np.mean([t for *_, t in rows])),
             )
         return out
 
@@ -381,7 +319,7 @@ class GroupTrainer:
 
     def close(self) -> None:
         """Close the env copies (and stop the Ray actors holding them)."""
-        self.pool.close()
+        self.envs.close()
 
 
 def _try_pickle(obj: Any) -> bytes | None:

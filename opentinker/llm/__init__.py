@@ -1,7 +1,9 @@
 """LLM agents on LangChain 1.x / LangGraph: ``LangChainAgent`` with tools, rolling memory and persisted threads.
 
-The one part of ``agents/`` that imports LangChain/transformers; it never imports MLflow, BentoML or Ray
-(tracing and serving are wired at the edge, in ``serving/agent_service.py``).
+``from opentinker.llm import LangChainAgent, WebSearch, PythonREPL`` (the article's import). Its own area above the
+RL core: it uses the trainable LM policy of ``agents/`` and the tool-call format of ``envs/``, never the reverse;
+it never imports MLflow, BentoML or Ray (tracing and serving are wired at the edge, in ``serving/agent_service.py``).
+The scripted test model (``opentinker.llm.scripted_model``, ``llm="scripted"``) is a test double, not exported.
 """
 
 from .agent import AgentReply, LangChainAgent, ToolCallRecord, ToolGuardMiddleware
@@ -9,7 +11,6 @@ from .local_model import LocalChatModel
 from .memory import RollingMemoryMiddleware, extractive_summary, llm_summarizer
 from .models import resolve_chat_model
 from .sandbox import SandboxLimits, SandboxResult, SandboxUnavailable, run_python
-from .scripted_model import ScriptedChatModel, command_script
 from .search import LocalDocsBackend, SearchBackend, SearchHit
 from .tools import PolicyTool, PythonREPL, WebSearch
 
@@ -24,13 +25,11 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "SandboxUnavailable",
-    "ScriptedChatModel",
     "SearchBackend",
     "SearchHit",
     "ToolCallRecord",
     "ToolGuardMiddleware",
     "WebSearch",
-    "command_script",
     "extractive_summary",
     "llm_summarizer",
     "resolve_chat_model",

@@ -19,15 +19,15 @@ from __future__ import annotations
 import hashlib
 import re
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from pydantic import BaseModel, Field
+
+from opentinker.tracking.runs import configure_mlflow, ensure_experiment
 
 if TYPE_CHECKING:
-    import mlflow
-
     from opentinker.agents.export import InferencePolicy
 
 POLICY_FILE = "policy.json"
@@ -35,11 +35,13 @@ _LOGGED_MODEL_ID = re.compile(r"^m-[0-9a-f]{32}$")
 _MODELS_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>[^/]+))?/?$")
 
 
-@dataclass(frozen=True)
-class PolicyRef:
-    """Which policy a URI points at right now (an alias is resolved to its current version)."""
+class ModelRef(BaseModel):
+    """A model in the registry (or a local export) pinned to one version: what every stage and service passes on.
 
-    uri: str
+    ``resolve_policy`` is the one place that makes one from a URI; registration fills in where its aliases point.
+    """
+
+    uri: str = ""
     """The URI as given (``models:/NAME@alias``, ``models:/NAME/3``, ``runs:/...`` or a local directory)."""
     name: str
     """Registered model name; the directory name for a local export."""
@@ -51,28 +53,35 @@ class PolicyRef:
     """The alias the URI named, if any."""
     download_uri: str = ""
     """A URI that pins this exact version (never an alias), or the local directory."""
+    aliases: list[str] = []
+    """Every alias pointing at this version (after registration or the promotion gate, when known)."""
+    decision: str = ""
+    """The promotion gate's decision, once it ran."""
+    model_id: str = Field("", description="MLflow 3 logged-model id (``m-…``): metrics linked to it show on its page.")
+
+    @property
+    def key(self) -> str:
+        """``name/version``: names an immutable model (evaluation cache keys, reports)."""
+        return f"{self.name}/{self.version}"
+
+    @property
+    def in_registry(self) -> bool:
+        """Pinned to an MLflow store (versions are numbered per store), not a local directory."""
+        return self.download_uri.startswith(("models:/", "runs:/"))
+
+
+def slug(text: str) -> str:
+    """Lower-case ASCII letters and digits, every other run of characters one ``-``: safe in registered model names,
+    run names and BentoML tags and labels (``ALE/Pong-v5`` → ``ale-pong-v5``)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 class PolicyStoreError(RuntimeError):
     """A model URI that cannot be resolved or does not hold an OpenTinker policy."""
 
 
-def _mlflow() -> mlflow:
-    """MLflow pointed at the configured store, read-only: a serving process must not create experiments."""
-    import mlflow
-
-    from opentinker.infra.settings import get_settings
-    from opentinker.tasks.tracking import export_s3_environment
-
-    settings = get_settings()
-    if settings.s3_endpoint_url:
-        export_s3_environment()
-    mlflow.set_tracking_uri(settings.tracking_uri)
-    return mlflow
-
-
 def _client():
-    return _mlflow().MlflowClient()
+    return configure_mlflow().MlflowClient()
 
 
 def _load_export(directory: str | Path) -> InferencePolicy:
@@ -166,12 +175,10 @@ def log_policy_model(
     policy = _load_export(export_dir)
     import mlflow
 
-    from opentinker.tasks.tracking import configure_mlflow
-
-    experiment_id = configure_mlflow()
+    experiment_id = ensure_experiment()
     kwargs = dict(
         name=name,
-        loader_module="opentinker.tasks.model_store",
+        loader_module="opentinker.tracking.registry",
         data_path=str(export_dir),
         signature=_policy_signature(policy),
         input_example=_input_example(policy),
@@ -197,7 +204,7 @@ def register_policy(model_uri: str, name: str, *, alias: str | None = None, tags
 
     Returns MLflow's ``ModelVersion`` (``.version``, ``.run_id``); ``alias`` is then pointed at it.
     """
-    model_version = _mlflow().register_model(model_uri, name, tags=tags)
+    model_version = configure_mlflow().register_model(model_uri, name, tags=tags)
     if alias:
         set_alias(name, alias, model_version.version)
     return model_version
@@ -208,12 +215,13 @@ def set_alias(name: str, alias: str, version: str | int) -> None:
     _client().set_registered_model_alias(name, alias, str(version))
 
 
-def resolve_policy(model_uri: str | Path) -> PolicyRef:
+def resolve_policy(model_uri: str | Path) -> ModelRef:
     """Resolve a URI to the exact version it names now; local export directories are accepted too."""
     uri = str(model_uri)
     if uri.startswith("runs:/"):
         run_id = uri[len("runs:/") :].split("/", 1)[0]
-        return PolicyRef(uri, uri.rstrip("/").rsplit("/", 1)[-1], run_id, run_id, download_uri=uri)
+        name = uri.rstrip("/").rsplit("/", 1)[-1]
+        return ModelRef(uri=uri, name=name, version=run_id, run_id=run_id, download_uri=uri)
     if not uri.startswith("models:/"):
         return _resolve_local(Path(uri))
     match = _MODELS_URI.match(uri)
@@ -222,7 +230,7 @@ def resolve_policy(model_uri: str | Path) -> PolicyRef:
     name, alias, version = match["name"], match["alias"], match["version"]
     if _LOGGED_MODEL_ID.match(name) and not (alias or version):
         model = _client().get_logged_model(name)
-        return PolicyRef(uri, model.name, name, model.source_run_id, download_uri=uri)
+        return ModelRef(uri=uri, name=model.name, version=name, run_id=model.source_run_id, download_uri=uri)
     from mlflow.exceptions import MlflowException
 
     client = _client()
@@ -238,10 +246,19 @@ def resolve_policy(model_uri: str | Path) -> PolicyRef:
             mv = client.get_model_version(name, version)
     except MlflowException as exc:
         raise PolicyStoreError(f"model_uri: cannot resolve {uri!r}: {exc.message}") from exc
-    return PolicyRef(uri, name, str(mv.version), mv.run_id, alias, download_uri=f"models:/{name}/{mv.version}")
+    return ModelRef(
+        uri=uri,
+        name=name,
+        version=str(mv.version),
+        run_id=mv.run_id,
+        alias=alias,
+        download_uri=f"models:/{name}/{mv.version}",
+        aliases=list(mv.aliases or []),
+        model_id=mv.model_id or "",
+    )
 
 
-def _resolve_local(directory: Path) -> PolicyRef:
+def _resolve_local(directory: Path) -> ModelRef:
     if not (directory / POLICY_FILE).is_file():
         raise PolicyStoreError(
             f"model_uri: expected models:/NAME@ALIAS, models:/NAME/VERSION, runs:/... or an export directory "
@@ -251,15 +268,16 @@ def _resolve_local(directory: Path) -> PolicyRef:
     for path in sorted(p for p in directory.iterdir() if p.is_file()):
         content.update(path.name.encode() + b"\0" + path.read_bytes())
     resolved = directory.resolve()
-    return PolicyRef(str(directory), resolved.name, f"local-{content.hexdigest()[:12]}", download_uri=str(resolved))
+    version = f"local-{content.hexdigest()[:12]}"
+    return ModelRef(uri=str(directory), name=resolved.name, version=version, download_uri=str(resolved))
 
 
-def download_policy(ref: PolicyRef, dst: str | Path | None = None) -> Path:
+def download_policy(ref: ModelRef, dst: str | Path | None = None) -> Path:
     """The export directory of exactly ``ref``'s version, downloaded when it is remote."""
     if not ref.download_uri.startswith(("models:/", "runs:/")):
         return Path(ref.download_uri)
     dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="opentinker-policy-"))
-    model_dir = Path(_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
+    model_dir = Path(configure_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
     found = sorted(model_dir.glob(f"**/{POLICY_FILE}"))
     if not found:
         raise PolicyStoreError(
@@ -268,7 +286,7 @@ def download_policy(ref: PolicyRef, dst: str | Path | None = None) -> Path:
     return found[0].parent
 
 
-def load_policy_version(model_uri: str | Path) -> tuple[PolicyRef, InferencePolicy]:
+def load_policy_version(model_uri: str | Path) -> tuple[ModelRef, InferencePolicy]:
     """Resolve then load, so the returned policy is exactly the version named in the ref."""
     ref = resolve_policy(model_uri)
     return ref, _load_export(download_policy(ref))

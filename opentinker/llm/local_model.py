@@ -1,7 +1,7 @@
 """``LocalChatModel``: the bundled SmolLM2-135M-Instruct as a LangChain chat model with real tool calling.
 
 A 135M model does not follow a tool-calling convention on its own, so the format is made strict:
-- the prompt lists the tools and shows a two-turn example of ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
+- the prompt lists the tools and shows a worked example of the tool-call format (``envs/tool_calls.py``);
 - decoding is greedy (deterministic) and constrained where it matters: inside ``"name": "`` only a bound tool
   name can be produced, then the ``"arguments"`` key is forced; ``tool_choice`` forces a call outright;
 - the text is parsed into ``AIMessage.tool_calls`` (or ``invalid_tool_calls`` when the JSON is broken), several
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,20 +20,10 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from .local_weights import load_local_weights
+from opentinker.agents.lm_weights import load_local_weights
+from opentinker.envs.tool_calls import CLOSE, OPEN, parse_reply, system_message, tool_result, worked_examples
 
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_BLOCK = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.S)
 _NAME_KEY = '{"name": "'
-_EXAMPLES = {
-    "python_repl": ("Use python_repl to compute 2**10.", {"code": "print(2**10)"}, "1024", "The answer is 1024."),
-    "web_search": (
-        "Search the docs for ray.",
-        {"query": "ray"},
-        "[1] Ray runs the rollouts.",
-        "Ray runs the rollouts.",
-    ),
-}
 
 
 class LocalChatModel(BaseChatModel):
@@ -107,55 +96,12 @@ class LocalChatModel(BaseChatModel):
                 )
                 chat.append({"role": "assistant", "content": (_text(message) + calls).strip()})
             elif isinstance(message, ToolMessage):
-                block = (
-                    f'<tool_result name="{message.name}">{_text(message)[: self.max_tool_result_chars]}</tool_result>'
-                )
+                block = tool_result(message.name, _text(message)[: self.max_tool_result_chars])
                 if chat[-1]["role"] == "user" and chat[-1]["content"].startswith("<tool_result"):
                     chat[-1]["content"] += "\n" + block
                 else:
                     chat.append({"role": "user", "content": block})
         return chat, n_fixed
-
-
-def system_message(tools: Sequence[dict], system: str = "") -> str:
-    """The system turn: the tool format first (a 135M model follows what it reads first most reliably)."""
-    if tools:
-        system = _tool_instructions(tools) + ("\n\n" + system if system else "")
-    return system or "You are a helpful assistant."
-
-
-def _tool_instructions(tools: Sequence[dict]) -> str:
-    lines = [
-        f'You can call tools. To call one, reply only with {OPEN}{{"name": TOOL, "arguments": {{...}}}}{CLOSE}.',
-        "Tools:",
-    ]
-    for tool in tools:
-        params = ", ".join(
-            f'"{k}": {v.get("type", "any")}' for k, v in tool.get("parameters", {}).get("properties", {}).items()
-        )
-        lines.append(
-            f"- {tool['name']} {{{params}}}: {tool.get('description', '').splitlines()[0] if tool.get('description') else ''}"
-        )
-    lines.append("After a tool result, answer the user in one short sentence.")
-    return "\n".join(lines)
-
-
-def worked_examples(tools: Sequence[dict]) -> list[dict]:
-    """A worked call → result → answer exchange per (up to two) bound tools: the model copies the pattern."""
-    chat = []
-    for tool in list(tools)[:2]:
-        name = tool["name"]
-        params = list(tool.get("parameters", {}).get("properties", {}))
-        task, args, result, answer = _EXAMPLES.get(
-            name, (f"Use {name}.", {p: "example" for p in params[:1]}, "done", "It is done.")
-        )
-        chat += [
-            {"role": "user", "content": task},
-            {"role": "assistant", "content": f"{OPEN}{json.dumps({'name': name, 'arguments': args})}{CLOSE}"},
-            {"role": "user", "content": f'<tool_result name="{name}">{result}</tool_result>'},
-            {"role": "assistant", "content": answer},
-        ]
-    return chat
 
 
 def _decode(
@@ -211,7 +157,7 @@ def _decode(
 
 
 def _prefix_cache(weights: Any, prefix_ids: list[int], prompt_ids: Any) -> tuple[Any, int]:
-    """A KV cache holding ``prefix_ids`` (computed once, LRU of 4), or (None, 0) if the prompt does not start with it."""
+    """A KV cache holding ``prefix_ids`` (computed once, LRU of 4); (None, 0) when the prompt does not start with it."""
     import torch
 
     if prompt_ids[0, : len(prefix_ids)].tolist() != list(prefix_ids):
@@ -302,39 +248,6 @@ def _trim(text: str) -> str:
     return text.strip()
 
 
-def parse_reply(text: str, names: list[str]) -> AIMessage:
-    """A reply's ``<tool_call>`` blocks as ``tool_calls`` (unknown tools, broken JSON → ``invalid_tool_calls``)."""
-    calls, invalid = [], []
-    for raw in _BLOCK.findall(text):
-        call_id = f"call_{uuid.uuid4().hex[:12]}"
-        try:
-            payload = json.loads(_balance(raw.strip()))
-            name, args = payload["name"], payload.get("arguments", {})
-            if name not in names or not isinstance(args, dict):
-                raise ValueError(f"unknown tool {name!r} or arguments not an object")
-            calls.append({"name": name, "args": args, "id": call_id, "type": "tool_call"})
-        except (ValueError, KeyError, TypeError) as exc:
-            invalid.append({"name": None, "args": raw, "id": call_id, "error": str(exc), "type": "invalid_tool_call"})
-    if OPEN in text and not calls and not invalid:  # an unterminated block (ran out of tokens)
-        invalid.append(
-            {
-                "name": None,
-                "args": text,
-                "id": f"call_{uuid.uuid4().hex[:12]}",
-                "error": "tool call not closed",
-                "type": "invalid_tool_call",
-            }
-        )
-    content = _BLOCK.sub("", text).strip() if (calls or invalid) else text
-    return AIMessage(content=content, tool_calls=calls, invalid_tool_calls=invalid)
-
-
-def _balance(raw: str) -> str:
-    """Close braces a small model forgot (``{"name": .., "arguments": {..}`` → one more ``}``)."""
-    missing = raw.count("{") - raw.count("}")
-    return raw + "}" * missing if missing > 0 else raw
-
-
 def _text(message: BaseMessage) -> str:
     return message.content if isinstance(message.content, str) else message.text
 
@@ -380,16 +293,16 @@ _ADAPTERS: dict[str, tuple[Any, dict]] = {}
 def load_adapter_weights(model_uri: str, cache_dir: str | None = None, num_threads: int | None = 1) -> tuple[Any, dict]:
     """(LocalWeights of base + merged adapter, the adapter's metadata), loaded once per process and URI.
 
-    A registry URI is resolved and downloaded through ``tasks.llm_store`` (the MLflow edge, imported only here)."""
+    A registry URI is resolved and downloaded through ``tracking.llm_store`` (the registry, below this area)."""
     import threading
 
     import torch
 
-    from .local_weights import LocalWeights
-    from .policy import load_adapted_model
+    from opentinker.agents.lm_policy import load_adapted_model
+    from opentinker.agents.lm_weights import LocalWeights
 
     if model_uri not in _ADAPTERS:
-        from opentinker.tasks.llm_store import download_adapter
+        from opentinker.tracking.llm_store import download_adapter
 
         ref, folder = download_adapter(model_uri)
         if num_threads:

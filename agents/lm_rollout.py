@@ -162,7 +162,7 @@ class LLMRolloutWorker:
     ):
         from opentinker.envs.text_tasks import make_text_env
 
-        from .policy import add_lora, load_base_model
+        from .lm_policy import add_lora, load_base_model
 
         if threads:
             torch.set_num_threads(threads)
@@ -197,7 +197,7 @@ class LLMRolloutWorker:
         temperature: float,
     ) -> list[Episode]:
         """``group_size`` sampled episodes of each (group id, prompt index), each group seeded on its own."""
-        from .policy import load_adapter_state
+        from .lm_policy import load_adapter_state
 
         load_adapter_state(self.model, adapter)
         envs = self._envs("train", group_size)
@@ -219,7 +219,7 @@ class LLMRolloutWorker:
         self, adapter: dict | None, split: str, indices: list[int], max_new_tokens: int, batch: int
     ) -> list[Episode]:
         """Greedy episodes on ``indices`` of ``split`` (adapter None: the base model alone)."""
-        from .policy import load_adapter_state
+        from .lm_policy import load_adapter_state
 
         envs = self._envs(split, batch)
         if adapter is not None:

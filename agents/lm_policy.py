@@ -38,7 +38,7 @@ def load_tokenizer(cache_dir: str | Path | None = None) -> Any:
     """SmolLM2's tokenizer (shared by every base model here)."""
     from transformers import AutoTokenizer
 
-    from .local_weights import bundled_gguf_path, converted_checkpoint
+    from .lm_weights import bundled_gguf_path, converted_checkpoint
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     gguf = bundled_gguf_path()
@@ -52,7 +52,7 @@ def load_base_model(base: str, cache_dir: str | Path | None = None, tokenizer: A
     """(model, tokenizer) for a base model name (see the module docstring), fp32, in eval mode."""
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from .local_weights import converted_checkpoint
+    from .lm_weights import converted_checkpoint
 
     tokenizer = tokenizer or load_tokenizer(cache_dir)
     if base == "smollm2":
@@ -140,7 +140,7 @@ def load_adapted_model(
     meta_path = directory / ADAPTER_META
     if not meta_path.is_file():
         raise FileNotFoundError(
-            f"{directory}: expected an adapter folder with {ADAPTER_META} (agents.llm.policy.save_adapter)"
+            f"{directory}: expected an adapter folder with {ADAPTER_META} (agents.lm_policy.save_adapter)"
         )
     from transformers import AutoTokenizer
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 from prefect import task
@@ -10,22 +9,17 @@ from prefect import task
 from opentinker.federated import deploy
 from opentinker.federated.config import FedConfig
 from opentinker.federated.server_app import FederatedResult
-
-
-def _superlink_answers(fed: deploy.Federation) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", fed.port), timeout=2):
-            return True
-    except OSError:
-        return False
+from opentinker.infra.processes import port_open
 
 
 @task(name="federation-ready", retries=1, retry_delay_seconds=5)
 def ensure_federation(root: str | None, sites: int) -> str:
-    """Use the running federation at `root` when its SuperLink answers; else start one (`deploy.up`). Returns its root."""
+    """Use the running federation at `root` when its SuperLink answers; else start one (`deploy.up`).
+
+    Returns its root."""
     try:
         fed = deploy.Federation.load(root)
-        if fed.superlink_pid and _superlink_answers(fed):
+        if fed.superlink is not None and fed.superlink.alive() and port_open(fed.port):
             return fed.root
     except deploy.FederationError:
         pass
@@ -41,7 +35,7 @@ def run_federated(root: str, config: dict) -> FederatedResult:
 @task(name="check-registered-model", retries=2, retry_delay_seconds=3)
 def check_registered_model(name: str, alias: str, expected_version: str) -> str:
     """The alias must point at the version this run registered; returns the URI serving loads."""
-    from opentinker.tasks.model_store import resolve_policy
+    from opentinker.tracking.registry import resolve_policy
 
     uri = f"models:/{name}@{alias}"
     ref = resolve_policy(uri)

@@ -28,10 +28,10 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.errors import GraphRecursionError
 
+from opentinker.envs.tool_calls import DEFAULT_SYSTEM_PROMPT
+
 from .memory import RollingMemoryMiddleware, Summarizer, extractive_summary
 from .models import resolve_chat_model
-
-DEFAULT_SYSTEM_PROMPT = "You are OpenTinker's assistant. Use the tools when they help; answer briefly."
 
 
 @dataclass(frozen=True)

@@ -131,3 +131,12 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+TASK_TOOL_WALL_TIME_S = 5.0
+"""``python_repl``'s wall time in the shipped text tasks (a rollout waits on it)."""
+
+
+def task_python_repl() -> PythonREPL:
+    """``python_repl`` as the shipped text tasks run it (entry point ``opentinker.text_tools``, see pyproject.toml)."""
+    return PythonREPL(limits=SandboxLimits(wall_time_s=TASK_TOOL_WALL_TIME_S))

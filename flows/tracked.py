@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from opentinker.tasks.types import EvalOutcome
-
 
 def _params(
     trainer: Any,
@@ -20,25 +18,25 @@ def _params(
     eval_seed: int,
 ):
     """The run described as ``TrainParams``, so the logged params read as a flow run's do."""
-    from opentinker.agents.config import ENV_FIELDS
     from opentinker.flows.params import TrainParams
 
     env = trainer.env
-    config = {k: v for k, v in dataclasses.asdict(trainer.config).items() if k not in ENV_FIELDS}
+    engine = {
+        **dataclasses.asdict(trainer.config),
+        "algorithm": trainer.algorithm,
+        "backend": env.backend,
+        "workers": env.num_workers if env.backend == "ray" else None,
+    }
     return TrainParams(
         env_id=trainer.env_id,
         steps=steps,
         seed=trainer.seed,
-        algorithm=trainer.algorithm,
-        num_envs=env.num_envs,
-        backend=env.backend,
-        workers=env.num_workers if env.backend == "ray" else None,
+        engine=engine,
         run_name=run_name,
         model_name=model_name,
         experiment=experiment,
         eval_episodes=eval_episodes,
         eval_seed=eval_seed,
-        **{trainer.algorithm: config},
     )
 
 
@@ -58,13 +56,13 @@ def train_tracked(
     Returns the evaluation (``eval/mean_return``, ``eval/std_return``); the run id is ``trainer.last_run_id``.
     """
     from opentinker.infra.settings import get_settings
-    from opentinker.tasks.package import package_model
+    from opentinker.tasks.register import register_model
     from opentinker.tasks.run import finish_tracking_run, start_tracking_run
     from opentinker.tasks.train import run_dir, train_logged
     from opentinker.tasks.upload import render_reports, upload_artifacts
 
     params = _params(trainer, steps, run_name, model_name, experiment, eval_episodes, eval_seed)
-    config = params.model_dump()
+    config = params.config_form()
     tracking = start_tracking_run.fn(config, params.resolved_run_name, params.experiment)
     trainer.last_run_id = tracking.run_id
     try:
@@ -72,11 +70,8 @@ def train_tracked(
         trained = train_logged(
             trainer, tracking.run_id, steps, root, checkpoint_every, callback, metadata={"env_id": trainer.env_id}
         )
-        result = trainer.evaluate(eval_episodes, eval_seed)
-        evaluation = EvalOutcome(
-            model_key=f"run/{tracking.run_id}", seed=eval_seed, returns=result.returns, mean=result.mean, std=result.std
-        )
-        model = package_model.fn(tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation)
+        evaluation = dataclasses.replace(trainer.evaluate(eval_episodes, eval_seed), model_key=f"run/{tracking.run_id}")
+        model = register_model.fn(tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation)
         reports = render_reports.fn(config, trained, evaluation, model)
         upload_artifacts.fn(tracking.run_id, reports, trained.checkpoint_path, params.resolved_run_name)
     except BaseException:

@@ -2,8 +2,8 @@
 files + ``opentinker_llm.json`` naming the base model), loaded through this module (no pickled code).
 
 ``mlflow.pyfunc.load_model(uri).predict(["What is 2 + 3?"])`` answers with the base + adapter, greedily; OpenTinker's
-chat model downloads the folder (``download_adapter``) and serves it (``agents.llm.local_model.AdapterChatModel``).
-URIs resolve like policies' (``tasks.model_store.resolve_policy``): ``models:/NAME@champion`` names one version.
+chat model downloads the folder (``download_adapter``) and serves it (``opentinker.llm.local_model.AdapterChatModel``).
+URIs resolve like policies' (``tracking.registry.resolve_policy``): ``models:/NAME@champion`` names one version.
 """
 
 from __future__ import annotations
@@ -12,30 +12,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from opentinker.tasks.model_store import (
-    PolicyRef,
-    PolicyStoreError,
-    _mlflow,
-    resolve_policy,
-)
+from opentinker.tracking.registry import ModelRef, PolicyStoreError, resolve_policy
+from opentinker.tracking.runs import configure_mlflow
 
 
 def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str, tags: dict[str, str]) -> str:
     """Log the adapter folder into ``run_id`` and register it as a new version of ``registered_name``."""
-    import mlflow
-
-    from opentinker.agents.llm.policy import ADAPTER_META
+    from opentinker.agents.lm_policy import ADAPTER_META
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / ADAPTER_META).is_file():
         raise PolicyStoreError(f"adapter_dir: expected a folder with {ADAPTER_META}, got {adapter_dir}")
-    _mlflow()
+    mlflow = configure_mlflow()
     client = mlflow.MlflowClient()
     mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
     with mlflow.start_run(run_id=run_id):
         info = mlflow.pyfunc.log_model(
             name="adapter",
-            loader_module="opentinker.tasks.llm_store",
+            loader_module="opentinker.tracking.llm_store",
             data_path=str(adapter_dir),
             metadata={"opentinker_llm": tags},
         )
@@ -43,9 +37,9 @@ def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str
     return str(version.version)
 
 
-def download_adapter(model_uri: str) -> tuple[PolicyRef, Path]:
+def download_adapter(model_uri: str) -> tuple[ModelRef, Path]:
     """(the exact version a URI names now, its adapter folder); a local adapter folder is used as is."""
-    from opentinker.agents.llm.policy import ADAPTER_META
+    from opentinker.agents.lm_policy import ADAPTER_META
 
     if not model_uri.startswith(("models:/", "runs:/")):
         folder = Path(model_uri)
@@ -53,10 +47,10 @@ def download_adapter(model_uri: str) -> tuple[PolicyRef, Path]:
             raise PolicyStoreError(
                 f"llm: expected models:/NAME@ALIAS or an adapter folder with {ADAPTER_META}, got {model_uri!r}"
             )
-        return PolicyRef(model_uri, folder.name, "local", download_uri=str(folder)), folder
+        return ModelRef(uri=model_uri, name=folder.name, version="local", download_uri=str(folder)), folder
     ref = resolve_policy(model_uri)
     dst = Path(tempfile.mkdtemp(prefix="opentinker-adapter-"))
-    root = Path(_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
+    root = Path(configure_mlflow().artifacts.download_artifacts(artifact_uri=ref.download_uri, dst_path=str(dst)))
     found = sorted(root.glob(f"**/{ADAPTER_META}"))
     if not found:
         raise PolicyStoreError(f"llm: {model_uri!r} is not an OpenTinker LoRA adapter (no {ADAPTER_META})")
@@ -67,12 +61,12 @@ class _AdapterPyfunc:
     """``predict(list of prompts) -> list of replies`` (greedy, the chat template, no tools)."""
 
     def __init__(self, folder: str):
-        from opentinker.agents.llm.policy import load_adapted_model
+        from opentinker.agents.lm_policy import load_adapted_model
 
         self.model, self.tokenizer, self.meta = load_adapted_model(folder)
 
     def predict(self, model_input: Any, params: dict | None = None) -> list[str]:
-        from opentinker.agents.llm.rollout import generate
+        from opentinker.agents.lm_rollout import generate
 
         prompts = [
             self.tokenizer.apply_chat_template(

@@ -1,4 +1,4 @@
-"""MLflow edge: where runs go (from settings), and the per-iteration metrics callback.
+"""MLflow edge: where runs go (the one setup function, from settings), and the per-iteration metrics callback.
 
 The RL engine never imports MLflow; it calls ``callback(metrics, step)`` once per iteration.
 ``MetricsLogger`` is that callback: it adds system metrics (CPU %, RSS, GPU via NVML), keeps
@@ -32,12 +32,10 @@ UI_QUERY = "?workflowType=machine_learning"
 """The same choice for a link: the UI's workflow switch, read from the URL of the page it opens."""
 
 
-def configure_mlflow(experiment: str | None = None) -> str:
-    """Point MLflow at the configured store and return the experiment id (created on demand).
+def configure_mlflow():
+    """The one MLflow setup: point MLflow at the configured store (S3 credentials from settings when set).
 
-    Against a tracking server the server decides where artifacts go (the stack's server proxies
-    them to S3, so clients need no S3 credentials). Without a server a new experiment stores
-    artifacts under ``settings.artifact_root``: the data dir, or S3 when configured (via boto3).
+    Read-only: it creates nothing, so a serving process can call it; ``ensure_experiment`` creates. Returns ``mlflow``.
     """
     import mlflow
 
@@ -45,8 +43,19 @@ def configure_mlflow(experiment: str | None = None) -> str:
     if settings.s3_endpoint_url:
         export_s3_environment()
     mlflow.set_tracking_uri(settings.tracking_uri)
+    return mlflow
+
+
+def ensure_experiment(experiment: str | None = None) -> str:
+    """``configure_mlflow`` then the experiment's id, created on demand (default: ``settings.mlflow_experiment``).
+
+    Against a tracking server the server decides where artifacts go (the stack's server proxies
+    them to S3, so clients need no S3 credentials). Without a server a new experiment stores
+    artifacts under ``settings.artifact_root``: the data dir, or S3 when configured (via boto3).
+    """
+    settings = get_settings()
+    client = configure_mlflow().MlflowClient()
     name = experiment or settings.mlflow_experiment
-    client = mlflow.MlflowClient()
     found = client.get_experiment_by_name(name)
     if found is not None:
         if EXPERIMENT_KIND[0] not in found.tags:

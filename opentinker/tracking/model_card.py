@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from opentinker.tasks.tracking import git_commit, package_versions
+from opentinker.tracking.runs import git_commit, package_versions
 
 
 def render_model_card(

@@ -14,12 +14,14 @@ Everything random is per env copy: copy ``e`` resets with seed (seed, e) and dra
 seeded by (seed, iteration, e), with the policy evaluated on that copy's rows only. So a rollout does not
 depend on how the copies are split over workers: ``JointWorker`` shards (in-process or on Ray actors, see
 ``envs/ray_backend.RayActorPool``) joined by ``join`` in env-copy order give the same data, bit for bit, as one shard.
+``RemoteJointEnv`` holds the shards: the multi-agent ``RemoteEnv`` (same backend rule, same worker split).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import os
 import pickle
 import time
@@ -30,10 +32,9 @@ import gymnasium as gym
 import numpy as np
 from pettingzoo import ParallelEnv
 
-from opentinker.agents.numpy_policy import NumpyPolicy
-from opentinker.envs.remote_env import AUTO_RAY_MIN_PARALLEL, AUTO_RAY_MIN_STEP_S, BACKENDS
+from opentinker.envs.numpy_policy import NumpyPolicy
+from opentinker.envs.remote_env import actor_pool, resolve_backend, worker_sizes
 from opentinker.envs.rollout import Rollout, derive_seed
-import itertools
 
 
 def env_factory(env: Any, **env_kwargs: Any) -> Callable[[], ParallelEnv]:
@@ -49,19 +50,6 @@ def env_factory(env: Any, **env_kwargs: Any) -> Callable[[], ParallelEnv]:
     if callable(env):
         return lambda: env(**env_kwargs)
     raise ValueError(f"env must be 'pursuit', a PettingZoo ParallelEnv (class, factory or instance), got {env!r}")
-
-
-def resolve_backend(make: Callable[[], ParallelEnv], backend: str, num_envs: int, workers: int | None) -> str:
-    """``RemoteEnv``'s rule: "auto" uses Ray only for 16+ copies of an env whose joint step takes >= 1 ms."""
-    if backend not in BACKENDS:
-        raise ValueError(f"GroupTrainer backend must be one of {BACKENDS}, got {backend!r}")
-    if workers is not None and (not isinstance(workers, int) or not 1 <= workers <= num_envs):
-        raise ValueError(f"GroupTrainer workers must be an int in [1, num_envs={num_envs}], got {workers!r}")
-    if backend != "auto":
-        return backend
-    if num_envs < AUTO_RAY_MIN_PARALLEL or workers == 1:
-        return "local"
-    return "ray" if mean_joint_step_seconds(make) >= AUTO_RAY_MIN_STEP_S else "local"
 
 
 def mean_joint_step_seconds(make: Callable[[], ParallelEnv], steps: int = 16) -> float:
@@ -348,8 +336,8 @@ def join(shards: list[Shard]) -> tuple[dict[str, Rollout], dict[str, float]]:
 
 class JointWorker:
     """A shard of env copies that collects with numpy policies rebuilt from (weights, specs): in this process
-    (local backend) or as a Ray actor (``envs/ray_backend.RayActorPool``). Like the engine's ``RolloutWorker``, a collect
-    given the snapshot its shard returned after the previous iteration restores it first when the worker is
+    (local backend) or as a Ray actor (``envs/ray_backend.RayActorPool``). Like the engine's ``RolloutWorker``, a
+    collect given the snapshot its shard returned after the previous iteration restores it first when the worker is
     not where that snapshot left it (a restarted actor), so a retried collect reproduces the same data."""
 
     def __init__(
@@ -418,3 +406,94 @@ def run_episodes(
         for kind in policies:
             results[kind] += [(r, n, t) for e, r, n, t in joint.take_finished(kind) if still_first[e]]
     raise RuntimeError(f"evaluation: an env copy ran {max_steps} steps without ending its episode (no time limit?)")
+
+
+class RemoteJointEnv:
+    """``num_envs`` copies of a PettingZoo parallel env split over workers (``JointWorker`` shards), collected
+    jointly: what ``RemoteEnv`` is to the engine's ``Trainer``, this is to ``GroupTrainer``. ``backend``: "local",
+    "ray" (``workers`` actors; default one per CPU of the cluster) or "auto" (``resolve_backend``'s rule on one
+    joint step). Same seed, same rollouts on either backend and any number of workers."""
+
+    def __init__(
+        self,
+        env: Any,
+        kind_of: Callable[[str], str],
+        kinds: list[str],
+        shared_memory: str | None = None,
+        num_envs: int = 1,
+        seed: int = 0,
+        backend: str = "auto",
+        workers: int | None = None,
+        **env_kwargs: Any,
+    ):
+        self.make = env_factory(env, **env_kwargs)
+        self.num_envs, self.seed = num_envs, seed
+        self._joint_args = (kind_of, kinds, shared_memory)
+        self.backend = resolve_backend(
+            self.make, backend, num_envs, workers, {}, step_seconds=lambda: mean_joint_step_seconds(self.make)
+        )
+        self.sizes = worker_sizes(self.backend, num_envs, workers)
+        ray = self.backend == "ray"
+        firsts = np.cumsum([0, *self.sizes[:-1]])
+        args = [(self.make, n, *self._joint_args, seed, int(first), ray) for n, first in zip(self.sizes, firsts)]
+        self.pool = actor_pool(self.backend, JointWorker, args)
+        # The env snapshot each worker returned after its last collect (Ray: a restarted actor restores it).
+        self._snapshots: list[bytes | None] = [None] * len(self.sizes)
+        self.agents, self.observation_spaces, self.action_spaces = self.pool.call("layout")[0]
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.sizes)
+
+    @property
+    def joint(self) -> JointEnvs:
+        """The env copies themselves, when they live in this process in one shard (local backend, one worker)."""
+        if self.backend != "local" or self.num_workers != 1:
+            raise RuntimeError(
+                f"the env copies are split over {self.num_workers} {self.backend} workers; "
+                "GroupTrainer.joint needs backend='local' with workers=1"
+            )
+        return self.pool.workers[0].joint
+
+    def fresh(self, num_envs: int, seed: int) -> JointEnvs:
+        """New in-process copies with the same layout (for evaluation)."""
+        return JointEnvs(self.make, num_envs, *self._joint_args, seed)
+
+    def collect(
+        self, weights: dict[str, dict[str, np.ndarray]], specs: dict[str, dict], n_steps: int, iteration: int
+    ) -> tuple[dict[str, Rollout], dict[str, float]]:
+        """``n_steps`` joint steps with numpy copies of each kind's policy: a ``Rollout`` per kind and each kind's
+        share of ended agent-episodes that ended by termination (NaN when none ended)."""
+        start = time.perf_counter()
+        results = self.pool.call(
+            "collect", [(snapshot,) for snapshot in self._snapshots], broadcast=(weights, specs, n_steps, iteration)
+        )
+        self._snapshots = [snapshot for _, snapshot in results]
+        rollouts, terminated_fraction = join([shard for shard, _ in results])
+        for rollout in rollouts.values():
+            rollout.wall_s = time.perf_counter() - start
+        return rollouts, terminated_fraction
+
+    def get_state(self) -> JointEnvs:
+        """All env copies with their state, gathered from the workers into one ``JointEnvs`` (for checkpoints)."""
+        snapshots = self._snapshots if None not in self._snapshots else self.pool.call("snapshot")
+        return JointEnvs.merge([pickle.loads(snapshot)[0] for snapshot in snapshots])
+
+    def set_state(self, joint: JointEnvs, iteration: int) -> None:
+        """Hand ``get_state()``'s copies back to the workers, split by this pool's shard sizes; ``iteration`` is
+        the next one to collect."""
+        if joint.num_envs != self.num_envs:
+            raise ValueError(
+                f"env state holds {joint.num_envs} env copies; this GroupTrainer has num_envs={self.num_envs}"
+            )
+        snapshots = [pickle.dumps((part, iteration)) for part in joint.split(self.sizes)]
+        self.pool.call("restore", [(snapshot,) for snapshot in snapshots])
+        if self.backend == "ray":
+            self._snapshots = snapshots
+
+    def worker_pids(self) -> list[int]:
+        return self.pool.call("pid")
+
+    def close(self) -> None:
+        """Close the env copies (and stop the Ray actors holding them)."""
+        self.pool.close()

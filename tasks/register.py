@@ -10,16 +10,24 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from opentinker.agents.evaluation import EvalResult
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
-from opentinker.tasks.tracking import configure_mlflow
-from opentinker.tasks.types import EvalOutcome, ModelRef
+from opentinker.tracking.registry import (
+    ModelRef,
+    PolicyStoreError,
+    log_policy_model,
+    register_policy,
+    resolve_policy,
+    set_alias,
+)
+from opentinker.tracking.runs import configure_mlflow
 
 CANDIDATE, CHAMPION = "candidate", "champion"
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
-def package_model(
-    run_id: str, export_dir: str, model_name: str, evaluation: EvalOutcome | None = None, step: int = 0
+def register_model(
+    run_id: str, export_dir: str, model_name: str, evaluation: EvalResult | None = None, step: int = 0
 ) -> ModelRef:
     """Log the export as an MLflow pyfunc model of ``run_id`` (trained to env ``step``), register it as ``candidate``.
 
@@ -27,49 +35,43 @@ def package_model(
     """
     import mlflow
 
-    from opentinker.tasks import model_store
-
     configure_mlflow()
     client = mlflow.MlflowClient()
     existing = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
     if existing:
         registered = existing[0]
     else:
-        model_uri = model_store.log_policy_model(export_dir, run_id=run_id, step=step)
-        registered = model_store.register_policy(model_uri, model_name)
+        model_uri = log_policy_model(export_dir, run_id=run_id, step=step)
+        registered = register_policy(model_uri, model_name)
     version = str(registered.version)
     model_id = registered.model_id or _logged_model_id(registered.source)
-    model_store.set_alias(model_name, CANDIDATE, version)
+    set_alias(model_name, CANDIDATE, version)
     if evaluation is not None:
         for key, value in _eval_tags(evaluation).items():
             client.set_model_version_tag(model_name, version, key, value)
-    return ModelRef(name=model_name, version=version, run_id=run_id, aliases=[CANDIDATE], model_id=model_id)
+    return ModelRef(
+        uri=f"models:/{model_name}/{version}",
+        name=model_name,
+        version=version,
+        run_id=run_id,
+        download_uri=f"models:/{model_name}/{version}",
+        aliases=[CANDIDATE],
+        model_id=model_id,
+    )
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
 def find_model_version(model_name: str, ref: str) -> ModelRef | None:
     """Version ``ref`` (a number or an alias such as ``champion``) of ``model_name``, or None if there is none."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    configure_mlflow()
-    client = mlflow.MlflowClient()
     try:
-        version = (
-            client.get_model_version(model_name, ref)
-            if ref.isdigit()
-            else client.get_model_version_by_alias(model_name, ref)
-        )
-    except MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+        return resolve_policy(f"models:/{model_name}/{ref}" if ref.isdigit() else f"models:/{model_name}@{ref}")
+    except PolicyStoreError as exc:
+        if getattr(exc.__cause__, "error_code", None) in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
         raise
-    return ModelRef(
-        name=model_name, version=str(version.version), run_id=version.run_id or "", aliases=list(version.aliases)
-    )
 
 
-def random_floor(random_eval: EvalOutcome) -> float:
+def random_floor(random_eval: EvalResult) -> float:
     """What a first champion must beat when the env has no threshold: the random policy's mean plus a clear margin
     (its std across episodes, and at least 10 % of its magnitude)."""
     return random_eval.mean + max(random_eval.std, 0.1 * abs(random_eval.mean))
@@ -106,16 +108,14 @@ def decide(
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
 def promote_if_better(
     candidate: ModelRef,
-    candidate_eval: EvalOutcome,
+    candidate_eval: EvalResult,
     champion: ModelRef | None,
-    champion_eval: EvalOutcome | None,
+    champion_eval: EvalResult | None,
     threshold: float | None,
-    random_eval: EvalOutcome | None = None,
+    random_eval: EvalResult | None = None,
 ) -> ModelRef:
     """Apply ``decide``; move ``champion`` only on a win; record decision, rule and numbers as tags."""
     import mlflow
-
-    from opentinker.tasks import model_store
 
     if champion_eval is not None and (champion_eval.seed, len(champion_eval.returns)) != (
         candidate_eval.seed,
@@ -152,7 +152,7 @@ def promote_if_better(
     client.update_model_version(candidate.name, candidate.version, description=f"Release gate: {decision}")
     aliases = list(candidate.aliases)
     if promote:
-        model_store.set_alias(candidate.name, CHAMPION, candidate.version)
+        set_alias(candidate.name, CHAMPION, candidate.version)
         aliases.append(CHAMPION)
     return candidate.model_copy(update={"aliases": aliases, "decision": decision})
 
@@ -162,7 +162,7 @@ def _logged_model_id(source: str) -> str:
     return source.removeprefix("models:/") if source.startswith("models:/m-") else ""
 
 
-def _eval_tags(evaluation: EvalOutcome) -> dict[str, str]:
+def _eval_tags(evaluation: EvalResult) -> dict[str, str]:
     return {
         "eval.mean": f"{evaluation.mean:.4f}",
         "eval.std": f"{evaluation.std:.4f}",

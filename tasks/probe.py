@@ -1,6 +1,6 @@
-"""The rollout stage on its own: Ray actors step vectorised env copies and return trajectories.
+"""The env probe: before training, the env copies (placed as in training) step with a uniformly random policy.
 
-In ``train_flow`` it runs once before training as a probe with a uniformly random policy: it proves
+In ``train_flow`` it runs once before training: it proves
 the env builds and steps on the rollout workers (a bad env fails here, in seconds, not mid-training)
 and gives the random-policy baseline return for the learning curve. Training itself collects its
 rollouts inside the engine loop (see ``tasks/train.py`` for why that loop is one task).
@@ -14,7 +14,7 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from opentinker.tasks.types import RolloutSummary
+from opentinker.tasks.types import ProbeSummary
 
 
 @task(cache_policy=NO_CACHE)
@@ -32,7 +32,7 @@ def start_ray() -> str:
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def collect_rollouts(
+def probe_env(
     env_id: str,
     seed: int,
     num_envs: int = 8,
@@ -42,7 +42,7 @@ def collect_rollouts(
     rollout_num_cpus: float | None = None,
     rollout_num_gpus: float = 0.0,
     backend: str = "ray",
-) -> RolloutSummary:
+) -> ProbeSummary:
     """``n_steps`` random-policy steps on every env copy (placed as in training: in-process, or Ray actors for
     ``backend="ray"``); returns a summary, not the arrays."""
     from opentinker.envs import RemoteEnv
@@ -72,7 +72,7 @@ def collect_rollouts(
         import mlflow
 
         from opentinker.infra.autoscale import log_capacity_wait
-        from opentinker.tasks.tracking import configure_mlflow
+        from opentinker.tracking.runs import configure_mlflow
 
         configure_mlflow()
         client = mlflow.MlflowClient()
@@ -81,7 +81,7 @@ def collect_rollouts(
         if options:
             log_capacity_wait(client, run_id, capacity_wait_s)
     get_run_logger().info("random-policy probe: %d episodes, mean return %s", len(finished), mean_return)
-    return RolloutSummary(
+    return ProbeSummary(
         steps=n_steps * env.num_envs,
         episodes=len(finished),
         mean_return=mean_return,

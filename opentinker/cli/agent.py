@@ -1,7 +1,6 @@
-"""``opentinker agent chat`` and ``opentinker agent serve``.
+"""``opentinker agent chat|serve``: an LLM agent with tools and memory, in this process or over HTTP.
 
-Everything heavy (LangChain, transformers, BentoML, MLflow) is imported inside the commands so that
-``opentinker --help`` stays fast; the MLflow/BentoML edges live in ``serving/agent_service.py``.
+The agent, its configuration and its service live in ``serving/agent_service.py`` and the LLM area.
 """
 
 from __future__ import annotations
@@ -10,6 +9,10 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+
+from opentinker.cli.console import cli_errors, console
+from opentinker.cli.serve import ApiKey, ApiKeyFile, Host
 
 app = typer.Typer(help="LLM agents: chat with tools and memory, or serve them over HTTP.", no_args_is_help=True)
 
@@ -21,15 +24,17 @@ Llm = Annotated[
     ),
 ]
 Tools = Annotated[list[str], typer.Option("--tool", help="Tools to enable (repeat): web_search, python_repl, policy.")]
+MemoryWindow = Annotated[int, typer.Option(help="User turns kept verbatim (older ones are summarised).")]
 
 
 @app.command()
+@cli_errors
 def chat(
     message: Annotated[str, typer.Argument(help="Your message.")],
     thread: Annotated[str, typer.Option(help="Conversation id; reuse it to continue a conversation.")] = "cli",
     llm: Llm = "local",
     tool: Tools = ["web_search", "python_repl"],  # noqa: B006 — typer needs a literal default
-    memory_window: Annotated[int, typer.Option(help="User turns kept verbatim (older ones are summarised).")] = 5,
+    memory_window: MemoryWindow = 5,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server URL for --llm.")] = None,
     trace: Annotated[bool, typer.Option(help="Trace the run to MLflow.")] = False,
 ) -> None:
@@ -43,42 +48,33 @@ def chat(
     started = time.monotonic()
     reply = agent.chat(message, thread)
     for call in reply.tool_calls:
-        typer.secho(
-            f"[{call.name} {call.args} -> {call.status}, {call.latency_s or 0:.2f}s] {call.content[:200]}", fg="cyan"
-        )
-    typer.echo(reply.text)
-    typer.secho(
-        f"({reply.input_tokens} in / {reply.output_tokens} out tokens, {time.monotonic() - started:.1f}s)",
-        fg="bright_black",
+        shown = f"[{call.name} {call.args} -> {call.status}, {call.latency_s or 0:.2f}s] {call.content[:200]}"
+        console.print(f"[cyan]{escape(shown)}[/]", highlight=False)
+    console.print(reply.text, markup=False, highlight=False)
+    console.print(
+        f"[bright_black]({reply.input_tokens} in / {reply.output_tokens} out tokens, "
+        f"{time.monotonic() - started:.1f}s)[/]",
+        highlight=False,
     )
 
 
 @app.command()
+@cli_errors
 def serve(
-    api_key: Annotated[
-        str | None, typer.Option(help="API key clients must send as 'Authorization: Bearer <key>'.")
-    ] = None,
-    api_key_file: Annotated[str | None, typer.Option(help="Read the API key from this file.")] = None,
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    api_key: ApiKey = None,
+    api_key_file: ApiKeyFile = None,
+    host: Host = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 3001,
     llm: Llm = "local",
     tool: Tools = ["web_search", "python_repl"],  # noqa: B006
-    memory_window: Annotated[int, typer.Option(help="User turns kept verbatim.")] = 5,
+    memory_window: MemoryWindow = 5,
 ) -> None:
     """Serve the agent (BentoML, API-key auth) until Ctrl+C."""
-    from opentinker.serving.agent_service import serve_agent
-    from opentinker.serving.auth import ApiKeyError, resolve_api_key
+    from opentinker.serving.agent_service import AgentServiceConfig
+    from opentinker.serving.foreground import serve_agent_until_stopped
 
-    try:
-        key = resolve_api_key(api_key, api_key_file)
-    except ApiKeyError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
-    service = serve_agent(key, {"llm": llm, "tools": tool, "memory_window": memory_window}, host, port or None)
-    typer.echo(f"agent service ready at {service.url} (POST /chat, /history); log: {service.log_path}")
-    try:
-        service.process.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        service.stop()
+    def ready(service) -> None:
+        console.print(f"agent service ready at {service.url} (POST /chat, /history); log: {service.log_path}")
+
+    config = AgentServiceConfig(llm=llm, tools=tool, memory_window=memory_window)
+    serve_agent_until_stopped(api_key, api_key_file, config, host, port or None, ready)

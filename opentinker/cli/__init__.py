@@ -1,0 +1,26 @@
+"""The ``opentinker`` command: every command group registered here, in one place.
+
+Each module holds one group's commands; they parse options and call the areas' functions. Heavy packages
+(prefect, mlflow, ray, torch, bentoml) are imported inside the commands so ``opentinker --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from opentinker.cli import agent, cluster, federated, quickstart, serve, stack, train
+
+app = typer.Typer(
+    help="OpenTinker: train, track, federate and serve RL agents.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(quickstart.app)
+app.add_typer(train.app)
+app.add_typer(serve.app)
+app.add_typer(stack.app, name="stack")
+app.add_typer(cluster.app, name="cluster")
+app.add_typer(federated.app, name="federated")
+app.add_typer(agent.app, name="agent")
+
+__all__ = ["app"]

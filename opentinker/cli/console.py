@@ -1,0 +1,163 @@
+"""The CLI's one console, its error decorator, and what a flow run needs around it in a terminal.
+
+Heavy packages are imported inside functions so ``opentinker --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Annotated, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+console = Console(soft_wrap=True)  # long paths and URIs stay on one line (copy-pasteable)
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect/MLflow logs and full tracebacks.")]
+
+_NOISY_LOGGERS = ("mlflow", "ray", "alembic", "httpx", "urllib3", "botocore", "bentoml", "filelock")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+    """The project's bad-input (and clearly explained start-up) errors: their message is the whole story."""
+    from pydantic import ValidationError
+
+    from opentinker.agents.bc import DatasetError
+    from opentinker.envs.errors import EnvSpecError, EnvValidationError
+    from opentinker.federated.config import FederatedConfigError
+    from opentinker.federated.deploy import FederationError
+    from opentinker.flows.params import ConfigError
+    from opentinker.infra.cluster import ClusterError
+    from opentinker.infra.processes import ServiceError
+    from opentinker.infra.s3 import S3Error
+    from opentinker.infra.stack import StackError
+    from opentinker.serving.auth import ApiKeyError
+    from opentinker.serving.deploy import DeploymentError
+    from opentinker.tracking.registry import PolicyStoreError
+
+    return (
+        ConfigError,
+        ValidationError,  # pydantic models and settings (OPENTINKER_* variables)
+        EnvSpecError,
+        EnvValidationError,
+        ApiKeyError,
+        PolicyStoreError,
+        DatasetError,
+        FederatedConfigError,
+        FederationError,
+        DeploymentError,
+        StackError,
+        ClusterError,
+        ServiceError,
+        S3Error,  # unreachable storage or refused credentials
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
+    from opentinker.flows.params import describe_errors
+
+    if isinstance(exc, ValidationError):
+        return f"invalid {exc.title}:\n{describe_errors(exc)}"
+    return str(exc)
+
+
+def cli_errors(command: Callable[P, R]) -> Callable[P, R]:
+    """Known bad input: one red ``error:`` line (or a field list) and exit code 1. Anything else: the traceback.
+
+    A command with ``--verbose`` re-raises known errors too, for their traceback.
+    """
+
+    @functools.wraps(command)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return command(*args, **kwargs)
+        except Exception as exc:
+            if kwargs.get("verbose") or not isinstance(exc, _known_errors()):
+                raise
+            console.print(f"[bold red]error:[/] {escape(_describe(exc))}")
+            raise typer.Exit(1) from None
+
+    return wrapper
+
+
+def prepare_prefect(verbose: bool = False) -> None:
+    """Before prefect is imported: the API URL from settings, a long ephemeral start-up timeout, quiet logs.
+
+    Quiet means the terminal: flow and task logs still reach the Prefect server at INFO (its Logs tab), only
+    Prefect's console handler is raised to WARNING. MLflow's own "View run" lines give way to the CLI's links.
+    """
+    from opentinker.infra.settings import get_settings
+    from opentinker.tasks import prefect_defaults
+
+    api_url = get_settings().prefect_api_url
+    if api_url:
+        os.environ["PREFECT_API_URL"] = api_url
+    prefect_defaults()
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a Ray FutureWarning
+        warnings.filterwarnings("ignore")
+        for name in _NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def training_progress(total_steps: int, label: str) -> Iterator[None]:
+    """A rich bar fed by the training stage through ``opentinker.tracking.progress``."""
+    from opentinker.tracking import progress
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        task_id = bar.add_task(label, total=total_steps, info="starting Prefect, Ray and MLflow…")
+
+        def listener(step: int, total: int, metrics: dict[str, float]) -> None:
+            info = []
+            for key, fmt in (("charts/episodic_return_mean", "return {:.1f}"), ("charts/sps", "{:.0f} steps/s")):
+                if key in metrics:
+                    info.append(fmt.format(metrics[key]))
+            bar.update(task_id, completed=min(step, total), total=total, info=" · ".join(info))
+
+        progress.add_listener(listener)
+        try:
+            yield
+        finally:
+            progress.remove_listener(listener)
+
+
+def print_ui_hints() -> None:
+    """How to look at what just happened."""
+    from opentinker.infra.settings import get_settings
+    from opentinker.tracking.runs import ui_url
+
+    settings = get_settings()
+    console.print(f"MLflow UI:  {ui_url('experiments')}")
+    prefect_url = settings.prefect_api_url or os.environ.get("PREFECT_API_URL", "")
+    if prefect_url:
+        console.print(f"Prefect UI: {prefect_url.removesuffix('/api')}/runs")
+    if not (prefect_url and settings.tracking_uri.startswith("http")):
+        console.print(
+            "Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)"
+        )

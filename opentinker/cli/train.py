@@ -1,0 +1,224 @@
+"""``opentinker train|evaluate|release|schedule|deploy``: the pipeline's flows, from a terminal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from opentinker.cli.console import Verbose, cli_errors, console, prepare_prefect, print_ui_hints, training_progress
+
+app = typer.Typer()
+
+Algo = Annotated[
+    str | None,
+    typer.Option(
+        "--algo",
+        help="Algorithm: ppo or dqn (default ppo); grpo trains an LLM "
+        "agent's language model on a text task (arithmetic, tool_arithmetic).",
+    ),
+]
+Config = Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")]
+Episodes = Annotated[int, typer.Option(help="Deterministic episodes (same seeds for every model).")]
+EvalSeed = Annotated[int, typer.Option(help="Seed of the first episode.")]
+
+
+def run_training(params, verbose: bool):
+    """The single-agent train_flow with a progress bar (also the quickstart's first step)."""
+    prepare_prefect(verbose)
+    from opentinker.flows.train import run_train_flow
+
+    with training_progress(params.steps, f"{params.engine.algorithm.upper()} {params.env_id}"):
+        return run_train_flow(params)
+
+
+def print_train_result(result) -> None:
+    from opentinker.tracking.runs import ui_url
+
+    verdict = "[green]passed[/]" if result.passed_threshold else "[yellow]did NOT pass[/]"
+    gate = "the threshold" if result.threshold is None else f"the threshold {result.threshold:g}"
+    if result.threshold is None:
+        gate = "the gate (no reward threshold for this env: beat the champion, or a random policy)"
+    console.print(f"Evaluation: mean return {result.eval_mean:.1f} ± {result.eval_std:.1f} — {verdict} {gate}")
+    console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
+    model_url = ui_url(f"models/{result.model_name}/versions/{result.model_version}")
+    if model_url.startswith("http"):
+        console.print(f"  {model_url}")
+    console.print(f"Gate: {result.decision}")
+    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
+    print_ui_hints()
+
+
+@app.command()
+@cli_errors
+def train(
+    env_id: Annotated[
+        str,
+        typer.Argument(
+            help="Gymnasium id (CartPole-v1), your env as package.module:Class, or a text task with --algo grpo."
+        ),
+    ],
+    steps: Annotated[int | None, typer.Option(help="Total env steps (GRPO: optimiser steps).")] = None,
+    algo: Algo = None,
+    config: Config = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
+    verbose: Verbose = False,
+) -> None:
+    """Train a policy through the Prefect train_flow: rollouts, MLflow tracking, registry gate.
+
+    Hyper-parameters come from the preset for the env's kind of problem; the ppo or dqn table of a config file
+    overrides any field. A config file with ``policy_mapping`` trains an agent group instead (one registered model
+    per kind); ``--algo grpo`` trains an LLM agent's LoRA adapter with GRPO on a text task (flows/llm_train.py).
+    """
+    if algo == "grpo":
+        _train_grpo(env_id, config, verbose, steps=steps, seed=seed, resume=resume or None)
+        return
+    from opentinker.flows.validate import checked_train_params
+
+    overrides = {"steps": steps, "seed": seed, "resume": resume or None, "algorithm": algo}
+    params = checked_train_params(env_id, config, groups=True, **overrides)
+    if hasattr(params, "policy_mapping"):
+        _train_group(params, verbose)
+    else:
+        print_train_result(run_training(params, verbose))
+
+
+def _train_group(params, verbose: bool) -> None:
+    prepare_prefect(verbose)
+    from opentinker.flows.multiagent_flow import multiagent_train_flow
+
+    with console.status(f"Training {', '.join(params.policy_mapping)} on {params.env_id} ({params.steps} env steps)"):
+        result = multiagent_train_flow(params)
+    for kind, evaluation in result.evaluation.items():
+        model = result.models[kind]
+        console.print(
+            f"{kind}: mean return {evaluation.mean:.2f} ± {evaluation.std:.2f}, terminated "
+            f"{evaluation.terminated_fraction:.0%} · model {model.name} version {model.version}"
+        )
+    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
+    print_ui_hints()
+
+
+def _train_grpo(task: str, config: Path | None, verbose: bool, **overrides) -> None:
+    from opentinker.flows.llm_train import load_grpo_params
+
+    params = load_grpo_params(config, task=task, **overrides)
+    prepare_prefect(verbose)
+    from opentinker.flows.llm_train import grpo_train_flow
+
+    with console.status(f"GRPO on {params.task}: {params.steps} steps"):
+        result = grpo_train_flow(params)
+    before = f"{result.base_eval.success:.1%} → " if result.base_eval else ""
+    console.print(f"Held-out success: {before}{result.evaluation.success:.1%} over {result.evaluation.prompts} prompts")
+    console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
+    console.print(f"Gate: {result.decision}")
+    console.print(
+        f"Serve it: opentinker agent serve --llm models:/{result.model_name}@{result.aliases[-1]} "
+        f"--tool python_repl --api-key KEY"
+    )
+    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
+    print_ui_hints()
+
+
+@app.command()
+@cli_errors
+def evaluate(
+    model_uri: Annotated[str, typer.Argument(help="models:/NAME@alias, models:/NAME/VERSION or an export dir.")],
+    episodes: Episodes = 10,
+    seed: EvalSeed = 10_000,
+    verbose: Verbose = False,
+) -> None:
+    """Evaluate a model on fixed seeds (cached per model version and seeds)."""
+    from opentinker.flows.params import EvalParams
+
+    params = EvalParams(model_uri=model_uri, episodes=episodes, seed=seed)
+    prepare_prefect(verbose)
+    from opentinker.flows.release import evaluate_flow
+
+    result = evaluate_flow(params)
+    cached = " (cached)" if result.cached else ""
+    console.print(
+        f"{result.model_key}: mean return {result.mean:.1f} ± {result.std:.1f} over {episodes} episodes{cached}"
+    )
+
+
+@app.command()
+@cli_errors
+def release(
+    model_name: Annotated[str, typer.Argument(help="Registered model name.")],
+    version: Annotated[str, typer.Option(help="Version number or alias to consider.")] = "candidate",
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            help="Minimum evaluation mean (default: the env spec's reward_threshold; none: beat the champion)."
+        ),
+    ] = None,
+    episodes: Episodes = 10,
+    seed: EvalSeed = 10_000,
+    verbose: Verbose = False,
+) -> None:
+    """Promotion gate: move `champion` to VERSION only if it beats the current champion on the same seeds."""
+    prepare_prefect(verbose)
+    from opentinker.flows.release import release_flow
+
+    result = release_flow(model_name, version, episodes=episodes, seed=seed, threshold=threshold)
+    console.print(f"{model_name} v{result.version}: {result.decision}")
+
+
+def _deployment_params(env_id: str, config: Path | None, steps: int | None, cron: str | None, algo, verbose: bool):
+    from opentinker.flows.validate import check_deployment, checked_train_params
+
+    params = checked_train_params(env_id, config, steps=steps, algorithm=algo)
+    prepare_prefect(verbose)  # reads prefect_api_url, which check_deployment needs
+    check_deployment(cron)
+    return params
+
+
+@app.command()
+@cli_errors
+def schedule(
+    env_id: Annotated[str, typer.Argument(help="Gymnasium id, e.g. CartPole-v1.")],
+    cron: Annotated[str, typer.Option(help='Cron schedule, e.g. "0 3 * * *" for nightly at 03:00.')],
+    steps: Annotated[int | None, typer.Option(help="Total env steps per run.")] = None,
+    config: Config = None,
+    name: Annotated[str | None, typer.Option(help="Deployment name (default: nightly-<env>).")] = None,
+    algo: Algo = None,
+    verbose: Verbose = False,
+) -> None:
+    """Create a scheduled train_flow deployment and serve it from this process (Ctrl-C stops it)."""
+    params = _deployment_params(env_id, config, steps, cron, algo, verbose)
+    from opentinker.flows.work_pool import serve_train_flow
+
+    deployment = name or f"nightly-{params.resolved_run_name}"
+    console.print(
+        f"Serving deployment [bold]train/{deployment}[/] on cron {cron!r}; trigger now with "
+        f"`prefect deployment run train/{deployment}`. Ctrl-C stops."
+    )
+    serve_train_flow(deployment, cron, {"params": params.model_dump(mode="json")}, verbose)
+
+
+@app.command()
+@cli_errors
+def deploy(
+    env_id: Annotated[str, typer.Argument(help="Gymnasium id (CartPole-v1) or package.module:Class.")],
+    pool: Annotated[str, typer.Option(help="Process work pool (created if missing).")],
+    cron: Annotated[str | None, typer.Option(help='Optional cron schedule, e.g. "0 3 * * *".')] = None,
+    steps: Annotated[int | None, typer.Option(help="Total env steps per run.")] = None,
+    config: Config = None,
+    name: Annotated[str | None, typer.Option(help="Deployment name (default: <run name>).")] = None,
+    algo: Algo = None,
+    verbose: Verbose = False,
+) -> None:
+    """Deploy train_flow to a work pool; a `prefect worker start --pool POOL --type process` runs it."""
+    params = _deployment_params(env_id, config, steps, cron, algo, verbose)
+    from opentinker.flows.work_pool import deploy_train_flow
+
+    deployment = name or params.resolved_run_name
+    deploy_train_flow(pool, deployment, {"params": params.model_dump(mode="json")}, cron=cron)
+    console.print(
+        f"Deployed [bold]train/{deployment}[/] to pool [bold]{pool}[/]. Start a worker with "
+        f"`prefect worker start --pool {pool} --type process`; run now with "
+        f"`prefect deployment run train/{deployment}`."
+    )
