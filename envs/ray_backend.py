@@ -15,6 +15,7 @@ import ray
 from opentinker.envs.base import EnvLike
 from opentinker.envs.errors import WorkerOutOfMemoryError
 from opentinker.envs.rollout import Rollout, RolloutWorker
+from opentinker.infra.autoscale import actor_demand, wait_for_actors
 from opentinker.infra.ray_runtime import ensure_ray
 
 MAX_RESTARTS = 4  # a worker process may die this many times before the job fails
@@ -82,9 +83,11 @@ class RayActorPool:
             max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS, scheduling_strategy="SPREAD", **options
         )
         self.actors = [actor_cls.remote(*args) for args in per_worker_args]
-        ready, _ = ray.wait(
-            [a.pid.remote() for a in self.actors], num_returns=len(self.actors), timeout=START_TIMEOUT_S
-        )
+        try:  # an autoscaler that can never place them fails this at once (ClusterResourceError)
+            ready = wait_for_actors([a.pid.remote() for a in self.actors], START_TIMEOUT_S, actor_demand(options))
+        except BaseException:
+            self.close()
+            raise
         if len(ready) < len(self.actors):
             self.close()
             raise TimeoutError(

@@ -10,8 +10,10 @@ State lives in ``<data_dir>/cluster/state.json``; the Ray session files live in 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,23 +149,42 @@ class LocalCluster:
         temp_dir: str,
         timeout: float,
         attempts: int = 3,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        gcs_port: int | None = None,
     ) -> ServiceProcess:
-        """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower: retry."""
+        """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower: retry.
+
+        ``extra_args`` go to ``ray start``, ``env`` is added to its environment and ``gcs_port`` fixes the head's GCS
+        port (the autoscaling head needs all three: its autoscaler config names the GCS address)."""
         for attempt in range(1, attempts + 1):
             try:
-                return self._start_node_once(name, head_address, cpus, object_store_mb, temp_dir, timeout)
+                return self._start_node_once(
+                    name, head_address, cpus, object_store_mb, temp_dir, timeout, extra_args, env, gcs_port
+                )
             except ServiceError as exc:
                 if attempt == attempts or STARTUP_TIMEOUT_MARKER not in str(exc):
                     raise
         raise ClusterError(f"{name} did not start")  # not reached: the last attempt re-raises
 
     def _start_node_once(
-        self, name: str, head_address: str | None, cpus: int, object_store_mb: int, temp_dir: str, timeout: float
+        self,
+        name: str,
+        head_address: str | None,
+        cpus: int,
+        object_store_mb: int,
+        temp_dir: str,
+        timeout: float,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        gcs_port: int | None = None,
     ) -> ServiceProcess:
         keys = ["node_manager", "object_manager", "agent_http", "agent_grpc", "runtime_env", "metrics"]
         if head_address is None:
             keys += ["gcs", "client"]
         ports = dict(zip(keys, free_ports(len(keys))))
+        if gcs_port is not None:
+            ports["gcs"] = gcs_port
         cmd = [
             venv_bin("ray"),
             "start",
@@ -183,6 +204,7 @@ class LocalCluster:
             "--max-worker-port=0",
             "--disable-usage-stats",
             "--log-style=record",
+            *extra_args,
         ]
         if head_address is None:
             cmd += [
@@ -206,6 +228,7 @@ class LocalCluster:
             timeout=timeout,
             url=url,
             ports=ports,
+            env={**os.environ, **env} if env else None,
             stop_timeout=20.0,
             startup_nice=STARTUP_NICE,
         )

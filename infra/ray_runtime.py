@@ -56,20 +56,29 @@ def ensure_ray() -> None:
 def rollout_actor_options(num_cpus: float | None = None, num_gpus: float = 0.0) -> dict:
     """Ray options for ``RemoteEnv``'s rollout actors: CPUs/GPUs from ``TrainParams``, placement from the settings.
 
-    Fails at once, naming the setting or field, when no alive node can host them (instead of actors pending forever).
+    Fails at once, naming the setting or field, when no alive node can host them (instead of actors pending forever)
+    and no autoscaler may launch one.
     """
     import ray
+
+    from opentinker.infra.autoscale import autoscaling_state
 
     ensure_ray()
     resource = get_settings().rollout_resource
     nodes = [node for node in ray.nodes() if node["Alive"]]
     eligible = [node for node in nodes if not resource or node["Resources"].get(resource, 0) > 0]
-    if not eligible:
+    # With an autoscaler, nodes for pending actors are launched; a request no node type fits fails while waiting.
+    autoscaled = not eligible and resource and autoscaling_state() is not None
+    if not eligible and not autoscaled:
         raise ClusterResourceError(
             f"OPENTINKER_ROLLOUT_RESOURCE={resource!r}: no alive Ray node advertises it "
             f"(nodes' resources: {[sorted(n['Resources']) for n in nodes]})"
         )
-    if num_gpus > 0 and max(node["Resources"].get("GPU", 0) for node in eligible) < min(num_gpus, 1.0):
+    if (
+        num_gpus > 0
+        and not autoscaled
+        and max(node["Resources"].get("GPU", 0) for node in eligible) < min(num_gpus, 1.0)
+    ):
         raise ClusterResourceError(
             f"rollout_num_gpus={num_gpus} but no Ray node that may host rollout actors has a GPU"
             f"{f' (nodes with {resource!r})' if resource else ''}; set rollout_num_gpus=0"

@@ -38,6 +38,12 @@ class Settings(BaseSettings):
         description="How long training waits, after its rollout actors "
         "lost their node, for a node that can host them before it fails.",
     )
+    cluster_idle_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="0: `opentinker cluster up` starts fixed nodes; > 0: it starts an autoscaling cluster whose "
+        "autoscaler launches rollout workers for pending actors and removes a worker idle this many seconds.",
+    )
     mlflow_tracking_uri: str = Field("", description="MLflow server URL; empty uses sqlite:///<data_dir>/mlflow.db.")
     mlflow_experiment: str = Field("opentinker", description="Default MLflow experiment name.")
     prefect_api_url: str = Field("", description="Prefect server API URL; empty uses Prefect's local (ephemeral) mode.")

@@ -51,6 +51,7 @@ def probe_env(
     started = time.perf_counter()
     options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if backend == "ray" else None
     env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend=backend, seed=seed, ray_options=options)
+    capacity_wait_s = time.perf_counter() - started  # placing the actors, autoscaler launches included
     try:
         rng = np.random.default_rng(seed)
         env.reset(seed=seed)
@@ -67,13 +68,18 @@ def probe_env(
     finally:
         env.close()
     mean_return = float(np.mean(finished)) if finished else None
-    if run_id and mean_return is not None:
+    if run_id and (mean_return is not None or options):
         import mlflow
 
+        from opentinker.infra.autoscale import log_capacity_wait
         from opentinker.tracking.runs import configure_mlflow
 
         configure_mlflow()
-        mlflow.MlflowClient().log_metric(run_id, "charts/random_policy_return", mean_return, step=0)
+        client = mlflow.MlflowClient()
+        if mean_return is not None:
+            client.log_metric(run_id, "charts/random_policy_return", mean_return, step=0)
+        if options:
+            log_capacity_wait(client, run_id, capacity_wait_s)
     get_run_logger().info("random-policy probe: %d episodes, mean return %s", len(finished), mean_return)
     return ProbeSummary(
         steps=n_steps * env.num_envs,

@@ -70,6 +70,7 @@ def train_policy(
     """
     import mlflow
 
+    from opentinker.infra.autoscale import log_capacity_wait
     from opentinker.infra.ray_runtime import failing_without_rollout_nodes, learner_device, rollout_actor_options
 
     root = Path(directory)
@@ -86,11 +87,15 @@ def train_policy(
     with learner_device(num_gpus) as device:  # first: a missing GPU fails before any actor starts
         ray = engine["backend"] == "ray"
         options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if ray else None
+        placing = time.perf_counter()
         env = _env_copies(env_id, seed, engine, options)
         try:
             nodes = [node or "local" for node in env.worker_node_ids()]
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
             client.set_tag(run_id, "opentinker.rollout_nodes", ",".join(nodes))
+            if options:  # nodes used, and the wait for capacity (autoscaler launches included)
+                client.log_metric(run_id, "perf/rollout_nodes", len(set(nodes)))
+                log_capacity_wait(client, run_id, time.perf_counter() - placing)
             with failing_without_rollout_nodes(options, env.close) if options else contextlib.nullcontext():
                 trainer = _build_trainer(env, seed, root, engine, device, resume)
                 outcome = train_logged(trainer, run_id, steps, root, checkpoint_every, metadata={"env_id": env_id})

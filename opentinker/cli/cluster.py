@@ -42,13 +42,22 @@ def up(
     cpus_per_node: Annotated[int, typer.Option(help="CPUs each node offers to Ray.")] = 1,
     object_store_mb: Annotated[int, typer.Option(min=64, help="Object store size per node (MiB).")] = 512,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each node.")] = 180.0,
+    autoscale: Annotated[
+        bool, typer.Option("--autoscale", help="Only the head; Ray's autoscaler adds up to NODES-1 workers on demand.")
+    ] = False,
+    idle_timeout_s: Annotated[
+        float | None,
+        typer.Option(help="With autoscaling: remove a worker idle this long (default: settings, else 60)."),
+    ] = None,
 ) -> None:
     """Start a head and NODES-1 worker nodes, each `ray start --block` in its own process group."""
+    from opentinker.infra.autoscale import start_cluster
+
     services.up(
         CLUSTER,
-        f"starting {nodes} Ray node(s)",
-        lambda cluster, on_step: cluster.up(
-            nodes=nodes, cpus_per_node=cpus_per_node, object_store_mb=object_store_mb, timeout=timeout
+        "starting the Ray cluster",
+        lambda cluster, on_step: start_cluster(
+            cluster, nodes, cpus_per_node, object_store_mb, timeout, autoscale, idle_timeout_s
         ),
     )
 
