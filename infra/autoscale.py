@@ -9,8 +9,8 @@ so the provider is named as an external module.
 
 Drivers read the autoscaler's report from the GCS, on any cluster run by the v2 autoscaler (here or KubeRay): that
 there is one (``autoscaling_state``: actors may wait for nodes that do not exist yet) and which requests no node
-type can ever meet (``wait_for_actors`` fails on those at once, naming the resources). ``log_capacity_wait``
-records in the run how long it waited for capacity.
+type can ever meet (``wait_for_actors`` fails on those at once, naming the resources).
+(``tracking.runs.log_capacity_wait`` records in the run how long it waited for capacity.)
 """
 
 from __future__ import annotations
@@ -222,11 +222,3 @@ def wait_for_actors(refs: list, timeout: float, demand: dict[str, float]) -> lis
 
 def _same_bundle(request: dict[str, float], demand: dict[str, float]) -> bool:
     return request.keys() == demand.keys() and all(abs(request[key] - demand[key]) < 1e-4 for key in demand)
-
-
-def log_capacity_wait(client, run_id: str, seconds: float) -> None:
-    """Add ``seconds`` to the run's ``perf/capacity_wait_s``: its latest value is the run's total wait for capacity
-    (each placement of rollout actors, e.g. the probe's and training's, is one step)."""
-    history = client.get_metric_history(run_id, "perf/capacity_wait_s")
-    total = (max(history, key=lambda metric: metric.step).value if history else 0.0) + seconds
-    client.log_metric(run_id, "perf/capacity_wait_s", total, step=len(history))

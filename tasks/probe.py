@@ -71,8 +71,7 @@ def probe_env(
     if run_id and (mean_return is not None or options):
         import mlflow
 
-        from opentinker.infra.autoscale import log_capacity_wait
-        from opentinker.tracking.runs import configure_mlflow
+        from opentinker.tracking.runs import configure_mlflow, log_capacity_wait
 
         configure_mlflow()
         client = mlflow.MlflowClient()

@@ -70,8 +70,8 @@ def train_policy(
     """
     import mlflow
 
-    from opentinker.infra.autoscale import log_capacity_wait
     from opentinker.infra.ray_runtime import failing_without_rollout_nodes, learner_device, rollout_actor_options
+    from opentinker.tracking.runs import log_capacity_wait
 
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)

@@ -213,3 +213,11 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return versions
+
+
+def log_capacity_wait(client: Any, run_id: str, seconds: float) -> None:
+    """Add ``seconds`` to the run's ``perf/capacity_wait_s``: its latest value is the run's total wait for capacity
+    (each placement of rollout actors, e.g. the probe's and training's, is one step)."""
+    history = client.get_metric_history(run_id, "perf/capacity_wait_s")
+    total = (max(history, key=lambda metric: metric.step).value if history else 0.0) + seconds
+    client.log_metric(run_id, "perf/capacity_wait_s", total, step=len(history))
