@@ -12,7 +12,16 @@ from pydantic import BaseModel
 from opentinker.agents.evaluation import EvalResult
 from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
 from opentinker.tracking.registry import ModelRef
-from opentinker.tracking.runs import configure_mlflow, ensure_experiment, flatten, git_commit, run_url, ui_url
+from opentinker.tracking.runs import (
+    configure_mlflow,
+    ensure_experiment,
+    flatten,
+    git_commit,
+    run_url,
+    start_system_metrics,
+    stop_system_metrics,
+    ui_url,
+)
 
 
 class TrackingRun(BaseModel):
@@ -47,6 +56,7 @@ def start_tracking_run(params: dict[str, Any], run_name: str, experiment: str | 
     from mlflow.entities import Param
 
     client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in flatten(params).items()])
+    start_system_metrics(run.info.run_id)
     return TrackingRun(run_id=run.info.run_id, experiment_id=experiment_id, url=run_url(run.info.run_id, experiment_id))
 
 
@@ -71,6 +81,7 @@ def finish_tracking_run(
         client.set_tag(run_id, key, value)
     for key, value in (metrics or {}).items():
         client.log_metric(run_id, key, float(value), step=step, model_id=model_id or None)
+    stop_system_metrics(run_id)
     client.set_terminated(run_id, status=status)
 
 

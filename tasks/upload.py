@@ -43,7 +43,7 @@ def check_storage() -> str:
 def render_reports(
     params: dict[str, Any], trained: TrainOutcome, evaluation: EvalResult | None, model: ModelRef | None
 ) -> list[Artifact]:
-    """Learning curve + system plots (PNG), the config (JSON) and the model card (markdown)."""
+    """Learning curve, dashboard-metric and evaluation plots (PNG), the config (JSON) and the model card (markdown)."""
     out = Path(trained.history_path).parent / "reports" / trained.run_id
     history = load_history(Path(trained.history_path))
     config = out / "config.json"
@@ -59,7 +59,7 @@ def render_reports(
             trained.global_step,
         )
     )
-    return [
+    reports = [
         (
             "plots",
             str(plots.learning_curve(history, out / "learning_curve.png", evaluation.mean if evaluation else None)),
@@ -68,6 +68,10 @@ def render_reports(
         ("config", str(config)),
         ("", str(card)),
     ]
+    if evaluation is not None:
+        path = plots.evaluation_returns(evaluation.returns, evaluation.seed, out / "evaluation_returns.png")
+        reports.append(("plots", str(path)))
+    return reports
 
 
 @task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)

@@ -121,11 +121,27 @@ def _wait_for(driver, *texts: str) -> str:
     return body
 
 
-def _close_mlflow_assistant(driver) -> None:
-    """MLflow 3.17 opens its chat panel over a third of the page on first visit: close it for the screenshots."""
-    for button in driver.find_elements("css selector", "button[aria-label='Close']"):
-        if button.is_displayed():
-            button.click()
+def _close_mlflow_overlays(driver) -> None:
+    """MLflow 3.17 opens its chat panel over a third of the page on first visit, and the registry its "new model
+    registry UI" announcement over the list: close the dialog first (it takes every click), then the panel."""
+    for selector in ("[role='dialog'] button[aria-label='Close']", "button[aria-label='Close']"):
+        for button in driver.find_elements("css selector", selector):
+            if button.is_displayed():
+                button.click()
+
+
+def _wait_for_image(driver, other_than: str = "") -> None:
+    """Wait until the artifact viewer has drawn its image (fetched as a blob, decoded late), a new one when the
+    previous image's ``other_than`` blob URL is given."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def drawn(d) -> bool:
+        images = [
+            i for i in d.find_elements("css selector", "img[src^='blob:']") if i.get_attribute("src") != other_than
+        ]
+        return bool(images) and int(images[0].get_attribute("naturalWidth") or 0) > 100
+
+    WebDriverWait(driver, WAIT_S, poll_frequency=0.5).until(drawn)
 
 
 def _click_tab(driver, name: str) -> None:
@@ -175,7 +191,7 @@ def test_prefect_flow_run_page_shows_the_completed_run_its_stages_logs_and_artif
     browser.save_screenshot(str(screenshots / "prefect-flow-run.png"))
 
     tasks = _task_runs(prefect_server, flow_run_id)
-    assert {
+    stages = [
         "check_storage",
         "start_tracking_run",
         "start_ray",
@@ -185,7 +201,11 @@ def test_prefect_flow_run_page_shows_the_completed_run_its_stages_logs_and_artif
         "register_model",
         "publish_summary",
         "finish_tracking_run",
-    } <= set(tasks), sorted(tasks)
+    ]
+    assert set(stages) <= set(tasks), sorted(tasks)
+    _click_tab(browser, "Task Runs")  # lists none if any task's inputs name the release subflow's run
+    _wait_for(browser, *(f"{stage}-" for stage in stages))
+    browser.save_screenshot(str(screenshots / "prefect-task-runs.png"))
     _open(browser, f"{ui}/runs/task-run/{tasks['start_ray']}", "start_ray", "Completed", "Ray ready")
     browser.save_screenshot(str(screenshots / "prefect-task-run.png"))
 
@@ -215,11 +235,11 @@ def test_mlflow_pages_show_curves_dashboard_metrics_plots_and_the_champion(
         "opentinker train flow",
         "Prefect flow run",
     )
-    _close_mlflow_assistant(browser)
+    _close_mlflow_overlays(browser)
     browser.save_screenshot(str(screenshots / "mlflow-run.png"))
 
     _open(browser, f"{base}/model-metrics{query}", "episodic_return_mean", "Step")
-    _close_mlflow_assistant(browser)
+    _close_mlflow_overlays(browser)
     browser.save_screenshot(str(screenshots / "mlflow-learning-curves.png"))
     search = browser.find_element("css selector", "input[placeholder='Search metric charts']")
     search.send_keys("perf/")  # charts render as they scroll into view: filter instead of scrolling
@@ -228,11 +248,34 @@ def test_mlflow_pages_show_curves_dashboard_metrics_plots_and_the_champion(
     _wait_for(browser, "perf/rollout_efficiency", "perf/rollout_bytes", "Step")
     browser.save_screenshot(str(screenshots / "mlflow-dashboard-metrics.png"))
 
-    _open(browser, f"{base}/artifacts/plots/learning_curve.png{query}", "learning_curve.png", "perf_metrics.png")
-    image = browser.find_element("css selector", "img[src^='blob:']")
-    assert int(image.get_attribute("naturalWidth")) > 100
-    _close_mlflow_assistant(browser)
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
+    _open(browser, f"{base}/system-metrics{query}", "System metrics", "system/cpu_utilization_percentage")
+    _close_mlflow_overlays(browser)
+    browser.save_screenshot(str(screenshots / "mlflow-system-metrics.png"))
+    browser.find_element("css selector", "input[placeholder='Search metric charts']").send_keys("memory")
+    _wait_for(browser, "system/system_memory_usage_megabytes", "Time")
+
+    _open(
+        browser,
+        f"{base}/artifacts/plots/learning_curve.png{query}",
+        "learning_curve.png",
+        "perf_metrics.png",
+        "evaluation_returns.png",
+    )
+    _wait_for_image(browser)
+    _close_mlflow_overlays(browser)
     browser.save_screenshot(str(screenshots / "mlflow-artifacts.png"))
+    shown = browser.find_element("css selector", "img[src^='blob:']").get_attribute("src")
+    browser.find_element("xpath", "//*[normalize-space()='evaluation_returns.png']").click()
+    _wait_for(browser, "plots/evaluation_returns.png")
+    _wait_for_image(browser, other_than=shown)
+    browser.save_screenshot(str(screenshots / "mlflow-evaluation.png"))
+
+    _open(browser, f"{mlflow_server}/#/models{query}", "browser-cartpole", "champion")
+    _close_mlflow_overlays(browser)
+    browser.find_element("xpath", "//button[normalize-space()='+1']").click()  # the other alias of the version
+    _wait_for(browser, "champion", "candidate")
+    browser.save_screenshot(str(screenshots / "mlflow-registered-models.png"))
 
     _open(
         browser,
@@ -241,5 +284,5 @@ def test_mlflow_pages_show_curves_dashboard_metrics_plots_and_the_champion(
         "candidate",
         "Release gate: promoted: first champion",
     )
-    _close_mlflow_assistant(browser)
+    _close_mlflow_overlays(browser)
     browser.save_screenshot(str(screenshots / "mlflow-model-version.png"))

@@ -6,6 +6,8 @@ import os
 import struct
 import subprocess
 import sys
+import threading
+import time
 
 import mlflow
 import pytest
@@ -14,7 +16,7 @@ from opentinker.tasks.register import decide
 from opentinker.tasks.retry import is_transient
 from opentinker.tracking import runs as tracking
 from opentinker.tracking.model_card import render_model_card
-from opentinker.tracking.plots import learning_curve, perf_metrics
+from opentinker.tracking.plots import evaluation_returns, learning_curve, perf_metrics
 from opentinker.tracking.registry import slug
 
 
@@ -73,6 +75,23 @@ def test_history_round_trip_and_plots(tmp_path):
     width, height = _png_size(system)
     assert width == 1200 and height > 0
     assert curve.stat().st_size > 10_000  # axes, a curve and a band were drawn, not an empty canvas
+    episodes = evaluation_returns([500.0, 120.0, 480.0, 500.0], 10_000, tmp_path / "evaluation.png")
+    assert _png_size(episodes) == (800, 450) and episodes.stat().st_size > 10_000
+
+
+def test_mlflow_system_metrics_are_logged_for_the_run_until_stopped(run_id, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.5")
+    tracking.start_system_metrics(run_id)
+    client = mlflow.MlflowClient()
+    deadline = time.monotonic() + 60
+    while "system/cpu_utilization_percentage" not in client.get_run(run_id).data.metrics:
+        assert time.monotonic() < deadline, "no system/ metrics within 60 s"
+        time.sleep(0.2)
+    assert "system/system_memory_usage_megabytes" in client.get_run(run_id).data.metrics
+    assert not any(key.startswith("perf/") for key in client.get_run(run_id).data.metrics)  # no clash with ours
+    monitor = next(t for t in threading.enumerate() if t.name == "SystemMetricsMonitor")
+    tracking.stop_system_metrics(run_id)
+    assert not monitor.is_alive()
 
 
 def test_model_card_names_env_algorithm_eval_commit_and_versions():

@@ -64,6 +64,27 @@ def perf_metrics(history: list[dict[str, float]], path: Path) -> Path:
     return _save(fig, plt, path)
 
 
+def evaluation_returns(returns: list[float], seed: int | None, path: Path) -> Path:
+    """The evaluation episode by episode (one bar per seed) with its mean and ±1 std band: the spread and the
+    outliers that the two summary metrics, logged once at the final step, cannot chart."""
+    import numpy as np
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    first = seed or 0
+    seeds = [str(first + i) for i in range(len(returns))]
+    mean, std = float(np.mean(returns)), float(np.std(returns))
+    ax.bar(seeds, returns, color="tab:green", alpha=0.7, label="episode return")
+    ax.axhline(mean, color="black", linestyle="--", label=f"mean {mean:.1f}")
+    ax.axhspan(mean - std, mean + std, color="grey", alpha=0.2, label=f"± std {std:.1f}")
+    ax.set_xlabel("evaluation episode (env seed)")
+    ax.set_ylabel("return")
+    ax.set_title(f"Evaluation: {len(returns)} episodes")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(loc="lower right")
+    return _save(fig, plt, path)
+
+
 def _save(fig, plt, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

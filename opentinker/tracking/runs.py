@@ -65,6 +65,27 @@ def ensure_experiment(experiment: str | None = None) -> str:
     return client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
 
 
+_SYSTEM_MONITORS: dict[str, Any] = {}
+"""MLflow system-metrics monitors started in this process, by run id (``start_system_metrics``)."""
+
+
+def start_system_metrics(run_id: str) -> None:
+    """MLflow's own system metrics (``system/``: CPU, memory, disk, network, GPU) for the run, against wall-clock
+    time on its "System metrics" tab, every 10 s; ours (``perf/``) stay against the env step."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    monitor = _SYSTEM_MONITORS[run_id] = SystemMetricsMonitor(run_id, tracking_uri=get_settings().tracking_uri)
+    monitor.start()
+
+
+def stop_system_metrics(run_id: str) -> None:
+    """Stop the run's monitor and flush its last samples (they wait in a batch) if this process started it. One
+    started elsewhere stops by itself once the run has ended, losing only that last batch."""
+    monitor = _SYSTEM_MONITORS.pop(run_id, None)
+    if monitor is not None:
+        monitor.finish()
+
+
 def export_s3_environment() -> None:
     """MLflow's S3 artifact store reads boto3's environment; derive it from settings."""
     settings = get_settings()
