@@ -172,9 +172,8 @@ def main() -> None:
             ):
                 progress.update(task, description=f"{name} seed {seed}")
                 runs.append(fn())
-                progress.console.print(
-                    f"{name} seed {seed}: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()})}"
-                )
+                rounded = {k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()}
+                progress.console.print(f"{name} seed {seed}: {json.dumps(rounded)}")
                 progress.advance(task)
     ours_sps, sb3_sps = statistics.median(r["sps"] for r in ours), statistics.median(r["sps"] for r in sb3)
     print(

@@ -89,7 +89,8 @@ def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
         made = env(**kwargs)
         if not isinstance(made, gym.Env):
             raise EnvSpecError(
-                f"env factory {getattr(env, '__name__', env)!r} returned {type(made).__name__}, expected a gymnasium.Env"
+                f"env factory {getattr(env, '__name__', env)!r} returned {type(made).__name__}, "
+                "expected a gymnasium.Env"
             )
     else:
         raise EnvSpecError(
