@@ -84,11 +84,11 @@ def load_base_model(base: str, cache_dir: str | Path | None = None, tokenizer: A
     return model, tokenizer
 
 
-def add_lora(model: Any, spec: LoraSpec, seed: int) -> Any:
-    """Wrap ``model`` in a peft LoRA adapter; A is drawn from ``seed``, B starts at zero (policy = base at first)."""
-    from peft import LoraConfig, get_peft_model
+def lora_config(spec: LoraSpec) -> Any:
+    """peft's ``LoraConfig`` for ``spec`` (no dropout, no bias): ours, and the TRL reference's in the bench."""
+    from peft import LoraConfig
 
-    config = LoraConfig(
+    return LoraConfig(
         r=spec.rank,
         lora_alpha=spec.alpha,
         target_modules=list(spec.targets),
@@ -96,9 +96,15 @@ def add_lora(model: Any, spec: LoraSpec, seed: int) -> Any:
         bias="none",
         task_type="CAUSAL_LM",
     )
+
+
+def add_lora(model: Any, spec: LoraSpec, seed: int) -> Any:
+    """Wrap ``model`` in a peft LoRA adapter; A is drawn from ``seed``, B starts at zero (policy = base at first)."""
+    from peft import get_peft_model
+
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return get_peft_model(model, config)
+        return get_peft_model(model, lora_config(spec))
 
 
 def adapter_state(model: Any) -> dict[str, torch.Tensor]:

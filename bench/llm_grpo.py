@@ -71,12 +71,11 @@ def opentinker_run(args) -> dict:
 def trl_run(args) -> dict:
     import torch
     from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from opentinker.agents.grpo import summarise
-    from opentinker.agents.lm_policy import LoraSpec, load_tokenizer
+    from opentinker.agents.lm_policy import LoraSpec, load_tokenizer, lora_config
     from opentinker.agents.lm_rollout import evaluate_model
     from opentinker.agents.lm_weights import converted_checkpoint
     from opentinker.envs.text import TextExample, exact_integer
@@ -145,14 +144,7 @@ def trl_run(args) -> dict:
         train_dataset=data,
         processing_class=tokenizer,
         callbacks=[Curve()],
-        peft_config=LoraConfig(
-            r=spec.rank,
-            lora_alpha=spec.alpha,
-            target_modules=list(spec.targets),
-            lora_dropout=0.0,
-            bias="none",
-            task_type="CAUSAL_LM",
-        ),
+        peft_config=lora_config(spec),
     )
     began = time.perf_counter()
     trainer.train()

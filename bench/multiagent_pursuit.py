@@ -4,7 +4,8 @@ Measured in one command:
   1. reference: the raw env stepped with uniformly random actions (PettingZoo dict API), agent-steps/s and the
      capture rate random predators achieve against random prey;
   2. the group (predators PPO, prey DQN, trained together) until the capture rate, pooled over the prey
-     episodes of the last ``--window`` iterations, reaches ``--threshold`` (default 0.9; random predators reach ~0.62) or the budget ends.
+     episodes of the last ``--window`` iterations, reaches ``--threshold`` (default 0.9; random predators reach
+     ~0.62) or the budget ends.
 
 Capture rate = share of prey episodes that end in a capture (``prey/charts/terminated_fraction``).
 Final line: ``{"agents": 50, "agent_steps_per_s": …, "time_to_threshold_s": …, …}``.

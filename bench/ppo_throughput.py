@@ -18,7 +18,6 @@ import os
 import statistics
 import time
 
-import gymnasium as gym
 import numpy as np
 from rich.progress import Progress
 
@@ -42,16 +41,13 @@ ZOO_ENVS, ZOO_TIMESTEPS = 8, 100_000
 
 
 def evaluate(act) -> float:
-    """Mean return of EVAL_EPISODES deterministic episodes run side by side; ``act(obs_batch) -> actions``."""
-    vec = gym.make_vec("CartPole-v1", num_envs=EVAL_EPISODES, vectorization_mode="vector_entry_point")
-    obs, _ = vec.reset(seed=EVAL_SEED)
-    returns, finished = np.zeros(EVAL_EPISODES), np.zeros(EVAL_EPISODES, bool)
-    while not finished.all():
-        obs, reward, term, trunc, _ = vec.step(np.asarray(act(obs), dtype=np.int64))
-        returns += np.where(finished, 0.0, reward)
-        finished |= term | trunc
-    vec.close()
-    return float(returns.mean())
+    """Mean return of EVAL_EPISODES deterministic episodes run side by side (the engine's evaluation, for both
+    sides); ``act(obs_batch) -> actions``."""
+    from opentinker.agents.evaluation import evaluate_episodes
+
+    return evaluate_episodes(
+        "CartPole-v1", lambda obs: np.asarray(act(obs), dtype=np.int64), EVAL_EPISODES, EVAL_SEED
+    ).mean
 
 
 class SolveClock:
@@ -172,9 +168,8 @@ def main() -> None:
             ):
                 progress.update(task, description=f"{name} seed {seed}")
                 runs.append(fn())
-                progress.console.print(
-                    f"{name} seed {seed}: {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()})}"
-                )
+                rounded = {k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()}
+                progress.console.print(f"{name} seed {seed}: {json.dumps(rounded)}")
                 progress.advance(task)
     ours_sps, sb3_sps = statistics.median(r["sps"] for r in ours), statistics.median(r["sps"] for r in sb3)
     print(

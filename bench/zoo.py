@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
 EVAL_EPISODES, EVAL_SEED, EVAL_EVERY_S = 10, 10_000, 0.5
@@ -140,16 +139,11 @@ CASES = {
 
 
 def evaluate(env_id: str, act: Callable[[np.ndarray], np.ndarray]) -> float:
-    """Mean return of EVAL_EPISODES deterministic episodes side by side; ``act(obs_batch) -> actions``."""
-    vec = gym.make_vec(env_id, num_envs=EVAL_EPISODES, vectorization_mode="sync")
-    obs, _ = vec.reset(seed=EVAL_SEED)
-    returns, finished = np.zeros(EVAL_EPISODES), np.zeros(EVAL_EPISODES, bool)
-    while not finished.all():
-        obs, reward, term, trunc, _ = vec.step(act(obs))
-        returns += np.where(finished, 0.0, reward)
-        finished |= term | trunc
-    vec.close()
-    return float(returns.mean())
+    """Mean return of EVAL_EPISODES deterministic episodes side by side (the engine's evaluation, for both sides);
+    ``act(obs_batch) -> actions``."""
+    from opentinker.agents.evaluation import evaluate_episodes
+
+    return evaluate_episodes(env_id, act, EVAL_EPISODES, EVAL_SEED).mean
 
 
 class Clock:

@@ -25,6 +25,22 @@ def check_spaces(env: gym.Env) -> None:
             raise EnvSpecError(f"{name}.{field} must be a gymnasium.spaces.Space, got {type(space).__name__}")
 
 
+def after_init(cls: type, hook: Callable[[Any], None]) -> None:
+    """Make ``hook(self)`` run once the most-derived ``__init__`` of ``cls`` returns (for ``__init_subclass__``):
+    a base class can check or start what its subclass built, whatever the subclass's own ``__init__`` does."""
+    original = cls.__dict__.get("__init__")
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def init_then_hook(self, *args: Any, **kw: Any) -> None:
+        original(self, *args, **kw)
+        if type(self).__init__ is init_then_hook:  # only the outermost __init__ runs the hook
+            hook(self)
+
+    cls.__init__ = init_then_hook  # type: ignore[method-assign]
+
+
 class BaseEnv(gym.Env):
     """A gymnasium.Env whose subclasses must declare ``observation_space`` and ``action_space``.
 
@@ -34,17 +50,7 @@ class BaseEnv(gym.Env):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        original = cls.__dict__.get("__init__")
-        if original is None:
-            return
-
-        @functools.wraps(original)
-        def checked_init(self, *args: Any, **kw: Any) -> None:
-            original(self, *args, **kw)
-            if type(self).__init__ is checked_init:  # only the outermost __init__ checks
-                check_spaces(self)
-
-        cls.__init__ = checked_init  # type: ignore[method-assign]
+        after_init(cls, check_spaces)
 
 
 def import_env(ref: str) -> EnvLike:
@@ -89,7 +95,8 @@ def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
         made = env(**kwargs)
         if not isinstance(made, gym.Env):
             raise EnvSpecError(
-                f"env factory {getattr(env, '__name__', env)!r} returned {type(made).__name__}, expected a gymnasium.Env"
+                f"env factory {getattr(env, '__name__', env)!r} returned {type(made).__name__}, "
+                "expected a gymnasium.Env"
             )
     else:
         raise EnvSpecError(

@@ -9,7 +9,6 @@ value when workers could not import it, and every copy is that snapshot behind `
 
 from __future__ import annotations
 
-import functools
 import inspect
 import itertools
 import time
@@ -20,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from opentinker.envs.base import EnvLike, check_spaces, env_name, make_env
+from opentinker.envs.base import EnvLike, after_init, check_spaces, env_name, make_env
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
 from opentinker.envs.remote import RemoteFunction, ship_by_value
 from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed
@@ -239,17 +238,7 @@ class RemoteEnv:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        original = cls.__dict__.get("__init__")
-        if original is None:
-            return
-
-        @functools.wraps(original)
-        def init_then_start(self, *args: Any, **kw: Any) -> None:
-            original(self, *args, **kw)
-            if type(self).__init__ is init_then_start and not hasattr(self, "_pool"):  # the outermost __init__
-                self._start_subclass()
-
-        cls.__init__ = init_then_start  # type: ignore[method-assign]
+        after_init(cls, lambda self: None if hasattr(self, "_pool") else self._start_subclass())
 
     def __init__(
         self,

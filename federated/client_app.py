@@ -22,7 +22,7 @@ from opentinker.infra.settings import get_settings
 
 
 class SiteRefusedError(RuntimeError):
-    """The site declines the server's request (e.g. a strategy it did not agree to); the reason goes back in the reply."""
+    """The site declines the server's request (e.g. a strategy it did not agree to); the reply says why."""
 
 
 def to_record(weights: task.Weights) -> ArrayRecord:
@@ -62,7 +62,7 @@ def build_client_app(sites: Sequence[SiteConfig] | None = None) -> ClientApp:
     app = ClientApp()
 
     def privacy_mod(msg: Message, context: Context, call_next) -> Message:
-        """Local differential privacy when the site asks for it: clip the update, add Gaussian noise (Flower's LocalDpMod)."""
+        """Local differential privacy when the site asks for it: clip, add Gaussian noise (Flower's LocalDpMod)."""
         site = _site(context, sites)
         if site.dp_clip <= 0:
             return call_next(msg, context)

@@ -82,7 +82,8 @@ def wait_for_sites(grid: Grid, config: FedConfig, round_number: int) -> list[int
         time.sleep(0.5)
     if len(nodes) < config.min_replies:
         raise CompletionFloorError(
-            f"round {round_number}: only {len(nodes)} of {config.num_sites} sites connected after {config.node_wait:.0f}s; "
+            f"round {round_number}: only {len(nodes)} of {config.num_sites} sites connected "
+            f"after {config.node_wait:.0f}s; "
             f"min-completion-rate={config.min_completion_rate} needs {config.min_replies}"
         )
     return nodes

@@ -11,7 +11,7 @@ from opentinker.federated.server_app import FederatedResult, build_server_app, r
 def simulate(
     config: FedConfig, sites: Sequence[SiteConfig] | None = None, cpus_per_site: float = 1.0
 ) -> FederatedResult:
-    """Run `config.num_sites` virtual sites; `sites[i]` gives site i its settings (default: site i's default variant)."""
+    """Run `config.num_sites` virtual sites; `sites[i]` gives site i its settings (default: its default variant)."""
     from flwr.simulation import run_simulation
 
     from opentinker.federated.client_app import build_client_app

@@ -1,4 +1,4 @@
-"""Flower strategies configured the OpenTinker way: weighted by local env steps, floor-sized sampling, resumable state."""
+"""Flower strategies the OpenTinker way: weighted by local env steps, floor-sized sampling, resumable state."""
 
 from __future__ import annotations
 

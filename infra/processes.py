@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -278,6 +279,35 @@ def start(
         if startup_nice is not None:
             set_session_priority(service.pid, 0)
     return service
+
+
+def start_http(
+    name: str,
+    cmd: Sequence[str],
+    log: Path | None,
+    *,
+    port: int,
+    health: str,
+    timeout: float,
+    host: str = "127.0.0.1",
+    **options: Any,
+) -> ServiceProcess:
+    """``start`` for an HTTP service on ``host:port``, ready once its ``health`` path answers 2xx; ``url`` is its root.
+
+    ``options`` are ``start``'s (``env``, ``cwd``, ``fails_on``, ``stop_timeout``, ``error``, ...).
+    """
+    url = f"http://{host}:{port}"
+    return start(
+        name,
+        cmd,
+        log,
+        ready=lambda: http_ok(f"{url}{health}"),
+        what=f"{url}{health} answered",
+        timeout=timeout,
+        url=url,
+        ports={"http": port},
+        **options,
+    )
 
 
 def set_session_priority(pid: int, nice: int) -> bool:

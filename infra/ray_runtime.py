@@ -135,7 +135,7 @@ def failing_without_rollout_nodes(options: dict, stop: Callable[[], None]) -> It
 
 @contextlib.contextmanager
 def learner_device(num_gpus: float) -> Iterator[str]:
-    """The torch device of a learner that runs in this process: ``"auto"`` for ``num_gpus == 0``, else the GPU Ray grants.
+    """The torch device of a learner in this process: ``"auto"`` for ``num_gpus == 0``, else the GPU Ray grants.
 
     The learner runs in the flow's own process, so its GPU must be on this process's Ray node: a zero-CPU actor
     pinned to this node holds ``num_gpus`` (fractions share a GPU) for as long as the block runs, and the device is

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from opentinker.infra.files import atomic_write
-from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, http_ok, start, venv_bin
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, start, start_http, venv_bin
 from opentinker.infra.settings import Settings
 
 DEFAULT_TIMEOUT_S = 180.0
@@ -166,19 +166,7 @@ def start_mlflow(
         str(port),
     ]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(s3.client_env() if s3 else {})}
-    url = f"http://127.0.0.1:{port}"
-    return start(
-        "mlflow",
-        cmd,
-        log,
-        ready=lambda: http_ok(f"{url}/health"),
-        what=f"{url}/health answered",
-        timeout=timeout,
-        url=url,
-        ports={"http": port},
-        env=env,
-        cwd=directory,
-    )
+    return start_http("mlflow", cmd, log, port=port, health="/health", timeout=timeout, env=env, cwd=directory)
 
 
 def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> ServiceProcess:
@@ -211,18 +199,7 @@ def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = 
         "--analytics-off",
         "--no-prompt",
     ]
-    return start(
-        "prefect",
-        cmd,
-        log,
-        ready=lambda: http_ok(f"{url}/api/health"),
-        what=f"{url}/api/health answered",
-        timeout=timeout,
-        url=url,
-        ports={"http": port},
-        env=env,
-        cwd=directory,
-    )
+    return start_http("prefect", cmd, log, port=port, health="/api/health", timeout=timeout, env=env, cwd=directory)
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "S3Endpoint", "ServiceError", "start_mlflow", "start_prefect", "start_s3"]

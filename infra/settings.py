@@ -91,5 +91,5 @@ class Settings(BaseSettings):
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """Built lazily on first use, never at import; call ``get_settings.cache_clear()`` after changing the environment."""
+    """Built lazily on first use, never at import; ``get_settings.cache_clear()`` after changing the environment."""
     return Settings()

@@ -49,7 +49,10 @@ class ServeSettings(BaseSettings):
     )
     tracing: bool = Field(
         False,
-        description="OpenTelemetry spans per request (BentoML turns them on; with no exporter configured they only cost CPU: ~half of a small request).",
+        description=(
+            "OpenTelemetry spans per request (BentoML turns them on; with no exporter configured they only cost CPU: "
+            "~half of a small request)."
+        ),
     )
 
 

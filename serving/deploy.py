@@ -21,7 +21,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, http_ok, start
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, start_http
 
 from .auth import API_KEY_ENV, HASH_ENV, hash_api_key, resolve_api_key
 
@@ -59,17 +59,15 @@ def start_bento(
     """``bentoml serve`` in its own session on ``host:port`` (a free port by default), returned once ``/readyz``
     answers; ``log`` None leaves its output on our terminal. Raises ``DeploymentError`` with the log tail."""
     port = port or free_ports(1, host)[0]
-    url = f"http://{host}:{port}"
     cmd = [sys.executable, "-m", "bentoml", "serve", service_import, "--host", host, "--port", str(port)]
-    return start(
+    return start_http(
         name,
         cmd,
         log,
-        ready=lambda: http_ok(f"{url}/readyz"),
-        what=f"{url}/readyz answered",
+        port=port,
+        health="/readyz",
         timeout=ready_timeout_s,
-        url=url,
-        ports={"http": port},
+        host=host,
         env=env,
         fails_on=STARTUP_FAILED,
         stop_timeout=15.0,

@@ -116,7 +116,7 @@ def build_project_wheel(directory: Path) -> Path:
 
 
 def bentofile(serves: str, wheel: Path, models: list[str], labels: dict[str, str]) -> dict[str, Any]:
-    """The build config: the service, runtime pins plus the project wheel (relative to the build context), the served model."""
+    """The build config: the service, runtime pins plus the project wheel (relative to the build context), the model."""
     return {
         "service": SERVICE_IMPORT,
         "name": BENTO_NAME,

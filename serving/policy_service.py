@@ -142,7 +142,7 @@ class PolicyService:
 
     @bentoml.api
     async def reload(self) -> dict[str, Any]:
-        """Re-resolve the model URI now and swap in a new version if it moved (in-flight requests finish on the old one)."""
+        """Resolve the model URI again; swap in a new version if it moved (requests in flight finish on the old one)."""
         import anyio.to_thread
 
         return await anyio.to_thread.run_sync(lambda: self.watcher.check_now(force=True))

@@ -1,4 +1,4 @@
-"""API-key hashing, key resolution and the ASGI middlewares (in-process ASGI; the served HTTP path is in test_serving)."""
+"""API-key hashing, key resolution and the ASGI middlewares (in-process ASGI; served HTTP is in test_serving)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,10 @@ nodes = [n for n in ray.nodes() if n["Alive"]]
 print(json.dumps({
     "task_node": ray.get(where.remote(), timeout=120),
     "driver_node": ray.get_runtime_context().get_node_id(),
-    "nodes": [{"id": n["NodeID"], "port": n["NodeManagerPort"], "rollout": n["Resources"].get("rollout_node", 0)} for n in nodes],
+    "nodes": [
+        {"id": n["NodeID"], "port": n["NodeManagerPort"], "rollout": n["Resources"].get("rollout_node", 0)}
+        for n in nodes
+    ],
 }))
 """
 

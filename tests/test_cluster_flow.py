@@ -31,7 +31,8 @@ from opentinker.flows.train import train_flow
 from opentinker.infra.settings import get_settings
 from opentinker.tracking import progress
 
-handshake, pause_at, runs = Path(sys.argv[1]), int(sys.argv[2]), [TrainParams.model_validate_json(a) for a in sys.argv[3:]]
+handshake, pause_at = Path(sys.argv[1]), int(sys.argv[2])
+runs = [TrainParams.model_validate_json(a) for a in sys.argv[3:]]
 phase = 0
 
 def hold_once(step, total, metrics):

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
+from fixtures.federated import train_message
+from flwr.app import Context, RecordDict
 
 from opentinker.federated import checkpoint, task
 from opentinker.federated.certs import generate_certs
-from opentinker.federated.client_app import SiteRefusedError, build_client_app, from_record, to_record
+from opentinker.federated.client_app import SiteRefusedError, build_client_app, from_record
 from opentinker.federated.config import FedConfig, FederatedConfigError, SiteConfig
 
 
@@ -74,31 +74,6 @@ def test_site_variants_differ_and_shape_check_names_tensors():
         task.check_shapes(expected, {"w": np.zeros((4, 3))}, "reply from site 1")
 
 
-def _train_message(weights, interval=1.0):
-    config = ConfigRecord(
-        {
-            "strategy": "fedavg",
-            "env": "CartPole-v1",
-            "seed": 0,
-            "eval-episodes": 2,
-            "aggregation-interval": interval,
-            "local-steps": 512,
-        }
-    )
-    metadata = Metadata(
-        run_id=7,
-        message_id="m1",
-        src_node_id=1,
-        dst_node_id=2,
-        reply_to_message_id="",
-        group_id="",
-        created_at=time.time(),
-        ttl=600.0,
-        message_type=MessageType.TRAIN,
-    )  # as the SuperNode delivers it
-    return Message(RecordDict({"arrays": to_record(weights), "config": config}), metadata=metadata)
-
-
 def _context(tmp_path, **node_config):
     return Context(
         run_id=7, node_id=1, node_config={"state-dir": str(tmp_path), **node_config}, state=RecordDict(), run_config={}
@@ -114,15 +89,16 @@ def test_local_dp_clips_the_update_and_a_wrong_strategy_is_refused(tmp_path):
         got = from_record(reply.content["arrays"])
         return float(np.sqrt(sum(np.sum((got[k] - global_weights[k]) ** 2) for k in global_weights)))
 
-    plain = app(_train_message(global_weights), _context(tmp_path / "plain", **{"site-id": 0}))
+    plain = app(train_message(global_weights, run_id=7), _context(tmp_path / "plain", **{"site-id": 0}))
     assert not plain.has_error() and update_norm(plain) > 0.2
     private = app(
-        _train_message(global_weights), _context(tmp_path / "dp", **{"site-id": 0, "dp-clip": 0.05, "dp-epsilon": 1e6})
+        train_message(global_weights, run_id=7),
+        _context(tmp_path / "dp", **{"site-id": 0, "dp-clip": 0.05, "dp-epsilon": 1e6}),
     )
     assert not private.has_error()
     assert update_norm(private) <= 0.05 * 1.01  # clipped; epsilon huge so the Gaussian noise is negligible
     with pytest.raises(SiteRefusedError, match="agreed to strategy 'fedprox' but the run uses 'fedavg'"):
-        app(_train_message(global_weights), _context(tmp_path / "r", **{"site-id": 0, "strategy": "fedprox"}))
+        app(train_message(global_weights, run_id=7), _context(tmp_path / "r", **{"site-id": 0, "strategy": "fedprox"}))
 
 
 def test_certs_are_reused_and_site_keys_added(tmp_path):

@@ -3,19 +3,17 @@ BC step, and a 3-site non-IID run on Flower's simulation engine that must learn 
 
 from __future__ import annotations
 
-import time
-
 import gymnasium as gym
 import numpy as np
 import pytest
-from fixtures.federated import expert_sites, expert_transitions, small_fed_config
-from flwr.app import ConfigRecord, Context, Message, MessageType, Metadata, RecordDict
+from fixtures.federated import expert_sites, expert_transitions, small_fed_config, train_message
+from flwr.app import Context, RecordDict
 
 from opentinker.agents.bc import BCConfig, DatasetError, behaviour_cloning, load_transitions
 from opentinker.agents.policies import ActorCritic, policy_spec
 from opentinker.federated import task
 from opentinker.federated.api import apply_local_data
-from opentinker.federated.client_app import build_client_app, from_record, to_record
+from opentinker.federated.client_app import build_client_app, from_record
 from opentinker.federated.config import FederatedConfigError, SiteConfig
 from opentinker.federated.simulation import simulate
 
@@ -95,33 +93,13 @@ def test_local_data_forms(expert, tmp_path):
         apply_local_data(SiteConfig(), {"episodes": 3}, tmp_path / "x")
 
 
-def _train_message(weights):
-    config = ConfigRecord(
-        {
-            "strategy": "fedavg",
-            "env": "CartPole-v1",
-            "seed": 0,
-            "eval-episodes": 2,
-            "aggregation-interval": 30.0,
-            "local-steps": 512,
-            "bc-epochs": 3,
-            "bc-batch-size": 64,
-            "bc-learning-rate": 1e-3,
-            "bc-box-loss": "mse",
-        }
-    )
-    metadata = Metadata(
-        run_id=8,
-        message_id="m1",
-        src_node_id=1,
-        dst_node_id=2,
-        reply_to_message_id="",
-        group_id="",
-        created_at=time.time(),
-        ttl=600.0,
-        message_type=MessageType.TRAIN,
-    )
-    return Message(RecordDict({"arrays": to_record(weights), "config": config}), metadata=metadata)
+BC_TRAIN = {
+    "aggregation-interval": 30.0,
+    "bc-epochs": 3,
+    "bc-batch-size": 64,
+    "bc-learning-rate": 1e-3,
+    "bc-box-loss": "mse",
+}
 
 
 def test_dataset_site_trains_the_actor_and_reports_its_sample_count(expert, tmp_path):
@@ -140,18 +118,18 @@ def test_dataset_site_trains_the_actor_and_reports_its_sample_count(expert, tmp_
             node_config={"state-dir": str(tmp_path / "state"), "site-id": 1, "dataset": str(dataset)},
         )
 
-    reply = app(_train_message(global_weights), context(tmp_path / "good.npz"))
+    reply = app(train_message(global_weights, run_id=8, config=BC_TRAIN), context(tmp_path / "good.npz"))
     assert not reply.has_error()
     metrics, got = reply.content["metrics"], from_record(reply.content["arrays"])
     assert metrics["num-steps"] == len(expert["obs"]) and metrics["train-loss"] < 0.69
     # A PPO site's reply has the same metric keys: Flower's FedAvg refuses to aggregate mixed key sets.
-    ppo_reply = app(_train_message(global_weights), context(""))
+    ppo_reply = app(train_message(global_weights, run_id=8, config=BC_TRAIN), context(""))
     assert not ppo_reply.has_error() and ppo_reply.content["metrics"]["num-steps"] >= 512
     assert sorted(ppo_reply.content["metrics"]) == sorted(metrics) == sorted(("site-id", *task.TRAIN_METRICS))
     assert any(not np.array_equal(got[k], global_weights[k]) for k in global_weights if k.startswith("actor."))
     assert all(np.array_equal(got[k], global_weights[k]) for k in global_weights if k.startswith("critic."))
     with pytest.raises(DatasetError, match=r"'actions' out of range: values span \[1, 2\]"):
-        app(_train_message(global_weights), context(tmp_path / "bad.npz"))
+        app(train_message(global_weights, run_id=8, config=BC_TRAIN), context(tmp_path / "bad.npz"))
 
 
 def test_federated_bc_on_non_iid_datasets_learns_cartpole_on_every_site(ray_session, tmp_path):

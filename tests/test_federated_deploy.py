@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +16,8 @@ from opentinker.federated.api import FLClient
 from opentinker.federated.certs import CertPaths, generate_certs, generate_site_key
 from opentinker.federated.config import SiteConfig
 from opentinker.flows.federated_flow import federated_flow
+from opentinker.infra.processes import wait_until
 from opentinker.tracking.registry import load_registered_policy
-
-
-def _wait_for_line(path: Path, text: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not in {path} after {timeout:.0f}s")
 
 
 def test_site_with_an_unregistered_key_is_refused(federation, tmp_path):
@@ -68,8 +59,7 @@ def test_killed_site_mid_round_round_completes_and_site_rejoins(federation):
     runner = threading.Thread(target=lambda: outcome.update(result=federated_flow(**flow_args)))
     runner.start()
     try:
-        site_log = Path(federation.root) / "site-2" / "supernode.log"
-        _wait_for_line(site_log, "Receiving: train message", timeout=600)
+        wait_until(federation.sites["2"], "Receiving: train message", 600, "site 2 received a train message")
         federation.sites["2"].stop()  # the whole process group: supernode, superexec, clientapp
         # Same key, same node id: the site rejoins through the seed API, now training on in-memory transitions.
         dataset = expert_transitions(site_id=2, episodes=1, seed=3)

@@ -8,6 +8,7 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import pytest
+from fixtures.pipeline import RUN_ARTIFACTS
 
 from opentinker.infra.settings import get_settings
 
@@ -41,13 +42,7 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
     artifacts = {
         a.path for d in ("", "plots", "config", "checkpoint") for a in client.list_artifacts(result.run_id, d or None)
     }
-    assert {
-        "plots/learning_curve.png",
-        "plots/perf_metrics.png",
-        "config/config.json",
-        "model_card.md",
-        "checkpoint/checkpoint.pt",
-    } <= artifacts
+    assert RUN_ARTIFACTS <= artifacts
     card = Path(mlflow.artifacts.download_artifacts(run_id=result.run_id, artifact_path="model_card.md")).read_text()
     assert f"{result.eval_mean:.2f}" in card and "CartPole-v1" in card
 

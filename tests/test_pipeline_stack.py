@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlflow
 import pytest
-from fixtures.pipeline import settings_env, small_train_params
+from fixtures.pipeline import RUN_ARTIFACTS, settings_env, small_train_params
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +35,7 @@ def test_train_flow_on_the_stack_puts_artifacts_in_s3(s3_server, mlflow_server):
         listed = s3_client().list_objects_v2(Bucket=s3_server.bucket)
     keys = {item["Key"] for item in listed.get("Contents", [])}
     run_keys = {key.split(f"{result.run_id}/artifacts/", 1)[1] for key in keys if f"{result.run_id}/artifacts/" in key}
-    assert {
-        "plots/learning_curve.png",
-        "plots/perf_metrics.png",
-        "config/config.json",
-        "model_card.md",
-        "checkpoint/checkpoint.pt",
-    } <= run_keys, sorted(keys)
+    assert RUN_ARTIFACTS <= run_keys, sorted(keys)
     assert f"checkpoints/{params.resolved_run_name}/checkpoint.pt" in keys
     assert any("policy.json" in key for key in keys)  # the logged MLflow model's export dir
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from fixtures.processes import stop_process_group
 
+from opentinker.infra.processes import spawn
 from opentinker.infra.settings import get_settings
 
 pytestmark = pytest.mark.slow
@@ -60,21 +60,15 @@ def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
 
     log = tmp_path / "worker.log"
     prefect_exe = bin_dir / "prefect"
-    with log.open("w") as out:
-        worker = subprocess.Popen(
-            [str(prefect_exe), "worker", "start", "--pool", POOL, "--type", "process", "--name", "test-worker"],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    worker_cmd = [str(prefect_exe), "worker", "start", "--pool", POOL, "--type", "process", "--name", "test-worker"]
+    worker = spawn("prefect worker", worker_cmd, log, url="", ports={}, env=env)
     try:
         with temporary_settings({PREFECT_API_URL: prefect_server}):
             flow_run = run_deployment("train/worker-test", timeout=480, poll_interval=2, as_subflow=False)
-        assert worker.poll() is None, f"worker exited early:\n{log.read_text()[-3000:]}"
+        assert worker.alive(), f"worker exited early:\n{log.read_text()[-3000:]}"
         assert flow_run.state is not None and flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
     finally:
-        stop_process_group(worker)
+        worker.stop()
     # The worker, not this process, ran the flow: the run carries the worker's name and the pool.
     assert flow_run.work_pool_name == POOL
     with temporary_settings({PREFECT_API_URL: prefect_server}):
@@ -83,7 +77,7 @@ def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
         with get_client(sync_client=True) as client:
             finished = client.read_flow_run(flow_run.id)
     assert finished.state.is_completed()
-    assert "test-worker" in log.read_text()
+    assert "test-worker" in worker.log_text()  # what the worker printed, not the command line above it
 
     client = mlflow.MlflowClient(get_settings().tracking_uri)
     version = client.get_model_version_by_alias(MODEL, "candidate")

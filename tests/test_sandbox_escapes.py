@@ -226,7 +226,9 @@ SPAWNS = {
     "subprocess": "import subprocess; print(subprocess.run(['id'], capture_output=True))",
     "os_system": "print(os.system('id; cat /etc/passwd'))",
     "os_popen": "print(os.popen('id').read())",
-    "os_fork_exec": "pid = os.fork()\nif pid == 0:\n    os.execv('/bin/sh', ['sh', '-c', 'id'])\nprint(os.waitpid(pid, 0))",
+    "os_fork_exec": (
+        "pid = os.fork()\nif pid == 0:\n    os.execv('/bin/sh', ['sh', '-c', 'id'])\nprint(os.waitpid(pid, 0))"
+    ),
     "os_execv": "os.execv('/usr/bin/id', ['id'])",
     "posix_spawn": "print(os.waitpid(os.posix_spawn('/usr/bin/id', ['id'], {}), 0))",
     "posix_spawnp": "print(os.waitpid(os.posix_spawnp('id', ['id'], {}), 0))",

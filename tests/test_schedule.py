@@ -4,15 +4,13 @@ a run triggered through the API executes train_flow and registers a model."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import mlflow
 import pytest
-from fixtures.processes import stop_process_group
 
+from opentinker.infra.processes import spawn, wait_until
 from opentinker.infra.settings import get_settings
 
 pytestmark = pytest.mark.slow
@@ -29,15 +27,12 @@ def _read_deployment(api_url: str, name: str):
             return client.read_deployment_by_name(name)
 
 
-def _wait_for_deployment(api_url: str, proc: subprocess.Popen, log: Path, timeout: float = 240.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"schedule process exited early:\n{log.read_text()[-3000:]}"
-        try:
-            return _read_deployment(api_url, DEPLOYMENT)
-        except Exception:  # ObjectNotFound until serve() has registered it
-            time.sleep(2)
-    raise AssertionError(f"deployment never appeared:\n{log.read_text()[-3000:]}")
+def _deployment_registered(api_url: str) -> bool:
+    try:
+        _read_deployment(api_url, DEPLOYMENT)
+        return True
+    except Exception:  # ObjectNotFound until serve() has registered it
+        return False
 
 
 def test_scheduled_deployment_runs_when_triggered_and_registers_a_model(prefect_server, tmp_path):
@@ -52,35 +47,18 @@ def test_scheduled_deployment_runs_when_triggered_and_registers_a_model(prefect_
     log = tmp_path / "schedule.log"
     env = {**os.environ, "OPENTINKER_PREFECT_API_URL": prefect_server, "PREFECT_API_URL": prefect_server}
     exe = Path(sys.executable).with_name("opentinker")
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                str(exe),
-                "schedule",
-                "CartPole-v1",
-                "--cron",
-                "0 3 * * *",
-                "--steps",
-                "1024",
-                "--config",
-                str(config),
-                "--name",
-                "nightly-test",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+    cmd = [str(exe), "schedule", "CartPole-v1", "--cron", "0 3 * * *", "--steps", "1024", "--config", str(config)]
+    proc = spawn("opentinker schedule", [*cmd, "--name", "nightly-test"], log, url="", ports={}, env=env)
     try:
-        deployment = _wait_for_deployment(prefect_server, proc, log)
+        wait_until(proc, lambda: _deployment_registered(prefect_server), 240.0, "its deployment was registered")
+        deployment = _read_deployment(prefect_server, DEPLOYMENT)
         assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
         assert deployment.parameters["params"]["model_name"] == "scheduled-cartpole"
         with temporary_settings({PREFECT_API_URL: prefect_server}):
             flow_run = run_deployment(DEPLOYMENT, timeout=420, poll_interval=2, as_subflow=False)
         assert flow_run.state is not None and flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])
     finally:
-        stop_process_group(proc)
+        proc.stop()
     client = mlflow.MlflowClient(get_settings().tracking_uri)
     version = client.get_model_version_by_alias("scheduled-cartpole", "candidate")
     run = client.get_run(version.run_id)

@@ -26,7 +26,7 @@ def _apply_limits(memory_mb, cpu_s, max_procs, max_file_mb):
 
 
 def _install_guard(workdir):
-    """Refuse sockets, new processes, ctypes, and file access outside ``workdir`` (reads of Python's own files excepted)."""
+    """Refuse sockets, new processes, ctypes, and file access outside ``workdir`` (Python's own files readable)."""
     readable_roots = tuple(
         {
             os.path.realpath(p) + os.sep
