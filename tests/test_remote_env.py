@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,15 +112,33 @@ def started_at(delay: float) -> float:
     return start
 
 
-def test_remote_function_value_future_and_priority(ray_session):
+def hold_slot(started: str, release: str) -> float:
+    """Occupy one dispatch slot until the test lets go (the test, not a clock, decides when a slot frees)."""
+    Path(started).touch()
+    while not Path(release).exists():
+        time.sleep(0.01)
+    return time.time()
+
+
+def test_remote_function_value_future_and_priority(ray_session, tmp_path):
     assert started_at(0.0) > 0  # plain call blocks for the value
     capacity = int(ray_session.cluster_resources()["CPU"])
     low = remote(priority="low", num_cpus=0)(started_at.fn)
-    blockers = [low.remote_call(1.5) for _ in range(capacity)]  # fill every slot
-    time.sleep(0.3)
+    holder = remote(priority="low", num_cpus=0)(hold_slot)
+    blockers = [
+        holder.remote_call(str(tmp_path / f"started{i}"), str(tmp_path / f"release{i}")) for i in range(capacity)
+    ]
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"started{i}").exists() for i in range(capacity)):  # every slot is taken
+        assert time.monotonic() < deadline, "the slot holders never started"
+        time.sleep(0.01)
     queued_low = [low.remote_call(0.0) for _ in range(3)]
-    high = started_at.remote_call(0.0)  # submitted last, must start first
-    assert high.result(timeout=120) <= min(f.result(timeout=120) for f in queued_low)
+    high = started_at.remote_call(0.0)  # submitted last, must take the first slot that frees
+    (tmp_path / "release0").touch()  # exactly one slot frees: the queue gives it to `high`, and the lows wait for it
+    high_start = high.result(timeout=120)
+    for i in range(1, capacity):
+        (tmp_path / f"release{i}").touch()
+    assert high_start <= min(f.result(timeout=120) for f in queued_low)
     assert all(f.result(timeout=120) for f in blockers)
 
 
