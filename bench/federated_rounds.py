@@ -4,17 +4,24 @@ Reference measured in the same command: one site's local work of a round done in
 env steps + evaluate), so `*_over_local` says how much a round costs beyond the learning itself.
 
     .venv/bin/python bench/federated_rounds.py --sites 3 --rounds 3 --local-steps 2048
+    .venv/bin/python bench/federated_rounds.py --sites 3 --rounds 2 --local-steps 2048 --breakdown
 
-Ends with one JSON line: {"round_s_median", "bytes_per_round", "sim_round_s", "deploy_round_s", ...}.
+Ends with one JSON line: {"round_s_median", "bytes_per_round", "sim_round_s", "deploy_round_s", ...}. With
+``--breakdown`` the deployment runs with ``FLWR_LOG_LEVEL=DEBUG`` (timestamped Flower logs) and the line adds
+``breakdown_s``: the median seconds of each phase of one message at a site, read from the SuperNode logs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import tempfile
 import time
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 from rich.progress import Progress
@@ -27,12 +34,47 @@ def _median_round(result) -> tuple[float, float]:
     return seconds, payload
 
 
+PHASES = (
+    # (phase, the log line that ends it); each phase starts where the previous one ended
+    ("node_idle_wait", "Receiving: "),  # after the previous reply: the server gathers, aggregates; the node sleeps 3 s
+    ("node_pull", "Received successfully"),  # the SuperNode pulls the message from the SuperLink
+    ("task_start", "Start FAB installation"),  # claim the task, start its process, pull message, context and FAB
+    ("fab_install", "Start `ClientApp` Loading"),  # unzip + hash-check the FAB
+    ("app_import", "ClientApp work started"),  # import the ClientApp module (once per process)
+    ("app_work", "ClientApp work done"),  # train or evaluate: what a simulated round also does
+    ("reply", "Sending: "),  # push the reply to the SuperNode, which looks for it every 0.5 s
+    ("node_push", "Sent successfully"),  # the SuperNode pushes the reply to the SuperLink
+)
+_STAMP = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def breakdown(root: Path) -> dict[str, float]:
+    """Median seconds per phase of a message at a site, from each site's ``supernode.log`` and the log of the
+    process that ran its tasks (``executor.log``), merged by time: a SuperNode handles one message at a time, so
+    that is one message after another. The first message has no idle wait."""
+    spans: dict[str, list[float]] = {name: [] for name, _ in PHASES}
+    for site in sorted(root.glob("site-*")):
+        events = []
+        for log in (site / "supernode.log", site / "executor.log"):
+            for line in _ANSI.sub("", log.read_text(errors="replace")).splitlines() if log.exists() else []:
+                stamp = _STAMP.search(line)
+                phase = next((name for name, marker in PHASES if marker in line), None)
+                if stamp is not None and phase is not None:
+                    events.append((datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f"), phase))
+        events.sort(key=lambda event: event[0])
+        for (before, _), (now, phase) in pairwise(events):
+            spans[phase].append((now - before).total_seconds())
+    return {name: round(statistics.median(values), 3) for name, values in spans.items() if values}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sites", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--local-steps", type=int, default=2048, help="env steps per site per round (fixed budget)")
     parser.add_argument("--skip-deploy", action="store_true", help="simulation only")
+    parser.add_argument("--breakdown", action="store_true", help="time each phase of a deployed message (DEBUG logs)")
     args = parser.parse_args()
 
     from opentinker.federated import deploy, task
@@ -66,12 +108,16 @@ def main() -> None:
         figures["deploy_round_s"], deploy_bytes = float("nan"), float("nan")
         if not args.skip_deploy:
             root = Path(tempfile.mkdtemp(prefix="bench-federation-"))
+            if args.breakdown:
+                os.environ["FLWR_LOG_LEVEL"] = "DEBUG"
             fed = deploy.up(args.sites, root)
             try:
                 result = deploy.submit(fed, FedConfig(run_name=f"bench-deploy-{int(time.time())}", **config))
                 figures["deploy_round_s"], deploy_bytes = _median_round(result)
             finally:
                 deploy.down(root)
+            if args.breakdown:
+                figures["breakdown_s"] = breakdown(root)
         progress.advance(phases)
 
     measured = [figures["deploy_round_s"], figures["sim_round_s"]]
@@ -87,6 +133,7 @@ def main() -> None:
         "sites": args.sites,
         "rounds": args.rounds,
         "local_steps": args.local_steps,
+        **({"breakdown_s": figures["breakdown_s"]} if "breakdown_s" in figures else {}),
     }
     print(json.dumps(line))
 

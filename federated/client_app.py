@@ -8,13 +8,16 @@ its ``state-dir``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from logging import DEBUG
 from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import LocalDpMod
+from flwr.common import log
 
 from opentinker.federated import secure, task
 from opentinker.federated.config import SiteConfig
@@ -57,9 +60,23 @@ def _site_trainer(site: SiteConfig, context: Context, config, resume: bool):
     return trainer, variant
 
 
+WORK_MARKER = "ClientApp work"
+"""Starts the DEBUG line ``timing_mod`` writes; ``bench/federated_rounds.py --breakdown`` reads it in SuperNode logs."""
+
+
+def timing_mod(msg: Message, context: Context, call_next) -> Message:
+    """Log (DEBUG, with Flower's timestamps under ``FLWR_LOG_LEVEL=DEBUG``) when the app's own work on a message
+    starts and ends, so a deployed round's time can be split into Flower's part and the app's."""
+    log(DEBUG, "%s started: %s", WORK_MARKER, msg.metadata.message_type)
+    started = time.perf_counter()
+    reply = call_next(msg, context)
+    log(DEBUG, "%s done: %s in %.3f s", WORK_MARKER, msg.metadata.message_type, time.perf_counter() - started)
+    return reply
+
+
 def build_client_app(sites: Sequence[SiteConfig] | None = None) -> ClientApp:
     """The ClientApp; ``sites`` (simulation only) gives each virtual site its settings, indexed by partition id."""
-    app = ClientApp()
+    app = ClientApp(mods=[timing_mod])
 
     def privacy_mod(msg: Message, context: Context, call_next) -> Message:
         """Local differential privacy when the site asks for it: clip, add Gaussian noise (Flower's LocalDpMod)."""

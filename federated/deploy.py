@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from opentinker.federated import warm_executor
 from opentinker.federated.certs import CertPaths, generate_certs
 from opentinker.federated.config import FedConfig, FederatedConfigError, SiteConfig
 from opentinker.infra.files import atomic_write
@@ -75,6 +76,8 @@ class Federation:
     superlink: ServiceProcess | None = None
     sites: dict[str, ServiceProcess] = field(default_factory=dict)
     """Each running site's flower-supernode, by site id."""
+    executors: dict[str, ServiceProcess] = field(default_factory=dict)
+    """Each running site's warm executor (``federated.warm_executor``), which runs its ClientApp tasks."""
     node_ids: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -101,6 +104,7 @@ class Federation:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["superlink"] = self.superlink.to_dict() if self.superlink else None
         data["sites"] = {site: service.to_dict() for site, service in self.sites.items()}
+        data["executors"] = {site: service.to_dict() for site, service in self.executors.items()}
         atomic_write(Path(self.root) / STATE_FILE, json.dumps(data, indent=1))
 
     @classmethod
@@ -110,13 +114,22 @@ class Federation:
             raise FederationError(f"no federation at {path.parent}: start one with `opentinker federated up`")
         data = json.loads(path.read_text())
         superlink = ServiceProcess.from_dict(data["superlink"]) if data.get("superlink") else None
-        sites = {site: ServiceProcess.from_dict(service) for site, service in data.get("sites", {}).items()}
-        return cls(**{**data, "superlink": superlink, "sites": sites})
+        sites, executors = (
+            {site: ServiceProcess.from_dict(service) for site, service in data.get(key, {}).items()}
+            for key in ("sites", "executors")
+        )
+        return cls(**{**data, "superlink": superlink, "sites": sites, "executors": executors})
+
+
+TASK_POLL_S = 0.1
+"""Seconds between a SuperExec's asks for a new task (Flower's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s by default):
+the SuperLink's SuperExec waits up to this long before it starts a run's ServerApp."""
 
 
 def _env(flwr_home: Path) -> dict[str, str]:
     flwr_home.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", str(TASK_POLL_S))
     env["FLWR_HOME"] = str(flwr_home)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("OPENTINKER_DATA_DIR", str(get_settings().resolved_data_dir))
@@ -205,7 +218,12 @@ def start_site(
     transport: str = "rest",
 ) -> int:
     """Start a site's flower-supernode (TLS + its auth key) over ``transport`` to ``address`` (the SuperLink's by
-    default) and wait until the SuperLink accepted it; returns its pid. A reset connection says so, with the fix."""
+    default) and wait until the SuperLink accepted it; returns its pid. A reset connection says so, with the fix.
+
+    The SuperNode runs in Flower's ``--isolation process`` mode: its tasks are claimed by the site's long-running
+    ``federated.warm_executor`` (its own process group, authenticated with a per-site SuperExec secret, mode 0600),
+    so no message pays for a Python + Flower + torch start. ``stop_site`` stops both.
+    """
     check_transport(transport)
     address = address or fed.address
     key = private_key or fed.cert_paths.site_key(site.site_id)
@@ -213,6 +231,11 @@ def start_site(
     site_dir.mkdir(parents=True, exist_ok=True)
     if not site.state_dir:
         site.state_dir = str(site_dir / "state")
+    secret = site_dir / "superexec.secret"
+    if not secret.exists():
+        secret.touch(mode=0o600)
+        secret.write_bytes(os.urandom(32))
+    (runtime_port,) = free_ports(1)
     args = [
         venv_bin("flower-supernode"),
         "--superlink",
@@ -222,9 +245,13 @@ def start_site(
         "--auth-supernode-private-key",
         str(key),
         "--port",
-        str(free_ports(1)[0]),
+        str(runtime_port),
         "--node-config",
         site.to_node_config() or f"site-id={site.site_id}",
+        "--isolation",
+        "process",
+        "--superexec-auth-secret-file",
+        str(secret),
     ]
     if max_wait_time is not None:
         args += ["--max-wait-time", str(max_wait_time)]
@@ -236,15 +263,41 @@ def start_site(
         if hint:
             raise FederationError(hint + str(err), err.service) from err
         raise
+    executor_args = [
+        sys.executable,
+        "-c",
+        "from opentinker.federated.warm_executor import main; main()",
+        "--runtime-api-address",
+        f"127.0.0.1:{runtime_port}",
+        "--auth-secret-file",
+        str(secret),
+        "--parent-pid",
+        str(service.pid),
+    ]
+    executor_name = f"site {site.site_id} (warm executor)"
+    try:
+        executor = _start(
+            executor_name,
+            executor_args,
+            site_dir / "executor.log",
+            site_dir / "flwr-home",
+            warm_executor.READY_MARKER,
+            timeout,
+        )
+    except BaseException:
+        service.stop()
+        raise
     fed.sites[str(site.site_id)] = service
+    fed.executors[str(site.site_id)] = executor
     fed.save()
     return service.pid
 
 
 def stop_site(fed: Federation, site_id: int) -> None:
-    service = fed.sites.pop(str(site_id), None)
-    if service is not None:
-        service.stop()
+    for services in (fed.sites, fed.executors):
+        service = services.pop(str(site_id), None)
+        if service is not None:
+            service.stop()
     fed.save()
 
 

@@ -72,6 +72,27 @@ def payload_bytes(content: RecordDict) -> int:
     return sum(len(array.data) for record in content.array_records.values() for array in record.values())
 
 
+REPLY_POLL_S = 0.1
+"""Seconds between the server's asks for replies. Flower's ``Grid.send_and_receive`` waits a hard-coded 3 s between
+asks, which a deployed round pays on every exchange (train and evaluate)."""
+
+
+def send_and_receive(grid: Grid, messages: list[Message], timeout: float) -> list[Message]:
+    """Flower's ``Grid.send_and_receive`` with a ``REPLY_POLL_S`` poll: push, then pull replies until all arrived or
+    ``timeout`` passed."""
+    pending = set(grid.push_messages(messages))
+    deadline = time.monotonic() + timeout
+    replies: list[Message] = []
+    while pending:
+        arrived = list(grid.pull_messages(pending))
+        replies += arrived
+        pending -= {reply.metadata.reply_to_message_id for reply in arrived}
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(REPLY_POLL_S)
+    return replies
+
+
 def wait_for_sites(grid: Grid, config: FedConfig, round_number: int) -> list[int]:
     """Connected node ids: all `num_sites` if they arrive within `node_wait` seconds, else at least the floor."""
     deadline = time.monotonic() + config.node_wait
@@ -111,7 +132,7 @@ def train_round(
         return _secure_train_round(grid, config, round_number, arrays, train_config, nodes, stats, started), stats
     messages = list(strategy.configure_train(round_number, arrays, train_config, _NodeSnapshot(nodes)))
     stats.bytes_sent += sum(payload_bytes(m.content) for m in messages)
-    replies = list(grid.send_and_receive(messages, timeout=config.round_timeout))
+    replies = send_and_receive(grid, messages, config.round_timeout)
     expected = from_record(arrays)
     valid: list[Message] = []
     for reply in replies:
@@ -197,7 +218,7 @@ def evaluate_round(
         Message(content=content, message_type=MessageType.EVALUATE, dst_node_id=node) for node in grid.get_node_ids()
     ]
     stats.bytes_sent += payload_bytes(content) * len(messages)
-    for reply in grid.send_and_receive(messages, timeout=config.round_timeout):
+    for reply in send_and_receive(grid, messages, config.round_timeout):
         if reply.has_error():
             stats.failures.append(f"evaluate on {_site_of(reply)}: {reply.error.reason.strip()[-400:]}")
             continue
