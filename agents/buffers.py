@@ -25,8 +25,9 @@ class ReplayBuffer:
         self.pos = int((self.pos + len(obs)) % self.capacity)
         self.size = int(min(self.size + len(obs), self.capacity))
 
-    def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        idx = rng.integers(0, self.size, size=batch_size)
+    def sample(self, shape: int | tuple[int, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Transitions drawn uniformly with replacement, each field shaped ``(*shape, ...)``."""
+        idx = rng.integers(0, self.size, size=shape)
         return {k: v[idx] for k, v in self.data.items()}
 
     def __len__(self) -> int:

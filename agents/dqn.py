@@ -66,17 +66,20 @@ class DQNTrainer(Trainer):
             rollout.rewards[keep],
             rollout.terminated[keep].astype(np.float32),
         )
-        # 3. One gradient step per ``train_frequency`` env steps once learning has started.
+        # 3. One gradient step per ``train_frequency`` env steps once learning has started; the iteration's batches
+        # are drawn together (as SB3 does after a rollout) so the per-step work is the TD update alone.
         losses, q_values = [], []
         if self.global_step >= c.learning_starts:
             self.pending_updates += rollout.num_steps / c.train_frequency
-            while self.pending_updates >= 1.0:
-                self.pending_updates -= 1.0
-                part = self.sync.shard(c.batch_size)  # this learner's rows of the sample (all when it is alone)
-                batch = {
-                    k: torch.as_tensor(v[part], device=self.device)
-                    for k, v in self.buffer.sample(c.batch_size, self.rng).items()
-                }
+            num_updates = int(self.pending_updates)
+            self.pending_updates -= num_updates
+            part = self.sync.shard(c.batch_size)  # this learner's rows of each sample (all when it is alone)
+            batches = {
+                k: torch.as_tensor(v[:, part], device=self.device)
+                for k, v in self.buffer.sample((num_updates, c.batch_size), self.rng).items()
+            }
+            for i in range(num_updates):
+                batch = {k: v[i] for k, v in batches.items()}
                 with torch.no_grad():
                     target_max = self.target(self.target.preprocess(batch["next_obs"])).float().max(dim=1).values
                     td_target = batch["rewards"] + c.gamma * target_max * (1.0 - batch["terminated"])
@@ -85,9 +88,8 @@ class DQNTrainer(Trainer):
                 q_taken = q_all.float().gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
                 loss = F.mse_loss(q_taken, td_target)
                 self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm, reduce=self.sync.reduce)
-                step_loss, step_q = self.sync.average(torch.stack([loss.detach(), q_taken.detach().mean()]).float())
-                losses.append(step_loss.item())
-                q_values.append(step_q.item())
+                losses.append(loss.detach())
+                q_values.append(q_taken.detach().mean())
         # 4. Target network: soft/hard update every ``target_network_frequency`` env steps.
         while self.global_step >= self.next_target_update:
             self.next_target_update += c.target_network_frequency
@@ -97,18 +99,18 @@ class DQNTrainer(Trainer):
             "charts/buffer_size": float(len(self.buffer)),
             "perf/update_ms": (time.perf_counter() - rollout_end) * 1000.0,
         }
-        if losses:
-            metrics.update({"losses/td_loss": float(np.mean(losses)), "losses/q_values": float(np.mean(q_values))})
+        if losses:  # one host sync per iteration; with several learners, the whole minibatches' statistics
+            td_loss, q_mean = self.sync.average(torch.stack([torch.stack(losses).mean(), torch.stack(q_values).mean()]))
+            metrics["losses/td_loss"], metrics["losses/q_values"] = td_loss.item(), q_mean.item()
         metrics.update(self.rollout_metrics(rollout, updated=bool(losses)))
         metrics.update(self.episode_metrics(rollout.episode_returns, rollout.episode_lengths))
         return metrics
 
     def update_target(self) -> None:
         """target <- tau * online + (1 - tau) * target."""
-        tau = self.config.tau
         with torch.no_grad():
             for target_param, param in zip(self.target.parameters(), self.policy.parameters()):
-                target_param.copy_(tau * param + (1.0 - tau) * target_param)
+                target_param.lerp_(param, self.config.tau)
 
     def _extra_state(self) -> dict:
         return {

@@ -184,14 +184,13 @@ def run_ours(case: Case, seed: int, threads: int) -> dict:
     trainer = {"ppo": PPOTrainer, "dqn": DQNTrainer}[case.algorithm](
         case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local", **config
     )
-    act = lambda obs: trainer.numpy_policy().act(obs)  # noqa: E731
 
     def callback(metrics: dict, step: int) -> bool:
-        return not (clock.due() and clock.check(act)) and not clock.over_budget()
+        return not (clock.due() and clock.check(trainer.numpy_policy().act)) and not clock.over_budget()
 
     trainer.train(steps, callback=callback)
     sps = trainer.global_step / clock.train_seconds()
-    final = evaluate(case.env_id, act)
+    final = evaluate(case.env_id, trainer.numpy_policy().act)
     trainer.env.close()
     return {"reached_s": clock.reached_s, "final_eval": final, "sps": sps, "steps": trainer.global_step}
 
