@@ -124,10 +124,18 @@ def _wait_for(driver, *texts: str) -> str:
 def _close_mlflow_overlays(driver) -> None:
     """MLflow 3.17 opens its chat panel over a third of the page on first visit, and the registry its "new model
     registry UI" announcement over the list: close the dialog first (it takes every click), then the panel."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def no_dialog_shown(d) -> bool:
+        return not any(dialog.is_displayed() for dialog in d.find_elements("css selector", "[role='dialog']"))
+
     for selector in ("[role='dialog'] button[aria-label='Close']", "button[aria-label='Close']"):
         for button in driver.find_elements("css selector", selector):
             if button.is_displayed():
                 button.click()
+        # A closed dialog animates out while still displayed (its button then has zero size and refuses a click):
+        # wait until it is gone before looking for the panel's button, which the same selector would also match.
+        WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(no_dialog_shown)
 
 
 def _wait_for_image(driver, other_than: str = "") -> None:
