@@ -112,23 +112,18 @@ class LearnerWorker:
         amp_mode: str,
         config: dict,
     ):
-        import ray
+        from opentinker.envs.ray_backend import this_node
 
         torch.set_num_threads(config.get("torch_threads") or 1)  # actors see every core; the group shares them
         self.rank, self.world, self.backend = rank, world, backend
-        self.device = "cuda" if ray.get_gpu_ids() else "cpu"
+        self.host, has_gpu = this_node()
+        self.device = "cuda" if has_gpu else "cpu"
         self.trainer = trainer_cls(spaces, seed=seed, device=self.device, amp_mode=amp_mode, **config)
         # Rank 0 hosts the rendezvous store on a port the OS picks (no free-port race), before anyone joins.
-        self.store = (
-            dist.TCPStore(ray.util.get_node_ip_address(), 0, world, is_master=True, wait_for_workers=False)
-            if rank == 0
-            else None
-        )
+        self.store = dist.TCPStore(self.host, 0, world, is_master=True, wait_for_workers=False) if rank == 0 else None
 
     def store_address(self) -> tuple[str, int]:
-        import ray
-
-        return ray.util.get_node_ip_address(), self.store.port
+        return self.host, self.store.port
 
     def join(self, host: str, port: int, state: dict) -> None:
         """Join the process group (a rendezvous: every rank's ``join`` must be running at once) and load ``state``."""
@@ -191,64 +186,36 @@ class LearnerGroup:
     """``num_learners`` ``LearnerWorker`` actors started from ``trainer``'s current learner state."""
 
     def __init__(self, trainer: Trainer, num_learners: int):
-        import ray
-
         from opentinker.agents.trainer import EnvSpaces
-        from opentinker.infra.ray_runtime import ensure_ray
+        from opentinker.envs.ray_backend import RayGang, cluster_gpus
 
-        ensure_ray()
         spaces = EnvSpaces(trainer.env_id, trainer.observation_space, trainer.action_space)
-        gpus, backend = learner_gpus(trainer.device.type, num_learners, ray.cluster_resources().get("GPU", 0.0))
-        # No CPU reservation: learners must not wait behind rollout actors for a slot; their torch threads are set.
-        actor = ray.remote(LearnerWorker).options(
-            num_cpus=0, num_gpus=gpus, max_restarts=0, scheduling_strategy="SPREAD"
-        )
+        gpus, backend = learner_gpus(trainer.device.type, num_learners, cluster_gpus())
         config = vars(trainer.config)
-        self.workers = [
-            actor.remote(rank, num_learners, backend, type(trainer), spaces, trainer.seed, trainer.amp.mode, config)
-            for rank in range(num_learners)
+        args = [
+            (r, num_learners, backend, type(trainer), spaces, trainer.seed, trainer.amp.mode, config)
+            for r in range(num_learners)
         ]
-        host, port = self._get(self.workers[0].store_address.remote())
-        state = ray.put(trainer.learner_state())
-        self._get([w.join.remote(host, port, state) for w in self.workers])
-
-    @staticmethod
-    def _get(refs: Any) -> Any:
-        """``ray.get`` that fails on the first failed learner, not after waiting on survivors blocked in a
-        collective with it."""
-        import ray
-
-        pending = list(refs) if isinstance(refs, list) else [refs]
-        try:
-            while pending:
-                ready, pending = ray.wait(pending, num_returns=1)
-                ray.get(ready[0])
-            return ray.get(refs)
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
-            raise LearnerGroupError(f"a learner failed: {err}") from err
+        # No CPU reservation: learners must not wait behind rollout actors for a slot; their torch threads are set.
+        self.gang = RayGang(LearnerWorker, args, {"num_cpus": 0, "num_gpus": gpus}, LearnerGroupError)
+        host, port = self.gang.call_one(0, "store_address")
+        self.gang.call("join", broadcast=(host, port, trainer.learner_state()))  # every rank joins at once
 
     def update(self, rollout: Rollout) -> tuple[dict[str, float], dict[str, torch.Tensor], int]:
-        import ray
-
-        ref = ray.put(rollout)
-        return self._get([w.update.remote(ref) for w in self.workers])[0]
+        return self.gang.call("update", broadcast=(rollout,))[0]
 
     def state(self) -> dict:
-        return self._get(self.workers[0].state.remote())
+        return self.gang.call_one(0, "state")
 
     def time_allreduce(self, numel: int, repeats: int = 20) -> float:
         """Learner 0's mean seconds per all-reduce of ``numel`` float32 (see ``LearnerWorker.time_allreduce``)."""
-        return self._get([w.time_allreduce.remote(numel, repeats) for w in self.workers])[0]
+        return self.gang.call("time_allreduce", broadcast=(numel, repeats))[0]
 
     def pids(self) -> list[int]:
-        return self._get([w.pid.remote() for w in self.workers])
+        return self.gang.call("pid")
 
     def shutdown(self) -> None:
-        import ray
-
-        for worker in self.workers:
-            ray.kill(worker)
-        self.workers = []
+        self.gang.close()
 
 
 @contextlib.contextmanager

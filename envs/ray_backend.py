@@ -112,6 +112,51 @@ class RayActorPool:
         self.actors = []
 
 
+class RayGang:
+    """Actors that work as one (e.g. a torch.distributed group): never restarted (a lost member invalidates the
+    group), every call reaches all of them at once, and the first failure fails the call as ``error`` instead of
+    waiting on survivors blocked in a collective with the lost one."""
+
+    def __init__(self, worker_cls: type, per_worker_args: list[tuple], actor_options: dict, error: type[Exception]):
+        ensure_ray()
+        actor_cls = ray.remote(worker_cls).options(max_restarts=0, scheduling_strategy="SPREAD", **actor_options)
+        self.actors, self.error = [actor_cls.remote(*args) for args in per_worker_args], error
+
+    def call(self, method: str, per_worker_args: list[tuple] | None = None, broadcast: tuple = ()) -> list:
+        """``method(*broadcast, *args_i)`` on every actor at once; ``broadcast`` goes into the object store once."""
+        shared = [ray.put(value) for value in broadcast]
+        args = per_worker_args or [()] * len(self.actors)
+        return self._get([getattr(a, method).remote(*shared, *x) for a, x in zip(self.actors, args)])
+
+    def call_one(self, index: int, method: str, *args: Any) -> Any:
+        return self._get([getattr(self.actors[index], method).remote(*args)])[0]
+
+    def _get(self, refs: list) -> list:
+        pending = list(refs)
+        try:
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                ray.get(ready[0])
+            return ray.get(refs)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as err:
+            raise self.error(f"a member of the group failed: {err}") from err
+
+    def close(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+
+
+def cluster_gpus() -> float:
+    ensure_ray()
+    return ray.cluster_resources().get("GPU", 0.0)
+
+
+def this_node() -> tuple[str, bool]:
+    """(this process's node IP, whether Ray granted it a GPU): what an actor needs to host a rendezvous."""
+    return ray.util.get_node_ip_address(), bool(ray.get_gpu_ids())
+
+
 class RayPool(RayActorPool):
     """``RemoteEnv``'s workers: ``RolloutWorker`` actors plus the env snapshots that make a restart exact."""
 
