@@ -161,6 +161,31 @@ def trl_run(args) -> dict:
     }
 
 
+def plot_curves(results: dict, path: str) -> str:
+    """Train reward (mean of the last 5 steps) against wall time, one line per side, held-out success as markers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for name, r in results.items():
+        rewards = [p["reward"] for p in r["curve"]]
+        smooth = [
+            sum(rewards[max(0, i - 4) : i + 1]) / len(rewards[max(0, i - 4) : i + 1]) for i in range(len(rewards))
+        ]
+        minutes = [p["seconds"] / 60 for p in r["curve"]]
+        (line,) = ax.plot(minutes, smooth, label=f"{name}: train reward (5-step mean)")
+        if r.get("heldout_before") is not None:
+            ax.scatter([0, minutes[-1]], [r["heldout_before"], r["heldout_after"]], color=line.get_color(), marker="s")
+    ax.set(xlabel="minutes of training", ylabel="reward / held-out success (squares)", ylim=(0, 1))
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
@@ -177,6 +202,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("opentinker", "trl"), default=None)
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
+    load_at_start = round(os.getloadavg()[0], 2)  # the figures only count on a quiet machine: say how busy it was
     results = {}
     if args.only in (None, "opentinker"):
         results["opentinker"] = opentinker_run(args)
@@ -190,6 +216,7 @@ def main() -> None:
         print("trl:", json.dumps({k: v for k, v in results["trl"].items() if k != "curve"}), flush=True)
     with open(os.path.join(args.out_dir, "curves.json"), "w") as fh:
         json.dump(results, fh, indent=1)
+    print("learning curve:", plot_curves(results, os.path.join(args.out_dir, "curve.png")), flush=True)
     print(f"{'':12} {'completions/s':>14} {'s/step':>8} {'held-out before':>16} {'after':>7}")
     for name, r in results.items():
         before = "n/a" if r.get("heldout_before") is None else f"{r['heldout_before']:.3f}"
@@ -202,7 +229,7 @@ def main() -> None:
         "max_new_tokens": args.max_new_tokens,
         "lr": args.lr,
         "eval_prompts": args.eval_prompts,
-        "machine": "2 cores shared with other engineers' jobs (not quiet)",
+        "load_avg_1m_start_end": [load_at_start, round(os.getloadavg()[0], 2)],
         **{f"{n}_{k}": v for n, r in results.items() for k, v in r.items() if k != "curve"},
     }
     if len(results) == 2:
