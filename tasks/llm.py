@@ -129,7 +129,9 @@ def train_grpo(
             result = trainer.evaluate(base=True)
             log_evaluation(run_id, result, 0)
             base_eval = _evaluation(result, trainer.config.eval_prompts)
-        logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
+        logger = MetricsLogger(
+            run_id, on_iteration=lambda step, row: progress.report(step, steps, row), total_steps=steps
+        )
 
         def callback(metrics: dict[str, float], step: int) -> None:
             logger(metrics, step)

@@ -75,7 +75,9 @@ def train_group(
         (root / "history.jsonl").unlink(missing_ok=True)
     try:
         start_step = trainer.global_step
-        logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
+        logger = MetricsLogger(
+            run_id, on_iteration=lambda step, row: progress.report(step, steps, row), total_steps=steps
+        )
         started = time.perf_counter()
         trainer.train(steps, callback=logger, checkpoint_dir=checkpoint.parent, checkpoint_every=checkpoint_every)
         train_seconds = time.perf_counter() - started

@@ -152,7 +152,7 @@ def train_logged(
     """Train an engine trainer with metrics to the MLflow run ``run_id`` (and progress listeners), checkpoints under
     ``root/checkpoints``, then the export and the history; the flow's training stage and the SDK's
     ``train(track=True)`` both run this. ``callback`` (the SDK user's) runs after the logger; False stops."""
-    logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row))
+    logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row), total_steps=steps)
     start_step = int(trainer.global_step)
     seconds = _train_loop(trainer, logger, steps, root, checkpoint_every, callback)
     return _finish(trainer, logger, root, start_step, seconds, metadata)
@@ -228,7 +228,9 @@ class EarlyTraining:
     def __init__(self, directory: str, args: tuple, env: Any, trainer: Any, steps: int, checkpoint_every: int | None):
         self.directory, self.args, self.env, self.trainer = directory, args, env, trainer
         self.root, self.steps, self.checkpoint_every = Path(directory), steps, checkpoint_every
-        self.logger = MetricsLogger(None, on_iteration=lambda step, row: progress.report(step, steps, row))
+        self.logger = MetricsLogger(
+            None, on_iteration=lambda step, row: progress.report(step, steps, row), total_steps=steps
+        )
         self.start_step, self.seconds, self.error = int(trainer.global_step), 0.0, None
         self._cancelled = threading.Event()
         self._thread = threading.Thread(target=self._run, name="opentinker-early-training", daemon=True)

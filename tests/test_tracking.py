@@ -52,6 +52,22 @@ def test_metrics_logger_batches_to_mlflow_against_global_step(run_id, monkeypatc
     assert client.get_metric_history(run_id, "perf/memory_rss_mb")[0].value > 10
 
 
+def test_metrics_logger_sends_a_charts_worth_of_rows_and_keeps_sparse_metrics(run_id, monkeypatch):
+    monkeypatch.setattr(tracking, "MAX_ROWS", 10)
+    logger = tracking.MetricsLogger(run_id, total_steps=100 * 256)
+    for i in range(1, 101):  # 100 iterations of 256 env steps; an episode ends every 7th iteration only
+        logger({"charts/sps": float(i), **({"charts/episodic_return": float(i)} if i % 7 == 0 else {})}, 256 * i)
+    logger.flush()
+    assert len(logger.history) == 100  # the history (plots, history.jsonl) keeps every iteration
+    client = mlflow.MlflowClient()
+    sps = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "charts/sps"))
+    assert 10 <= len(sps) <= 11 and sps[-1] == (25_600, 100.0)  # one row per 2,560 steps, and the last iteration
+    episodic = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "charts/episodic_return"))
+    values = [v for _, v in episodic]
+    assert all(v % 7 == 0 for v in values) and values == sorted(set(values))
+    assert len(episodic) >= 9 and episodic[-1][1] == 98.0  # the latest value at each row: sparse metrics never vanish
+
+
 def test_history_round_trip_and_plots(tmp_path):
     history = [
         {

@@ -23,6 +23,10 @@ from opentinker.infra.settings import get_settings
 FLUSH_EVERY_S = 5.0
 """Seconds between batched writes to MLflow; the last batch is flushed when training ends."""
 
+MAX_ROWS = 500
+"""Rows per metric sent to MLflow over a run's horizon (a chart's worth; the history file keeps every iteration).
+Writing each of a fast run's thousands of iterations to MLflow's SQLite store cost more than the training itself."""
+
 _MLFLOW_BATCH_LIMIT = 1000
 
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
@@ -161,36 +165,66 @@ def _nvml_handles() -> list[Any]:
 
 
 class MetricsLogger:
-    """The engine's ``callback(metrics, step)``: history for plots, batched MLflow writes, progress."""
+    """The engine's ``callback(metrics, step)``: history for plots, batched MLflow writes, progress.
 
-    def __init__(self, run_id: str | None, on_iteration: Callable[[int, dict[str, float]], None] | None = None) -> None:
-        """``run_id`` None: metrics wait in memory until it is set (training started before its MLflow run)."""
-        import mlflow
+    Every iteration goes to the history; MLflow gets a row each ``total_steps / MAX_ROWS`` env steps (every
+    iteration of a shorter run), holding the latest value of each metric reported since the previous row, so a
+    metric only some iterations report (episode returns) is never dropped from the charts."""
 
+    def __init__(
+        self,
+        run_id: str | None,
+        on_iteration: Callable[[int, dict[str, float]], None] | None = None,
+        total_steps: int | None = None,
+    ) -> None:
+        """``run_id`` None: metrics wait in memory until it is set (training started before its MLflow run).
+        MLflow is imported at the first write, not here: a run started early must not wait seconds for it."""
         self.run_id = run_id
         self.history: list[dict[str, float]] = []
-        self._client = mlflow.MlflowClient(get_settings().tracking_uri)
+        self._client: Any = None
         self._sampler = SystemSampler()
         self._pending: list[Any] = []
+        self._unsent: dict[str, float] = {}
+        self._unsent_step = 0
+        self._row_every = (total_steps or 0) / MAX_ROWS
+        self._next_row = 0.0
         self._last_flush = time.monotonic()
         self._on_iteration = on_iteration
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
         row = {k: float(v) for k, v in metrics.items() if _finite(v)}
         row.update(self._sampler.sample())
         self.history.append({"step": float(step), **row})
-        timestamp = int(time.time() * 1000)
-        self._pending.extend(Metric(key, value, timestamp, int(step)) for key, value in row.items())
+        self._unsent.update(row)
+        self._unsent_step = int(step)
+        if step >= self._next_row:
+            self._next_row = step + self._row_every
+            self._queue_row()
         if time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
-            self.flush()
+            self._write()
         if self._on_iteration is not None:
             self._on_iteration(step, row)
 
+    def _queue_row(self) -> None:
+        from mlflow.entities import Metric
+
+        timestamp = int(time.time() * 1000)
+        self._pending.extend(Metric(k, v, timestamp, self._unsent_step) for k, v in self._unsent.items())
+        self._unsent = {}
+
     def flush(self) -> None:
+        """Send everything reported so far (the last iteration's row included)."""
+        if self._unsent:
+            self._queue_row()
+        self._write()
+
+    def _write(self) -> None:
         if self.run_id is None:
             return
+        if self._client is None:
+            import mlflow
+
+            self._client = mlflow.MlflowClient(get_settings().tracking_uri)
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), _MLFLOW_BATCH_LIMIT):
             self._client.log_batch(self.run_id, metrics=pending[start : start + _MLFLOW_BATCH_LIMIT])
