@@ -113,7 +113,8 @@ class PPOConfig(TrainerConfig):
 
 @dataclass
 class DQNConfig(TrainerConfig):
-    """Deep Q-learning with a replay buffer and a target network, after CleanRL's dqn.py."""
+    """Deep Q-learning with a replay buffer and a target network, after CleanRL's dqn.py but with the Huber TD loss
+    of Mnih et al. (2015) and SB3, which RL-Zoo's published DQN hyper-parameters (our presets) were tuned with."""
 
     num_envs: int = 4
     """Env copies stepped together."""

@@ -86,7 +86,7 @@ class DQNTrainer(Trainer):
                 with self.amp.autocast():
                     q_all = self.policy(self.policy.preprocess(batch["obs"]))
                 q_taken = q_all.float().gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
-                loss = F.mse_loss(q_taken, td_target)
+                loss = F.smooth_l1_loss(q_taken, td_target)  # Huber: the Nature DQN's clipped error, as SB3
                 self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm, reduce=self.sync.reduce)
                 losses.append(loss.detach())
                 q_values.append(q_taken.detach().mean())
