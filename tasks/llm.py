@@ -11,7 +11,6 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
-from opentinker.tracking import progress
 from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
@@ -129,9 +128,7 @@ def train_grpo(
             result = trainer.evaluate(base=True)
             log_evaluation(run_id, result, 0)
             base_eval = _evaluation(result, trainer.config.eval_prompts)
-        logger = MetricsLogger(
-            run_id, on_iteration=lambda step, row: progress.report(step, steps, row), total_steps=steps
-        )
+        logger = MetricsLogger.with_progress(run_id, steps)
 
         def callback(metrics: dict[str, float], step: int) -> None:
             logger(metrics, step)

@@ -12,7 +12,6 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from opentinker.agents.evaluation import EvalResult
-from opentinker.tracking import progress
 from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
@@ -75,9 +74,7 @@ def train_group(
         (root / "history.jsonl").unlink(missing_ok=True)
     try:
         start_step = trainer.global_step
-        logger = MetricsLogger(
-            run_id, on_iteration=lambda step, row: progress.report(step, steps, row), total_steps=steps
-        )
+        logger = MetricsLogger.with_progress(run_id, steps)
         started = time.perf_counter()
         trainer.train(steps, callback=logger, checkpoint_dir=checkpoint.parent, checkpoint_every=checkpoint_every)
         train_seconds = time.perf_counter() - started

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from opentinker.infra.settings import get_settings
+from opentinker.tracking import progress
 
 FLUSH_EVERY_S = 5.0
 """Seconds between batched writes to MLflow; the last batch is flushed when training ends."""
@@ -131,10 +132,11 @@ def flatten(params: dict[str, Any], prefix: str = "") -> dict[str, str]:
 class SystemSampler:
     """Device utilisation: CPU % and RSS via psutil, GPU % and memory via NVML when a GPU is present."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int | None = None) -> None:
+        """``pid``: the process whose memory is reported (the learner's; this one by default)."""
         import psutil
 
-        self._process = psutil.Process()
+        self._process = psutil.Process(pid)
         self._psutil = psutil
         psutil.cpu_percent(interval=None)  # primes the counter: the next call measures since now
         self._gpus = _nvml_handles()
@@ -176,27 +178,37 @@ class MetricsLogger:
         run_id: str | None,
         on_iteration: Callable[[int, dict[str, float]], None] | None = None,
         total_steps: int | None = None,
+        learner_pid: int | None = None,
     ) -> None:
         """``run_id`` None: metrics wait in memory until it is set (training started before its MLflow run).
-        MLflow is imported at the first write, not here: a run started early must not wait seconds for it."""
+        MLflow is imported at the first write, not here: a run started early must not wait seconds for it.
+        ``learner_pid``: the training process when it is not this one (its memory is what ``perf/`` reports)."""
         self.run_id = run_id
         self.history: list[dict[str, float]] = []
         self._client: Any = None
-        self._sampler = SystemSampler()
+        self._sampler = SystemSampler(learner_pid)
         self._pending: list[Any] = []
         self._unsent: dict[str, float] = {}
-        self._unsent_step = 0
         self._row_every = (total_steps or 0) / MAX_ROWS
         self._next_row = 0.0
         self._last_flush = time.monotonic()
         self._on_iteration = on_iteration
+
+    @classmethod
+    def with_progress(cls, run_id: str | None, total_steps: int, learner_pid: int | None = None) -> MetricsLogger:
+        """The training stages' logger: it also reports each iteration to the progress listeners (the CLI's bar)."""
+        return cls(
+            run_id,
+            on_iteration=lambda step, row: progress.report(step, total_steps, row),
+            total_steps=total_steps,
+            learner_pid=learner_pid,
+        )
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         row = {k: float(v) for k, v in metrics.items() if _finite(v)}
         row.update(self._sampler.sample())
         self.history.append({"step": float(step), **row})
         self._unsent.update(row)
-        self._unsent_step = int(step)
         if step >= self._next_row:
             self._next_row = step + self._row_every
             self._queue_row()
@@ -209,7 +221,8 @@ class MetricsLogger:
         from mlflow.entities import Metric
 
         timestamp = int(time.time() * 1000)
-        self._pending.extend(Metric(k, v, timestamp, self._unsent_step) for k, v in self._unsent.items())
+        step = int(self.history[-1]["step"])
+        self._pending.extend(Metric(k, v, timestamp, step) for k, v in self._unsent.items())
         self._unsent = {}
 
     def flush(self) -> None:
