@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +20,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from opentinker.agents.training_process import TrainingProcess, build_trainer, env_copies, run_loop
 from opentinker.infra.files import atomic_write
 from opentinker.tasks.types import TrainOutcome
-from opentinker.tracking import progress
 from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
@@ -80,7 +78,7 @@ def train_policy(
     early = _EARLY.pop(directory, None)
     if early is not None and early.args == _early_args(env_id, steps, seed, engine, resume, checkpoint_every):
         client.set_tag(run_id, "opentinker.rollout_nodes", "local")
-        _write_json(root / "workers.json", {"pids": [os.getpid()], "nodes": ["local"]})
+        _write_json(root / "workers.json", {"pids": [early.process.pid], "nodes": ["local"]})
         return early.adopt(run_id)
     if early is not None:
         early.cancel()
@@ -88,7 +86,7 @@ def train_policy(
         ray = engine["backend"] == "ray"
         options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if ray else None
         placing = time.perf_counter()
-        env = _env_copies(env_id, seed, engine, options)
+        env = env_copies(env_id, seed, engine, options)
         try:
             nodes = [node or "local" for node in env.worker_node_ids()]
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
@@ -97,7 +95,7 @@ def train_policy(
                 client.log_metric(run_id, "perf/rollout_nodes", len(set(nodes)))
                 log_capacity_wait(client, run_id, time.perf_counter() - placing)
             with failing_without_rollout_nodes(options, env.close) if options else contextlib.nullcontext():
-                trainer = _build_trainer(env, seed, root, engine, device, resume)
+                trainer = build_trainer(env, seed, root, engine, device, resume)
                 outcome = train_logged(trainer, run_id, steps, root, checkpoint_every, metadata={"env_id": env_id})
             client.set_tag(
                 run_id, "opentinker.rollout_nodes_final", ",".join(node or "local" for node in env.worker_node_ids())
@@ -105,39 +103,6 @@ def train_policy(
             return outcome
         finally:
             env.close()
-
-
-def _env_copies(
-    env_id: str, seed: int, engine: dict[str, Any], ray_options: dict[str, Any] | None = None, validate: bool = True
-) -> Any:
-    """The env copies the engine config describes (its ``num_envs``, ``workers``, ``backend``, ``state_diff``)."""
-    from opentinker.envs import RemoteEnv
-
-    return RemoteEnv(
-        env_id,
-        parallel=engine["num_envs"],
-        workers=engine.get("workers"),
-        backend=engine["backend"],
-        state_diff=engine.get("state_diff", False),
-        seed=seed,
-        ray_options=ray_options,
-        validate=validate,
-    )
-
-
-def _build_trainer(env: Any, seed: int, root: Path, engine: dict[str, Any], device: str, resume: bool) -> Any:
-    """The engine trainer of ``engine["algorithm"]`` (the class the SDK's ``PPOTrainer``/``DQNTrainer`` extend) built
-    from the engine config; with ``resume`` the one in the run's last checkpoint."""
-    from opentinker.agents import trainer_class
-    from opentinker.agents.checkpoint import CHECKPOINT_NAME
-
-    config = dict(engine)
-    trainer_cls = trainer_class(config.pop("algorithm"))
-    checkpoint = root / "checkpoints" / CHECKPOINT_NAME
-    if resume and checkpoint.exists():
-        return trainer_cls.load(checkpoint, env=env, device=device)
-    (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
-    return trainer_cls(env, policy="MLP", seed=seed, device=device, **config)
 
 
 def train_logged(
@@ -152,56 +117,39 @@ def train_logged(
     """Train an engine trainer with metrics to the MLflow run ``run_id`` (and progress listeners), checkpoints under
     ``root/checkpoints``, then the export and the history; the flow's training stage and the SDK's
     ``train(track=True)`` both run this. ``callback`` (the SDK user's) runs after the logger; False stops."""
-    logger = MetricsLogger(run_id, on_iteration=lambda step, row: progress.report(step, steps, row), total_steps=steps)
-    start_step = int(trainer.global_step)
-    seconds = _train_loop(trainer, logger, steps, root, checkpoint_every, callback)
-    return _finish(trainer, logger, root, start_step, seconds, metadata)
+    from opentinker.agents.export import export_policy
 
-
-def _train_loop(
-    trainer: Any, logger: MetricsLogger, steps: int, root: Path, checkpoint_every: int | None, callback: Any
-) -> float:
-    """The engine's ``train`` with ``logger`` (the MLflow callback) then ``callback`` each iteration; its seconds."""
+    logger = MetricsLogger.with_progress(run_id, steps)
 
     def log_then_call(metrics: dict[str, float], step: int) -> bool | None:
         logger(metrics, step)
         return None if callback is None else callback(metrics, step)
 
-    started = time.perf_counter()
-    trainer.train(
-        steps, callback=log_then_call, checkpoint_dir=_checkpoint_dir(root), checkpoint_every=checkpoint_every
-    )
-    return time.perf_counter() - started
-
-
-def _checkpoint_dir(root: Path) -> Path:
-    path = root / "checkpoints"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    start_step = int(trainer.global_step)
+    seconds = run_loop(trainer, steps, root, checkpoint_every, log_then_call)
+    export_dir = export_policy(trainer, root / "export", metadata={**(metadata or {}), "run_id": run_id})
+    return _finish(logger, root, start_step, int(trainer.global_step), seconds, export_dir, trainer.env.worker_pids())
 
 
 def _finish(
-    trainer: Any,
     logger: MetricsLogger,
     root: Path,
     start_step: int,
+    global_step: int,
     train_seconds: float,
-    metadata: dict[str, Any] | None,
+    export_dir: str | Path,
+    worker_pids: list[int],
 ) -> TrainOutcome:
-    """Flush the metrics, export the policy, append the history: what follows every training loop."""
+    """Flush the metrics, tag the dashboard remedies, append the history: what follows every training loop."""
     import mlflow
 
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.export import export_policy
     from opentinker.agents.trainer import dashboard_remedies
 
     logger.flush()
-    run_log().info(
-        "trained to env step %d in %.1f s (%d iterations)", trainer.global_step, train_seconds, len(logger.history)
-    )
+    run_log().info("trained to env step %d in %.1f s (%d iterations)", global_step, train_seconds, len(logger.history))
     remedies = dashboard_remedies(logger.history)
     mlflow.MlflowClient().set_tag(logger.run_id, "opentinker.dashboard_remedies", "; ".join(remedies) or "none")
-    export_dir = export_policy(trainer, root / "export", metadata={**(metadata or {}), "run_id": logger.run_id})
     history = logger.save_history(root / "history.jsonl")
     return TrainOutcome(
         run_id=logger.run_id,
@@ -209,10 +157,10 @@ def _finish(
         export_dir=str(export_dir),
         history_path=str(history),
         start_step=start_step,
-        global_step=int(trainer.global_step),
+        global_step=global_step,
         iterations=len(logger.history),
         train_seconds=train_seconds,
-        worker_pids=trainer.env.worker_pids(),
+        worker_pids=worker_pids,
     )
 
 
@@ -222,57 +170,34 @@ _EARLY: dict[str, EarlyTraining] = {}
 
 class EarlyTraining:
     """Training that starts while Prefect's API server and the MLflow run are still starting (seconds of fixed work
-    that need not come first): ``train_policy`` adopts it, attaches its MLflow run and waits for it. Its metrics
-    wait in memory until then. Only for env copies in this process and a CPU learner (no Ray resources to hold)."""
+    that need not come first): ``train_policy`` adopts it, attaches its MLflow run and waits for it. It trains in its
+    own process (``TrainingProcess``: the flow's start-up would otherwise slow its loop), its metrics wait in this
+    one until the run is attached. Only for env copies in-process and a CPU learner (no Ray resources to hold)."""
 
-    def __init__(self, directory: str, args: tuple, env: Any, trainer: Any, steps: int, checkpoint_every: int | None):
-        self.directory, self.args, self.env, self.trainer = directory, args, env, trainer
-        self.root, self.steps, self.checkpoint_every = Path(directory), steps, checkpoint_every
-        self.logger = MetricsLogger(
-            None, on_iteration=lambda step, row: progress.report(step, steps, row), total_steps=steps
-        )
-        self.start_step, self.seconds, self.error = int(trainer.global_step), 0.0, None
-        self._cancelled = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="opentinker-early-training", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.seconds = _train_loop(
-                self.trainer,
-                self.logger,
-                self.steps,
-                self.root,
-                self.checkpoint_every,
-                lambda metrics, step: not self._cancelled.is_set(),
-            )
-        except BaseException as exc:  # re-raised in the flow's training task, which owns the failure
-            self.error = exc
+    def __init__(self, directory: str, args: str, job: dict[str, Any]):
+        self.directory, self.args, self.root = directory, args, Path(directory)
+        self.process = TrainingProcess(job)
+        self.logger = MetricsLogger.with_progress(None, job["steps"], learner_pid=self.process.pid)
+        self.process.report_to(self.logger)
 
     def adopt(self, run_id: str) -> TrainOutcome:
-        """Attach the MLflow run, wait for the loop, then export like ``train_logged``."""
+        """Attach the MLflow run, wait for the loop and the export, then finish like ``train_logged``."""
         self.logger.run_id = run_id
-        try:
-            self._thread.join()
-            if self.error is not None:
-                raise self.error
-            return _finish(
-                self.trainer,
-                self.logger,
-                self.root,
-                self.start_step,
-                self.seconds,
-                {"env_id": json.loads(self.args)[0]},
-            )
-        finally:
-            self.env.close()
+        done = self.process.finish(run_id)
+        return _finish(
+            self.logger,
+            self.root,
+            done["start_step"],
+            done["global_step"],
+            done["seconds"],
+            done["export_dir"],
+            [self.process.pid],
+        )
 
     def cancel(self) -> None:
         """Stop after the current iteration (the flow failed before adopting it, or its params changed)."""
         _EARLY.pop(self.directory, None)
-        self._cancelled.set()
-        self._thread.join()
-        self.env.close()
+        self.process.cancel()
 
 
 def start_early(
@@ -284,13 +209,20 @@ def start_early(
     resume: bool,
     checkpoint_every: int | None,
 ) -> EarlyTraining:
-    """Start in-process training for ``train_policy`` to adopt (same arguments); ``cancel()`` it if the flow fails."""
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    env = _env_copies(env_id, seed, engine, validate=False)  # the flow's probe validates it before adopting
-    trainer = _build_trainer(env, seed, root, engine, "auto", resume)
+    """Start training in its own process for ``train_policy`` to adopt (same arguments); ``cancel()`` it if the flow
+    fails."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    job = {
+        "env_id": env_id,
+        "steps": steps,
+        "seed": seed,
+        "directory": directory,
+        "engine": engine,
+        "resume": resume,
+        "checkpoint_every": checkpoint_every,
+    }
     args = _early_args(env_id, steps, seed, engine, resume, checkpoint_every)
-    early = _EARLY[directory] = EarlyTraining(directory, args, env, trainer, steps, checkpoint_every)
+    early = _EARLY[directory] = EarlyTraining(directory, args, job)
     return early
 
 

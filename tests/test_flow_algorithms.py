@@ -4,6 +4,8 @@ observation statistics survive checkpoint -> export -> serving; bad input exits 
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 
 import mlflow
@@ -229,8 +231,8 @@ def test_sdk_tracked_run_has_the_flow_runs_metrics_and_engine_params():
 
 
 def test_cli_training_starts_before_its_flow_run_and_keeps_every_metric(tmp_path):
-    """``opentinker train`` on an in-process env starts training while Prefect starts; the flow adopts it and the
-    metrics logged before its MLflow run existed are all there, at their steps."""
+    """``opentinker train`` on an in-process env starts training, in its own process, while Prefect starts; the flow
+    adopts it and the metrics logged before its MLflow run existed are all there, at their steps."""
     config = tmp_path / "early.toml"
     config.write_text(
         'num_envs = 4\neval_episodes = 2\nchampion_threshold = 0.0\nmodel_name = "early"\n'
@@ -244,3 +246,5 @@ def test_cli_training_starts_before_its_flow_run_and_keeps_every_metric(tmp_path
     assert run.data.params["backend"] == "local" and run.data.tags["opentinker.rollout_nodes"] == "local"
     steps = [m.step for m in client.get_metric_history(run_id, "charts/sps")]
     assert steps == list(range(128, 2048 + 1, 128))
+    workers = json.loads((get_settings().resolved_data_dir / "runs" / "early" / "workers.json").read_text())
+    assert workers["pids"] != [os.getpid()]

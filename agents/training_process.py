@@ -1,0 +1,186 @@
+"""The training stage's engine side: env copies and trainer from an engine config, the loop, and the same loop in a
+child process that reports each iteration over a pipe.
+
+Why a child process: the engine loop is Python-bound, so as a thread beside a flow's start-up (Prefect's client, the
+MLflow run, the probe) it ran at 60–80 % of its speed for its first hundreds of iterations; a child has its own
+interpreter and core. The parent keeps the tracking: each iteration's metrics come back to its callback, and the
+child exports the policy once the parent names the MLflow run.
+
+Protocol, JSON lines. Child → parent (the child's stdout): ``{"step": int, "metrics": {...}}`` per iteration, then one
+``{"done": {...}}`` or ``{"error": "traceback"}``. Parent → child (stdin): ``{"run_id": str}`` to export and finish;
+end of input without it (the parent cancelled, or died) stops the child after its current iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+Callback = Callable[[dict[str, float], int], "bool | None"]
+
+
+def env_copies(
+    env_id: str, seed: int, engine: dict[str, Any], ray_options: dict[str, Any] | None = None, validate: bool = True
+) -> Any:
+    """The env copies the engine config describes (its ``num_envs``, ``workers``, ``backend``, ``state_diff``)."""
+    from opentinker.envs import RemoteEnv
+
+    return RemoteEnv(
+        env_id,
+        parallel=engine["num_envs"],
+        workers=engine.get("workers"),
+        backend=engine["backend"],
+        state_diff=engine.get("state_diff", False),
+        seed=seed,
+        ray_options=ray_options,
+        validate=validate,
+    )
+
+
+def build_trainer(env: Any, seed: int, root: Path, engine: dict[str, Any], device: str, resume: bool) -> Any:
+    """The engine trainer of ``engine["algorithm"]`` (the class the SDK's ``PPOTrainer``/``DQNTrainer`` extend) built
+    from the engine config; with ``resume`` the one in the run's last checkpoint."""
+    from opentinker.agents import trainer_class
+    from opentinker.agents.checkpoint import CHECKPOINT_NAME
+
+    config = dict(engine)
+    trainer_cls = trainer_class(config.pop("algorithm"))
+    checkpoint = root / "checkpoints" / CHECKPOINT_NAME
+    if resume and checkpoint.exists():
+        return trainer_cls.load(checkpoint, env=env, device=device)
+    (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
+    return trainer_cls(env, policy="MLP", seed=seed, device=device, **config)
+
+
+def run_loop(trainer: Any, steps: int, root: Path, checkpoint_every: int | None, callback: Callback) -> float:
+    """The engine's ``train`` to ``steps`` with checkpoints under ``root/checkpoints``; its seconds."""
+    checkpoints = root / "checkpoints"
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    trainer.train(steps, callback=callback, checkpoint_dir=checkpoints, checkpoint_every=checkpoint_every)
+    return time.perf_counter() - started
+
+
+class TrainingProcess:
+    """The parent's handle on a child training with env copies in its own process and a CPU learner.
+
+    ``job``: ``env_id``, ``steps``, ``seed``, ``directory``, ``engine``, ``resume``, ``checkpoint_every``."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__, json.dumps(job)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.pid = self._process.pid
+        self._result: dict[str, Any] | None = None
+        self._callback_error: BaseException | None = None
+        self._reader: threading.Thread | None = None
+
+    def report_to(self, on_iteration: Callback) -> None:
+        """Start handing each iteration the child reports to ``on_iteration(metrics, step)`` (in a reader thread);
+        a separate step so that the callback may depend on ``pid``."""
+        self._reader = threading.Thread(
+            target=self._read, args=(on_iteration,), name="opentinker-training", daemon=True
+        )
+        self._reader.start()
+
+    def _read(self, on_iteration: Callback) -> None:
+        for line in self._process.stdout:
+            message = json.loads(line)
+            if "step" not in message:
+                self._result = message
+            elif self._callback_error is None:  # a failing callback fails the stage; the pipe is still drained
+                try:
+                    on_iteration(message["metrics"], message["step"])
+                except BaseException as exc:
+                    self._callback_error = exc
+
+    def finish(self, run_id: str) -> dict[str, Any]:
+        """Name the MLflow run, wait for the loop and the export: ``start_step``, ``global_step``, ``seconds``,
+        ``export_dir``. Raises with the child's traceback when it failed."""
+        try:
+            self._process.stdin.write(json.dumps({"run_id": run_id}) + "\n")
+            self._process.stdin.flush()
+        except BrokenPipeError:  # the child already exited; its result (or its absence) says why
+            pass
+        self._close()
+        if self._callback_error is not None:
+            raise self._callback_error
+        if self._result is None or "done" not in self._result:
+            error = (self._result or {}).get("error", f"the training process exited with {self._process.returncode}")
+            raise RuntimeError(f"training failed in its process (pid {self.pid}):\n{error}")
+        return self._result["done"]
+
+    def cancel(self) -> None:
+        """Stop the child after its current iteration (its last checkpoint stays) and wait for it."""
+        self._close()
+
+    def _close(self) -> None:
+        """Close the child's input, drain its output, wait for it to exit."""
+        if not self._process.stdin.closed:
+            self._process.stdin.close()
+        if self._reader is None:
+            self.report_to(lambda metrics, step: None)
+        self._reader.join()
+        self._process.wait()
+
+
+def _child(job: dict[str, Any], report: Any) -> None:
+    """The child's whole life: build, train while the parent lets it, wait for the run's id, export, report."""
+    from opentinker.agents.export import export_policy
+
+    answer: dict[str, Any] = {}
+    answered = threading.Event()
+
+    def listen() -> None:
+        for line in sys.stdin:
+            answer.update(json.loads(line))
+            break
+        answered.set()
+
+    threading.Thread(target=listen, daemon=True).start()
+
+    def cancelled() -> bool:
+        return answered.is_set() and "run_id" not in answer
+
+    def send(metrics: dict[str, float], step: int) -> bool:
+        report.write(json.dumps({"step": int(step), "metrics": {k: float(v) for k, v in metrics.items()}}) + "\n")
+        return not cancelled()
+
+    root = Path(job["directory"])
+    env = env_copies(job["env_id"], job["seed"], job["engine"], validate=False)  # the flow's probe validates it
+    try:
+        trainer = build_trainer(env, job["seed"], root, job["engine"], "cpu", job["resume"])
+        start_step = int(trainer.global_step)
+        seconds = run_loop(trainer, job["steps"], root, job["checkpoint_every"], send)
+        answered.wait()
+        if cancelled():
+            return
+        metadata = {"env_id": job["env_id"], "run_id": answer["run_id"]}
+        export_dir = export_policy(trainer, root / "export", metadata=metadata)
+        done = {"start_step": start_step, "global_step": int(trainer.global_step), "seconds": seconds}
+        report.write(json.dumps({"done": {**done, "export_dir": str(export_dir)}}) + "\n")
+    finally:
+        env.close()
+
+
+def main(argv: list[str]) -> int:
+    report = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray prints (libraries, warnings) go to stderr, never into the protocol
+    try:
+        _child(json.loads(argv[1]), report)
+    except BaseException:
+        report.write(json.dumps({"error": traceback.format_exc()}) + "\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
