@@ -165,22 +165,27 @@ def _child(job: dict[str, Any], report: Any) -> None:
             return
         metadata = {"env_id": job["env_id"], "run_id": answer["run_id"]}
         export_dir = export_policy(trainer, root / "export", metadata=metadata)
-        done = {"start_step": start_step, "global_step": int(trainer.global_step), "seconds": seconds}
-        report.write(json.dumps({"done": {**done, "export_dir": str(export_dir)}}) + "\n")
     finally:
         env.close()
+    done = {"start_step": start_step, "global_step": int(trainer.global_step), "seconds": seconds}
+    report.write(json.dumps({"done": {**done, "export_dir": str(export_dir)}}) + "\n")
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
+    """Run the child, then exit at once like a multiprocessing child (``os._exit``): everything it made is written
+    and reported, and the interpreter's teardown (torch's included) would only delay the parent's wrap-up."""
     report = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints (libraries, warnings) go to stderr, never into the protocol
+    code = 0
     try:
         _child(json.loads(argv[1]), report)
     except BaseException:
         report.write(json.dumps({"error": traceback.format_exc()}) + "\n")
-        return 1
-    return 0
+        code = 1
+    report.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    main(sys.argv)

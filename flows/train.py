@@ -61,16 +61,14 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
         candidate = register_model(
             tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation, step=trained.global_step
         )
-        # The subflow's state, then its value: a subflow's plain return value is linked to its flow run, so tasks
-        # given it record a ``flow_run`` input, which Prefect 3.7's UI cannot read: the flow run's "Task Runs" tab
-        # then lists none (PrefectHQ/prefect#18680). Unlinked, the tasks' inputs name only task runs.
-        released = release_flow(
+        # The gate's body, not a subflow run: its tasks become this run's (the Task Runs tab lists them), and a
+        # subflow run's API round-trips and heartbeat-thread join cost a second and more of every training run.
+        released = release_flow.fn(
             params.resolved_model_name,
             candidate.version,
             threshold=params.champion_threshold,
             candidate_eval=evaluation,
-            return_state=True,
-        ).result()
+        )
         reports = render_reports(config, trained, evaluation, released)
         uris = upload_artifacts(tracking.run_id, reports, trained.checkpoint_path, params.resolved_run_name)
         publish_summary(tracking, released, evaluation)
