@@ -28,7 +28,8 @@ def _point(curve: list, name: str, step: int, reward: float, seconds: float) -> 
 
 
 def opentinker_run(args) -> dict:
-    from opentinker.agents.grpo import GRPOConfig, GRPOTrainer
+    from opentinker.agents.grpo import GRPOConfig
+    from opentinker.agents.grpo_trainer import GRPOTrainer
 
     config = GRPOConfig(
         task="arithmetic",
@@ -74,7 +75,7 @@ def trl_run(args) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from opentinker.agents.grpo import summarise
+    from opentinker.agents.grpo_trainer import summarise
     from opentinker.agents.lm_policy import LoraSpec, load_tokenizer, lora_config
     from opentinker.agents.lm_rollout import evaluate_model
     from opentinker.agents.lm_weights import converted_checkpoint

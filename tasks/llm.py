@@ -112,7 +112,8 @@ def train_grpo(
 ) -> GRPOTrainOutcome:
     """GRPO until ``steps`` optimiser steps; held-out success of the base first (step 0) and every ``eval_every``."""
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.grpo import GRPOTrainer, grpo_config
+    from opentinker.agents.grpo import grpo_config
+    from opentinker.agents.grpo_trainer import GRPOTrainer
 
     root = Path(directory)
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
@@ -167,7 +168,7 @@ def evaluate_adapter(
 ) -> LLMEvaluation:
     """Base + merged adapter, greedy, on the first ``prompts`` held-out examples of the adapter's own task —
     the model and decoding the agent service runs. Logged (metrics + episode table) when ``run_id`` is given."""
-    from opentinker.agents.grpo import summarise
+    from opentinker.agents.grpo_trainer import summarise
     from opentinker.agents.lm_policy import load_adapted_model
     from opentinker.agents.lm_rollout import evaluate_model
 

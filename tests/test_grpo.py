@@ -14,12 +14,12 @@ import torch
 
 from opentinker.agents.grpo import (
     GRPOConfig,
-    GRPOTrainer,
     group_advantages,
     grpo_config,
     reduce_loss,
     token_loss,
 )
+from opentinker.agents.grpo_trainer import GRPOTrainer
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.text import TextEnv, TextExample
 from opentinker.envs.text_tasks import (

@@ -30,7 +30,8 @@ from opentinker.agents.export import export_policy
 from opentinker.agents.multiagent.group import AgentGroup
 from opentinker.agents.ppo import PPOTrainer
 from opentinker.agents.trainer import EnvSpaces, Trainer, check_train_args, torch_threads, train_loop
-from opentinker.envs.multiagent import JointEnvs, RemoteJointEnv, run_episodes
+from opentinker.envs.joint import JointEnvs, run_episodes
+from opentinker.envs.multiagent import RemoteJointEnv
 from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import BACKENDS
 from opentinker.envs.rollout import Rollout, derive_seed
