@@ -8,12 +8,26 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 AMP_MODES = ("off", "bf16", "fp16", "safe")
 log = logging.getLogger("opentinker.agents")
+
+
+@contextlib.contextmanager
+def _subnormals_flushed() -> Iterator[None]:
+    """Subnormal floats flushed to zero (on CPU, in this thread) for the optimiser step, then the default again.
+
+    Adam's second-moment estimates of tiny gradients decay into subnormals, which x86 CPUs compute ~10x slower: a
+    CartPole DQN spent half its update time in 67k-parameter Adam steps (0.54 ms each, 0.05 ms flushed). GPU kernels
+    flush them by default; values below 1e-38 carry nothing an optimiser step needs."""
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
 
 
 class AmpNaNError(FloatingPointError):
@@ -89,7 +103,8 @@ class AmpController:
             and (not self.scaler.is_enabled() or self.scaler.get_scale() <= 1.0)
         ):
             raise self._conflict("non-finite gradient")
-        self.scaler.step(optimizer)
+        with _subnormals_flushed():
+            self.scaler.step(optimizer)
         self.scaler.update()
         return True
 
