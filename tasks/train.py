@@ -165,7 +165,7 @@ def _finish(
 
 
 _EARLY: dict[str, EarlyTraining] = {}
-"""In-process trainings started before their flow run, by run directory (``start_early``)."""
+"""Trainings started before their flow run (each in its own process), by run directory (``start_early``)."""
 
 
 class EarlyTraining:
