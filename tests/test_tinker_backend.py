@@ -170,7 +170,7 @@ def test_sampler_logprobs_equal_the_trainers_and_seeds_reproduce(model):
         trainer.forward_backward([_datum()], "cross_entropy")
         trainer.optim_step(AdamStep(learning_rate=1e-2))
         sampler = HFSampler(model)
-        spec = SamplingSpec(max_tokens=8, temperature=1.0, seed=7, stop_tokens=())
+        spec = SamplingSpec(max_tokens=8, temperature=1.0, seed=7, stop_at_eos=False)
         prompt = SEQUENCE[:6]
         jobs = [
             SampleJob(prompt, 3, spec, "policy", prompt_logprobs=True, topk_sample=2),
@@ -205,17 +205,16 @@ def test_sampler_logprobs_equal_the_trainers_and_seeds_reproduce(model):
 def test_sampler_stops_on_tokens_and_strings_and_refuses_bad_stops(model):
     sampler = HFSampler(model)
     prompt = SEQUENCE[:5]
-    free = sampler.sample([SampleJob(prompt, 1, SamplingSpec(max_tokens=12, temperature=0.0, stop_tokens=()))])
+    free = sampler.sample([SampleJob(prompt, 1, SamplingSpec(max_tokens=12, temperature=0.0, stop_at_eos=False))])
     tokens = free[0].completions[0].tokens
-    by_token = sampler.sample(
-        [SampleJob(prompt, 1, SamplingSpec(max_tokens=12, temperature=0.0, stop_tokens=(tokens[3],)))]
-    )
+    spec = SamplingSpec(max_tokens=12, temperature=0.0, stop_at_eos=False, stop_tokens=(tokens[3],))
+    by_token = sampler.sample([SampleJob(prompt, 1, spec)])
     stopped = by_token[0].completions[0]
     assert stopped.tokens == tokens[: tokens.index(tokens[3]) + 1] and stopped.stop_reason == "stop"
     text = model.tokenizer.decode(tokens[:5], skip_special_tokens=False)
     needle = text[-2:]
     by_string = sampler.sample(
-        [SampleJob(prompt, 1, SamplingSpec(max_tokens=12, temperature=0.0, stop_tokens=(), stop_strings=(needle,)))]
+        [SampleJob(prompt, 1, SamplingSpec(max_tokens=12, temperature=0.0, stop_at_eos=False, stop_strings=(needle,)))]
     )[0].completions[0]
     assert by_string.stop_reason == "stop" and needle in model.tokenizer.decode(by_string.tokens)
     assert len(by_string.tokens) <= 5

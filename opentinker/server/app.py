@@ -21,7 +21,7 @@ from opentinker.serving.middleware import BodyLimitMiddleware
 
 from .db import Store
 from .keys import KeyRing
-from .routers import health, keys, tenants
+from .routers import health, keys, tenants, tinker
 
 
 def create_app(settings: Settings | None = None, jobs: bool = True) -> FastAPI:
@@ -49,7 +49,7 @@ def create_app(settings: Settings | None = None, jobs: bool = True) -> FastAPI:
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=int(settings.server_max_upload_mb * 1024 * 1024), error_field="detail"
     )
-    for module in (health, keys, tenants):
+    for module in (health, keys, tenants, tinker):
         app.include_router(module.router)
     return app
 

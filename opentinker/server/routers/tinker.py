@@ -1,0 +1,240 @@
+"""``/api/v1``: the Tinker API as the official ``tinker`` SDK (0.38) calls it (docs/tinker_api.md lists every call).
+
+Every route but ``/api/v1/healthz`` needs a key with the ``tinker`` scope (the SDK sends it as ``X-API-Key``); bodies
+are parsed by the SDK's own request models, ``forward_backward`` bodies are its protobuf. The work is
+``opentinker.server.tinker.service``'s; this module only speaks HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from tinker import types
+
+from ..auth import Caller, require_scope
+from ..tinker import wire
+from ..tinker.errors import BadRequest, TinkerHTTPError
+from ..tinker.service import TinkerService
+
+POLL_SECONDS = 25.0
+"""How long ``retrieve_future`` holds a request open (the SDK waits 45 s for an answer)."""
+M = TypeVar("M", bound=BaseModel)
+
+
+class _TinkerRoute(APIRoute):
+    """The service's errors as the HTTP answers the SDK acts on (402 pause, 404, 410, 429 back off, ...)."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except TinkerHTTPError as error:
+                headers = {"Retry-After": f"{error.retry_after:g}"} if error.retry_after else None
+                return JSONResponse({"detail": error.detail}, status_code=error.status, headers=headers)
+
+        return route
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI):
+    """The service (and its worker, tracking writer and reaper) for the life of the app."""
+    service = TinkerService(app.state.settings, asyncio.get_running_loop())
+    app.state.tinker = service
+    reaper = asyncio.create_task(service.maintain())
+    try:
+        yield
+    finally:
+        reaper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reaper
+        await asyncio.to_thread(service.close)
+
+
+router = APIRouter(prefix="/api/v1", tags=["tinker"], route_class=_TinkerRoute, lifespan=_lifespan)
+TinkerCaller = Annotated[Caller, Depends(require_scope("tinker"))]
+
+
+def _service(request: Request) -> TinkerService:
+    return request.app.state.tinker
+
+
+Service = Annotated[TinkerService, Depends(_service)]
+
+
+async def _parse(request: Request, model: type[M]) -> M:
+    """The body as the SDK's request model; a bad one is a 400 naming the field."""
+    try:
+        return model.model_validate(json.loads(await request.body() or b"{}"))
+    except json.JSONDecodeError as error:
+        raise BadRequest(f"body: not JSON ({error.msg})") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "body"
+        raise BadRequest(f"{field}: {first['msg']}") from None
+
+
+def _json(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+# -- client and service -------------------------------------------------------------------------------------------
+@router.post("/client/config")
+def client_config(request: Request, caller: TinkerCaller) -> dict[str, Any]:
+    """Feature flags the SDK reads once: plain httpx, fwd/bwd chunks one after another (they then arrive in sequence
+    order) and no larger than the server's body limit, no server-side custom losses or session-wide polling."""
+    body_limit = int(request.app.state.settings.server_max_upload_mb * 2**20)
+    config = types.ClientConfigResponse(
+        use_pyqwest_transport=False,
+        parallel_fwdbwd_chunks=False,
+        fwdbwd_max_chunk_bytes_count=min(5_000_000, body_limit // 2),
+    )
+    return _json(config)
+
+
+@router.post("/client/dynamic_config")
+def client_dynamic_config(caller: TinkerCaller) -> dict[str, Any]:
+    return _json(types.ClientDynamicConfigResponse())
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, Any]:
+    return {"status": "ok"}
+
+
+@router.get("/get_server_capabilities")
+def get_server_capabilities(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.capabilities())
+
+
+@router.post("/telemetry")
+def telemetry(caller: TinkerCaller) -> dict[str, Any]:
+    """The SDK's crash and usage reports: accepted and dropped (this server keeps no telemetry)."""
+    return {"status": "accepted"}
+
+
+@router.get("/usage")
+def usage(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    """OpenTinker's own: the caller's live sessions, training clients, samplers, requests and checkpoint bytes."""
+    return service.usage(caller.tenant)
+
+
+# -- sessions -----------------------------------------------------------------------------------------------------
+@router.post("/create_session")
+async def create_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.create_session(caller.tenant, await _parse(request, types.CreateSessionRequest)))
+
+
+@router.post("/session_heartbeat")
+async def session_heartbeat(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    body = await _parse(request, types.SessionHeartbeatRequest)
+    return _json(service.heartbeat(caller.tenant, body.session_id))
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    session = service.registry.session(caller.tenant, session_id, live=False)
+    if session.status == "active":
+        await service.close_session(session, "finished")
+    return {}
+
+
+@router.get("/sessions/{session_id}")
+def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    session = service.registry.session(caller.tenant, session_id, live=False)
+    body = types.GetSessionResponse(
+        training_run_ids=list(session.models),
+        sampler_ids=list(session.samplers),
+        user_metadata=session.user_metadata,
+        display_name=session.display_name,
+    )
+    return {**_json(body), "status": session.status}
+
+
+# -- training -----------------------------------------------------------------------------------------------------
+@router.post("/create_model")
+async def create_model(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.create_model(caller.tenant, await _parse(request, types.CreateModelRequest)))
+
+
+@router.post("/get_info")
+async def get_info(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    body = await _parse(request, types.GetInfoRequest)
+    return _json(service.get_info(caller.tenant, body.model_id))
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    """A protobuf ``ForwardBackwardRequest`` (``forward_only`` set for ``forward``)."""
+    try:
+        call = wire.decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
+    except wire.WireError as error:
+        raise BadRequest(str(error)) from None
+    return _json(service.forward_backward(caller.tenant, call))
+
+
+@router.post("/optim_step")
+async def optim_step(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.optim_step(caller.tenant, await _parse(request, types.OptimStepRequest)))
+
+
+@router.post("/save_weights")
+async def save_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.save_weights(caller.tenant, await _parse(request, types.SaveWeightsRequest)))
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    body = await _parse(request, types.SaveWeightsForSamplerRequest)
+    return _json(service.save_weights_for_sampler(caller.tenant, body))
+
+
+@router.post("/load_weights")
+async def load_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.load_weights(caller.tenant, await _parse(request, types.LoadWeightsRequest)))
+
+
+# -- sampling -----------------------------------------------------------------------------------------------------
+@router.post("/create_sampling_session")
+async def create_sampling_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    body = await _parse(request, types.CreateSamplingSessionRequest)
+    return _json(await service.create_sampling_session(caller.tenant, body))
+
+
+@router.get("/samplers/{sampler_id}")
+def get_sampler(sampler_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.get_sampler(caller.tenant, sampler_id))
+
+
+@router.post("/asample")
+async def asample(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.asample(caller.tenant, await _parse(request, types.SampleRequest)))
+
+
+# -- futures ------------------------------------------------------------------------------------------------------
+@router.post("/retrieve_future")
+async def retrieve_future(request: Request, service: Service, caller: TinkerCaller) -> Response:
+    """The result once ready (protobuf when asked and the type has a protobuf form); 408 "try again" with the queue
+    state while it is pending; ``{"error", "category"}`` if it failed."""
+    body = await _parse(request, types.FutureRetrieveRequest)
+    future = await service.retrieve(caller.tenant, body.request_id, POLL_SECONDS)
+    if future is None:
+        pending = service.futures.get(caller.tenant, body.request_id)
+        state, reason = service.engine.queue_state(pending)
+        again = {"type": "try_again", "request_id": body.request_id, "queue_state": state, "queue_state_reason": reason}
+        return JSONResponse(again, status_code=408)
+    outcome = future.outcome
+    if outcome.error is not None:
+        return JSONResponse({"error": outcome.error, "category": outcome.category})
+    if outcome.proto is not None and wire.PROTOBUF in request.headers.get("accept", ""):
+        return Response(outcome.proto(), media_type=wire.PROTOBUF)
+    return JSONResponse(outcome.json())
