@@ -43,9 +43,12 @@ class SamplingSpec:
     """<= 0: no limit."""
     top_p: float = 1.0
     seed: int | None = None
-    stop_tokens: tuple[int, ...] | None = None
-    """None: the model's end-of-text tokens; () disables every stop token (then only max_tokens ends a row)."""
+    stop_tokens: tuple[int, ...] = ()
+    """Token ids that end a row (kept as its last token), besides the end-of-text ones when ``stop_at_eos``."""
     stop_strings: tuple[str, ...] = ()
+    """A row ends once its decoded text contains one of these."""
+    stop_at_eos: bool = True
+    """The model's end-of-text tokens end a row (Tinker's ``stop=[]`` turns this off: only max_tokens ends it)."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +106,10 @@ def check_job(job: SampleJob, vocab_size: int, max_context: int) -> None:
         raise SamplingError(f"sampling_params.temperature must be >= 0, got {spec.temperature}")
     if not 0 < spec.top_p <= 1:
         raise SamplingError(f"sampling_params.top_p must be in (0, 1], got {spec.top_p}")
-    stops = list(spec.stop_tokens or ()) + list(spec.stop_strings)
+    stops = list(spec.stop_tokens) + list(spec.stop_strings)
     if len(stops) > MAX_STOPS:
         raise SamplingError(f"sampling_params.stop: at most {MAX_STOPS} stop sequences, got {len(stops)}")
-    for token in spec.stop_tokens or ():
+    for token in spec.stop_tokens:
         if not 0 <= token < vocab_size:
             raise SamplingError(f"sampling_params.stop: token id {token} is not in [0, {vocab_size})")
     for text in spec.stop_strings:
@@ -140,9 +143,10 @@ class HFSampler:
         while rows:
             tokens, keep = [], []
             logp = torch.log_softmax(logits.float(), dim=-1)
+            drawn = _draw(logits, [jobs[j].spec for j, _ in rows], generators)
             for r, (j, i) in enumerate(rows):
                 job, completion = jobs[j], results[j].completions[i]
-                token = _draw(logits[r], job.spec, generators[r])
+                token = drawn[r]
                 completion.tokens.append(token)
                 completion.logprobs.append(float(logp[r, token]))
                 if job.topk_sample:
@@ -211,8 +215,8 @@ class HFSampler:
         return {}
 
     def _stopped(self, job: SampleJob, completion: Completion) -> bool:
-        stops = self.default_stops if job.spec.stop_tokens is None else job.spec.stop_tokens
-        if completion.tokens[-1] in stops:
+        last = completion.tokens[-1]
+        if last in job.spec.stop_tokens or (job.spec.stop_at_eos and last in self.default_stops):
             return True
         if job.spec.stop_strings:
             text = self.model.tokenizer.decode(completion.tokens, skip_special_tokens=False)
@@ -227,20 +231,30 @@ def _generator(seed: int | None, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(sample_seed(seed, index))
 
 
-def _draw(logits: torch.Tensor, spec: SamplingSpec, generator: torch.Generator) -> int:
-    """One token: greedy at temperature 0, else from softmax(logits / T) cut to the top-k and the top-p mass."""
-    if spec.temperature == 0:
-        return int(torch.argmax(logits))
-    scaled = logits.float().cpu() / spec.temperature
-    if spec.top_k > 0 and spec.top_k < scaled.numel():
-        kth = torch.topk(scaled, spec.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, -math.inf)
+def _draw(logits: torch.Tensor, specs: Sequence[SamplingSpec], generators: Sequence[torch.Generator]) -> list[int]:
+    """One token per row: greedy at temperature 0, else from softmax(logits / T) cut to the row's top-k and top-p
+    mass, by inverting the row's CDF at one uniform draw from the row's own generator (so a row's tokens do not
+    depend on the other rows of the batch)."""
+    scaled = logits.float().cpu()
+    temperature = torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in specs]).unsqueeze(1)
+    scaled = scaled / temperature
+    vocab = scaled.shape[1]
+    ks = torch.tensor([s.top_k if 0 < s.top_k < vocab else vocab for s in specs])
+    if (ks < vocab).any():
+        top = torch.topk(scaled, int(ks.max()), dim=-1).values
+        kth = top.gather(1, (ks - 1).clamp(max=top.shape[1] - 1).unsqueeze(1))
+        scaled = scaled.masked_fill((scaled < kth) & (ks < vocab).unsqueeze(1), -math.inf)
     probs = torch.softmax(scaled, dim=-1)
-    if spec.top_p < 1:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        outside = sorted_probs.cumsum(0) - sorted_probs >= spec.top_p
-        probs = probs.index_fill(0, order[outside], 0.0)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    top_p = torch.tensor([s.top_p for s in specs])
+    if (top_p < 1).any():
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p.unsqueeze(1)
+        probs = probs.scatter(1, order, sorted_probs.masked_fill(outside, 0.0))
+    cdf = probs.cumsum(-1)
+    uniform = torch.tensor([float(torch.rand(1, generator=g)) for g in generators]).unsqueeze(1)
+    drawn = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp(max=vocab - 1).squeeze(1)
+    greedy = torch.argmax(logits.float().cpu(), dim=-1)
+    return [int(greedy[r] if s.temperature == 0 else drawn[r]) for r, s in enumerate(specs)]
 
 
 def _prompt_logprobs(logp: torch.Tensor, prompt: Sequence[int]) -> np.ndarray:

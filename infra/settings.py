@@ -106,6 +106,9 @@ class Settings(BaseSettings):
         description="Tinker requests of one tenant in flight at once; over it calls answer 429 (the SDK backs off).",
     )
     tinker_sample_batch_rows: int = Field(64, ge=1, description="Completions the Tinker worker samples in one batch.")
+    tinker_poll_s: float = Field(
+        25.0, gt=0, le=40, description="How long retrieve_future holds a pending request open (the SDK waits 45 s)."
+    )
     sandbox: Literal["bwrap", "none"] = Field(
         "bwrap",
         description="Isolation of model-written code (PythonREPL): "

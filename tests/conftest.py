@@ -25,3 +25,4 @@ from fixtures.ray import *  # noqa: F403, E402
 from fixtures.server import *  # noqa: F403, E402
 from fixtures.serving import *  # noqa: F403, E402
 from fixtures.stack import *  # noqa: F403, E402
+from fixtures.tinker import *  # noqa: F403, E402

@@ -16,16 +16,15 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tinker import types
 
 from ..auth import Caller, require_scope
 from ..tinker import wire
-from ..tinker.errors import BadRequest, TinkerHTTPError
+from ..tinker.errors import BadRequest, NotFound, TinkerHTTPError
 from ..tinker.service import TinkerService
+from ..tinker.store import CheckpointError, CheckpointNotFound
 
-POLL_SECONDS = 25.0
-"""How long ``retrieve_future`` holds a request open (the SDK waits 45 s for an answer)."""
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -220,13 +219,79 @@ async def asample(request: Request, service: Service, caller: TinkerCaller) -> d
     return _json(service.asample(caller.tenant, await _parse(request, types.SampleRequest)))
 
 
+# -- checkpoints --------------------------------------------------------------------------------------------------
+def _checkpoints(service: TinkerService, tenant: str, model_id: str | None) -> dict[str, Any]:
+    listed = [types.Checkpoint.model_validate(meta) for meta in service.store.list(tenant, model_id)]
+    return _json(types.CheckpointsListResponse(checkpoints=listed))
+
+
+@router.get("/training_runs/{model_id}/checkpoints")
+def list_checkpoints(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _checkpoints(service, caller.tenant, model_id)
+
+
+@router.get("/checkpoints")
+def list_user_checkpoints(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _checkpoints(service, caller.tenant, None)
+
+
+def _checkpoint_call(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except CheckpointNotFound as error:
+        raise NotFound(str(error)) from None
+    except CheckpointError as error:
+        raise BadRequest(str(error)) from None
+
+
+@router.delete("/training_runs/{model_id}/checkpoints/{kind}/{name}")
+def delete_checkpoint(model_id: str, kind: str, name: str, service: Service, caller: TinkerCaller) -> dict:
+    _checkpoint_call(lambda: service.store.delete(caller.tenant, f"tinker://{model_id}/{kind}/{name}"))
+    return {}
+
+
+class CheckpointTtl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_seconds: int | None = None
+
+
+@router.put("/training_runs/{model_id}/checkpoints/{kind}/{name}/ttl")
+async def set_checkpoint_ttl(
+    model_id: str, kind: str, name: str, request: Request, service: Service, caller: TinkerCaller
+) -> dict:
+    body = await _parse(request, CheckpointTtl)
+    uri = f"tinker://{model_id}/{kind}/{name}"
+    _checkpoint_call(lambda: service.store.set_ttl(caller.tenant, uri, body.ttl_seconds))
+    return {}
+
+
+class RegisterCheckpoint(BaseModel):
+    """OpenTinker's own: a sampler checkpoint into the tenant's model registry."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="tinker://<model_id>/sampler_weights/<name>")
+    model_name: str = Field(description="Registered as <tenant>.<model_name>.")
+    alias: str | None = Field(None, description="An alias to point at the new version (e.g. champion).")
+
+
+@router.post("/register_checkpoint")
+async def register_checkpoint(
+    request: Request, service: Service, caller: TinkerCaller, _: Annotated[Caller, Depends(require_scope("models"))]
+) -> dict[str, Any]:
+    """Needs the ``models`` scope too: it writes to the tenant's model registry."""
+    body = await _parse(request, RegisterCheckpoint)
+    return await service.register_checkpoint(caller.tenant, body.path, body.model_name, body.alias)
+
+
 # -- futures ------------------------------------------------------------------------------------------------------
 @router.post("/retrieve_future")
 async def retrieve_future(request: Request, service: Service, caller: TinkerCaller) -> Response:
     """The result once ready (protobuf when asked and the type has a protobuf form); 408 "try again" with the queue
     state while it is pending; ``{"error", "category"}`` if it failed."""
     body = await _parse(request, types.FutureRetrieveRequest)
-    future = await service.retrieve(caller.tenant, body.request_id, POLL_SECONDS)
+    future = await service.retrieve(caller.tenant, body.request_id, service.settings.tinker_poll_s)
     if future is None:
         pending = service.futures.get(caller.tenant, body.request_id)
         state, reason = service.engine.queue_state(pending)

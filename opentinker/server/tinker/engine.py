@@ -120,6 +120,8 @@ class Engine:
                 if self._closed:
                     return
                 head = self._queue.popleft()
+                if isinstance(head, Work) and head.future.outcome is not None:
+                    continue  # failed while it waited (its session closed)
                 batch = self._take_batch(head) if isinstance(head, Work) and head.job is not None else [head]
             if isinstance(head, _Call):
                 self._run_call(head)
@@ -133,7 +135,12 @@ class Engine:
         """``head`` and the queued sampling requests on its base model that fit ``max_rows`` (lock held)."""
         batch, rows = [head], head.job.num_samples
         for item in list(self._queue):
-            if isinstance(item, Work) and item.job is not None and item.base == head.base:
+            if (
+                isinstance(item, Work)
+                and item.job is not None
+                and item.base == head.base
+                and item.future.outcome is None
+            ):
                 if rows + item.job.num_samples > self.max_rows:
                     break
                 batch.append(item)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +28,7 @@ from opentinker.server import tenants
 
 from . import wire
 from .engine import Engine, Work
-from .errors import BadRequest, OverQuota, RateLimited
+from .errors import BadRequest, NotFound, OverQuota, RateLimited
 from .futures import Future, FutureStore, Outcome
 from .sampling import STATE_FILE, SamplerAdapters, sampler_source
 from .sessions import Registry, Sampler, Sequencer, Session, TrainingModel
@@ -35,6 +37,12 @@ from .tracking import TrackingWriter
 
 DISPLAY_NAMES = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "tiny": "opentinker/tiny-llama"}
 """How the API names the built-in base models (clients may also use the short names)."""
+SNAPSHOTS_KEPT = 4
+"""``save_weights_and_get_sampling_client`` samplers kept per training client: an RL loop makes one a step and
+drops the last; an older one answers 404 once evicted (its adapter's memory is freed)."""
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_REGISTRY_LOCK = threading.Lock()
+"""MLflow's model logging is process-wide (its tracking URI): one registration at a time."""
 USER_ERRORS = (LossInputError, SamplingError, CheckpointError, wire.WireError, ValueError, KeyError)
 """Raised by an operation because of what the request asked: the future fails with category ``user``."""
 
@@ -255,6 +263,7 @@ class TinkerService:
         }
         tags = {"tinker.model_id": model.model_id, "tinker.session_id": model.session_id}
         model.run = self.tracking.start_run(model.tenant, f"tinker-{model.model_id}", params, tags)
+        self.tracking.flush()  # the run exists before the client hears of its model (its store, too, on first use)
         return model.trainer
 
     def get_info(self, tenant: str, model_id: str) -> types.GetInfoResponse:
@@ -350,6 +359,11 @@ class TinkerService:
             source=model,
         )
         self.registry.add_sampler(session, sampler)
+        model.snapshots.append(sampler)
+        while len(model.snapshots) > SNAPSHOTS_KEPT:
+            old = model.snapshots.pop(0)
+            self.registry.drop_sampler(old)
+            self.engine.call(lambda old=old: self.adapters.release(old))
 
         def op() -> Outcome:
             self.adapters.snapshot(sampler, model)
@@ -469,12 +483,49 @@ class TinkerService:
 
         return track
 
+    # -- registry --------------------------------------------------------------------------------------------------
+    async def register_checkpoint(self, tenant: str, uri: str, name: str, alias: str | None) -> dict[str, str]:
+        """A sampler checkpoint as a new version of the tenant's registered model ``name`` (logged into the run of
+        the client that saved it), so ``opentinker agent serve --llm models:/<tenant>.<name>@<alias>`` serves it."""
+        from opentinker.tracking.llm_store import log_adapter_model
+
+        try:
+            path, folder, meta = self.store.open(tenant, uri)
+        except CheckpointError as error:
+            raise NotFound(str(error)) from None
+        if path.kind != "sampler_weights":
+            raise BadRequest(f"path: register a sampler checkpoint (save_weights_for_sampler), got {uri}")
+        if not _MODEL_NAME.match(name):
+            raise BadRequest(
+                f"model_name: expected 1-100 characters of letters, digits, '.', '_' and '-', got {name!r}"
+            )
+        registered = tenants.model_name(tenant, name)
+
+        def register() -> str:
+            self.tracking.flush()
+            client = self.tracking.client(tenant)
+            experiment = self.tracking.experiment(client, tenant)
+            runs = client.search_runs([experiment], f"tags.`tinker.model_id` = '{path.model_id}'", max_results=1)
+            run_id = (
+                runs[0].info.run_id if runs else client.create_run(experiment, run_name=f"register-{name}").info.run_id
+            )
+            tags = {"tinker_path": uri, "base_model": str(meta["base_model"])}
+            with _REGISTRY_LOCK:
+                version = log_adapter_model(
+                    folder, run_id, registered, tags, tenants.tracking_uri(tenant, self.settings)
+                )
+            if alias:
+                client.set_registered_model_alias(registered, alias, version)
+            return version
+
+        version = await asyncio.to_thread(register)
+        return {"model_name": registered, "version": version, "model_uri": f"models:/{registered}/{version}"}
+
     # -- futures ---------------------------------------------------------------------------------------------------
     async def retrieve(self, tenant: str, request_id: str, timeout: float) -> Future | None:
         """The future once resolved, None while it is still pending after ``timeout`` seconds; not found: 404."""
-        from .errors import NotFound
-
         future = self.futures.get(tenant, request_id)
         if future is None:
             raise NotFound(f"request {request_id!r} not found")
+        self.registry.touch(future.owner)
         return future if await self.futures.wait(future, timeout) else None

@@ -79,6 +79,8 @@ class TrainingModel:
     """Its tracking run (``tracking.ClientRun``)."""
     user_metadata: dict[str, Any] | None = None
     closed: bool = False
+    snapshots: list[Sampler] = field(default_factory=list)
+    """Its ``save_weights_and_get_sampling_client`` samplers, oldest first (the service keeps the last few)."""
 
 
 @dataclass(eq=False)
@@ -143,6 +145,13 @@ class Registry:
         self.sessions[sampler.session_id].last_seen = time.monotonic()
         return sampler
 
+    def touch(self, owner: str) -> None:
+        """A client polling a result of its model or sampler is alive: its session's reaping clock restarts."""
+        record = self.models.get(owner) or self.samplers.get(owner)
+        session = self.sessions.get(record.session_id) if record is not None else None
+        if session is not None:
+            session.last_seen = time.monotonic()
+
     def add_model(self, session: Session, model: TrainingModel) -> None:
         if model.model_id in self.models:
             raise BadRequest(f"model_seq_id: model {model.model_id!r} already exists in this session")
@@ -154,6 +163,12 @@ class Registry:
             raise BadRequest(f"sampling_session_seq_id: sampler {sampler.sampler_id!r} already exists in this session")
         session.samplers[sampler.sampler_id] = sampler
         self.samplers[sampler.sampler_id] = sampler
+
+    def drop_sampler(self, sampler: Sampler) -> None:
+        self.samplers.pop(sampler.sampler_id, None)
+        session = self.sessions.get(sampler.session_id)
+        if session is not None:
+            session.samplers.pop(sampler.sampler_id, None)
 
     def live_models(self, tenant: str) -> int:
         return sum(1 for m in self.models.values() if m.tenant == tenant and not m.closed)

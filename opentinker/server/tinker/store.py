@@ -141,6 +141,18 @@ class CheckpointStore:
     def delete(self, tenant: str, uri: str) -> None:
         shutil.rmtree(self.open(tenant, uri)[1])
 
+    def set_ttl(self, tenant: str, uri: str, ttl_seconds: int | None) -> dict[str, Any]:
+        """Expire the checkpoint ``ttl_seconds`` from now (None: never)."""
+        if ttl_seconds is not None and ttl_seconds < 1:
+            raise CheckpointError(f"ttl_seconds: expected a positive number of seconds or None, got {ttl_seconds}")
+        _, folder, meta = self.open(tenant, uri)
+        expires = datetime.now(UTC) + timedelta(seconds=ttl_seconds) if ttl_seconds else None
+        meta["expires_at"] = expires.isoformat() if expires else None
+        staging = folder / f".{META}.{uuid.uuid4().hex}.tmp"
+        staging.write_text(json.dumps(meta, indent=2))
+        os.replace(staging, folder / META)
+        return meta
+
     def sweep(self, tenants_root: Path) -> int:
         """Delete every tenant's expired checkpoints; how many went."""
         removed = 0

@@ -78,7 +78,7 @@ class TrackingWriter:
         run = ClientRun(self, tenant)
 
         def create(client: Any) -> None:
-            experiment_id = self._experiment(client, tenant)
+            experiment_id = self.experiment(client, tenant)
             created = client.create_run(experiment_id, run_name=name, tags={"opentinker.source": "tinker-api", **tags})
             run.run_id = created.info.run_id
             for key, value in params.items():
@@ -115,11 +115,12 @@ class TrackingWriter:
         while (item := self._queue.get()) is not None:
             fn, run = item
             try:
-                fn(self._client(run.tenant) if run.tenant else None)
+                fn(self.client(run.tenant) if run.tenant else None)
             except Exception:
                 log.exception("tracking write failed")
 
-    def _client(self, tenant: str) -> Any:
+    def client(self, tenant: str) -> Any:
+        """The tenant's MLflow client (its own store with the embedded stack)."""
         if tenant not in self._clients:
             from mlflow import MlflowClient
 
@@ -129,7 +130,8 @@ class TrackingWriter:
             self._clients[tenant] = MlflowClient(tracking_uri=uri, registry_uri=uri)
         return self._clients[tenant]
 
-    def _experiment(self, client: Any, tenant: str) -> str:
+    def experiment(self, client: Any, tenant: str) -> str:
+        """The id of the tenant's experiment, created on first use."""
         from opentinker.tracking.runs import EXPERIMENT_KIND, export_s3_environment
 
         name = tenants.experiment(tenant)
