@@ -71,9 +71,9 @@ class ObservationReader:
         self.norm_dim = sum(part["dim"] for part in self.parts if part["kind"] == "box")
 
     def prepare(self, obs: Any, normalise) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """A float (batch, dim) tensor, or without images... with images a tuple with one tensor per part (vectors
-        encoded, images uint8 channels-first). ``normalise(x, start)`` applies the running statistics of the Box
-        columns from ``start``."""
+        """Without images a float (batch, dim) tensor; with images a tuple of one tensor per part (vectors encoded,
+        images uint8 channels-first). ``normalise(x, start)`` applies the running statistics of the Box columns from
+        ``start``."""
         if self.flat_box:
             return normalise(obs.reshape(-1, self.dim).float(), 0)
         leaves = [obs] if self.container is None else [obs[part["key"]] for part in self.parts]
@@ -90,7 +90,8 @@ class ObservationReader:
                 columns.append(nn.functional.one_hot(leaf.reshape(rows).long() - part["start"], part["n"]).float())
             elif kind == "multi_discrete":
                 index = leaf.reshape(rows, -1).long() - torch.as_tensor(part["start"], device=leaf.device)
-                columns += [nn.functional.one_hot(index[:, j], n).float() for j, n in enumerate(part["nvec"])]
+                hots = [nn.functional.one_hot(index[:, j], n) for j, n in enumerate(part["nvec"])]
+                columns.append(torch.cat(hots, dim=1).float())
             else:  # multi_binary
                 columns.append(leaf.reshape(rows, -1).float())
         if self.has_images:

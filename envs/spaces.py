@@ -60,11 +60,12 @@ def conv_output_side(side: int, convs: list[list[int]]) -> int:
 
 def _image_part(space: gym.spaces.Box, layout: str) -> dict[str, Any]:
     shape = space.shape
-    height, width, channels = {
-        "hw": (shape[0], shape[1], 1),
-        "hwc": (shape[0], shape[1], shape[2]),
-        "chw": (shape[1], shape[2], shape[0]),
-    }[layout]
+    if layout == "hw":
+        (height, width), channels = shape, 1
+    elif layout == "hwc":
+        height, width, channels = shape
+    else:
+        channels, height, width = shape
     nature = min(height, width) >= 36
     convs, features = (NATURE_CNN, 512) if nature else (COMPACT_CNN, 256)
     flat = convs[-1][0] * conv_output_side(height, convs) * conv_output_side(width, convs)
@@ -190,8 +191,8 @@ def unsupported_spaces(observation_space: gym.Space, action_space: gym.Space) ->
         return None
     if any(is_text):
         return (
-            f"observation_space {short(observation_space)} with action_space {short(action_space)}: a text env "
-            "(GRPO) needs both spaces Text; numeric algorithms take observations "
+            f"observation_space {short(observation_space)} with action_space {short(action_space)} is not supported: "
+            "a text env (GRPO) needs both spaces Text; numeric algorithms take observations "
             f"{SUPPORTED_OBSERVATIONS} and actions {SUPPORTED_ACTIONS}"
         )
     try:
