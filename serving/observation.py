@@ -82,7 +82,8 @@ class ObservationSchema:
         }
 
     def _fmt(self, x: float) -> str:
-        return str(self.dtype.type(x))
+        """In the space's dtype, except integers outside it (uint8 would print 300 as 44)."""
+        return str(int(x)) if self.is_integer and float(x).is_integer() else str(self.dtype.type(x))
 
     @cached_property
     def _finite_bounds(self) -> bool:
