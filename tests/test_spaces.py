@@ -300,3 +300,25 @@ def test_presets_put_multi_discrete_actions_in_the_discrete_family():
         engine_preset("dqn", "opentinker.envs.identity:MultiDiscreteIdentityEnv")
     with pytest.raises(EnvSpecError, match=r"MultiDiscrete.* is not supported by this algorithm: expected Discrete"):
         policy_spec(VECTOR, ACTION_SPACES["multi_discrete"], True, (8,), "relu")
+
+
+def test_sac_and_td3_actors_export_and_serve_like_ppo(tmp_path):
+    for kind in ("squashed_gaussian", "deterministic"):
+        actor_cls = SquashedGaussianActor if kind == "squashed_gaussian" else DeterministicActor
+        actor = actor_cls(policy_spec(DICT_ENV_SPACE, BOX_ACTION, False, (16,), "relu", actor=kind))
+        actor.observation_space, actor.action_space = DICT_ENV_SPACE, BOX_ACTION
+        loaded = load_policy(export_policy(actor, tmp_path / kind))
+        assert loaded.spec["algorithm"] == {"squashed_gaussian": "sac", "deterministic": "td3"}[kind]
+        obs = sample_batch(DICT_ENV_SPACE, 3)
+        np.testing.assert_allclose(loaded.act(obs), actor.act(obs), rtol=1e-5, atol=1e-6)
+        actions, probs, values = loaded.act_with_info(obs)
+        assert actions.shape == (3, 2) and probs is None and values is None
+
+
+def test_a_policy_whose_observation_cannot_fit_a_request_is_refused_at_start():
+    from opentinker.serving.observation import ObservationSchema, check_request_limit
+
+    frames = ObservationSchema.from_space(gym.spaces.Box(0, 255, (600, 400, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"at least 1440000 bytes .* max_body_bytes=1048576; raise OPENTINKER_SERVE"):
+        check_request_limit(frames, 1 << 20)
+    check_request_limit(ObservationSchema.from_space(DICT_ENV_SPACE), 1 << 20)  # 2 x (64 + 2) bytes: fits
