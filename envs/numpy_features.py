@@ -115,7 +115,8 @@ class NumpyFeatures:
 
     def __call__(self, obs: Any) -> np.ndarray:
         if self.flat_box:
-            return self._normalise(np.asarray(obs, dtype=np.float32).reshape(-1, self.dim), 0)
+            x = np.asarray(obs, dtype=np.float32).reshape(-1, self.dim)
+            return x if self.norm_clip is None else self._normalise(x, 0)
         leaves = [obs] if self.container is None else [obs[part["key"]] for part in self.parts]
         columns, norm_at = [], 0
         for i, (part, leaf) in enumerate(zip(self.parts, leaves)):

@@ -208,13 +208,17 @@ class RolloutWorker:
         rng = np.random.default_rng([self.seed, iteration, self.index])
         n = self.num_envs
         obs = empty_steps(self.obs, n_steps)
+        structured = not isinstance(obs, np.ndarray)  # a Dict/Tuple observation: one buffer per part
         rewards, values, logprobs = (np.empty((n_steps, n), np.float32) for _ in range(3))
         terminated, truncated, valid = (np.empty((n_steps, n), bool) for _ in range(3))
         actions = None
         returns, lengths = [], []
         env_s = policy_s = 0.0
         for t in range(n_steps):
-            write_step(obs, t, self.obs)
+            if structured:
+                write_step(obs, t, self.obs)
+            else:
+                obs[t] = self.obs
             t0 = time.perf_counter()
             action, logp, value = policy.sample(self.obs, rng)
             t1 = time.perf_counter()
