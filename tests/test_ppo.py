@@ -10,8 +10,8 @@ import torch
 from opentinker.agents import PPOConfig, PPOTrainer
 from opentinker.agents.export import export_policy, load_policy
 from opentinker.agents.ppo import clipped_policy_loss, explained_variance, normalize, value_loss
-from opentinker.agents.trainer import EnvSpaces
 from opentinker.envs import EnvSpecError
+from opentinker.envs.base import EnvSpaces
 
 DASHBOARD_METRICS = {
     "charts/episodic_return_mean",
