@@ -141,7 +141,7 @@ async def session_heartbeat(request: Request, service: Service, caller: TinkerCa
 
 @router.post("/sessions/{session_id}/finish")
 async def finish_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    session = service.registry.session(caller.tenant, session_id, live=False)
+    session = service.session(caller.tenant, session_id)
     if session.status == "active":
         await service.close_session(session, "finished")
     return {}
@@ -149,7 +149,7 @@ async def finish_session(session_id: str, service: Service, caller: TinkerCaller
 
 @router.get("/sessions/{session_id}")
 def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    session = service.registry.session(caller.tenant, session_id, live=False)
+    session = service.session(caller.tenant, session_id)
     body = types.GetSessionResponse(
         training_run_ids=list(session.models),
         sampler_ids=list(session.samplers),
@@ -162,13 +162,13 @@ def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict
 # -- training -----------------------------------------------------------------------------------------------------
 @router.post("/create_model")
 async def create_model(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.create_model(caller.tenant, await _parse(request, types.CreateModelRequest)))
+    return _json(service.training.create_model(caller.tenant, await _parse(request, types.CreateModelRequest)))
 
 
 @router.post("/get_info")
 async def get_info(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.GetInfoRequest)
-    return _json(service.get_info(caller.tenant, body.model_id))
+    return _json(service.training.get_info(caller.tenant, body.model_id))
 
 
 @router.post("/forward_backward")
@@ -178,50 +178,50 @@ async def forward_backward(request: Request, service: Service, caller: TinkerCal
         call = wire.decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
     except wire.WireError as error:
         raise BadRequest(str(error)) from None
-    return _json(service.forward_backward(caller.tenant, call))
+    return _json(service.training.forward_backward(caller.tenant, call))
 
 
 @router.post("/optim_step")
 async def optim_step(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.optim_step(caller.tenant, await _parse(request, types.OptimStepRequest)))
+    return _json(service.training.optim_step(caller.tenant, await _parse(request, types.OptimStepRequest)))
 
 
 @router.post("/save_weights")
 async def save_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.save_weights(caller.tenant, await _parse(request, types.SaveWeightsRequest)))
+    return _json(service.training.save_weights(caller.tenant, await _parse(request, types.SaveWeightsRequest)))
 
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.SaveWeightsForSamplerRequest)
-    return _json(service.save_weights_for_sampler(caller.tenant, body))
+    return _json(service.training.save_weights_for_sampler(caller.tenant, body))
 
 
 @router.post("/load_weights")
 async def load_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.load_weights(caller.tenant, await _parse(request, types.LoadWeightsRequest)))
+    return _json(service.training.load_weights(caller.tenant, await _parse(request, types.LoadWeightsRequest)))
 
 
 # -- sampling -----------------------------------------------------------------------------------------------------
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.CreateSamplingSessionRequest)
-    return _json(await service.create_sampling_session(caller.tenant, body))
+    return _json(await service.sampling.create_sampling_session(caller.tenant, body))
 
 
 @router.get("/samplers/{sampler_id}")
 def get_sampler(sampler_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.get_sampler(caller.tenant, sampler_id))
+    return _json(service.sampling.get_sampler(caller.tenant, sampler_id))
 
 
 @router.post("/asample")
 async def asample(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.asample(caller.tenant, await _parse(request, types.SampleRequest)))
+    return _json(service.sampling.asample(caller.tenant, await _parse(request, types.SampleRequest)))
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------------
 def _checkpoints(service: TinkerService, tenant: str, model_id: str | None) -> dict[str, Any]:
-    listed = [types.Checkpoint.model_validate(meta) for meta in service.store.list(tenant, model_id)]
+    listed = [types.Checkpoint.model_validate(meta) for meta in service.core.store.list(tenant, model_id)]
     return _json(types.CheckpointsListResponse(checkpoints=listed))
 
 
@@ -246,7 +246,7 @@ def _checkpoint_call(fn: Callable[[], Any]) -> Any:
 
 @router.delete("/training_runs/{model_id}/checkpoints/{kind}/{name}")
 def delete_checkpoint(model_id: str, kind: str, name: str, service: Service, caller: TinkerCaller) -> dict:
-    _checkpoint_call(lambda: service.store.delete(caller.tenant, f"tinker://{model_id}/{kind}/{name}"))
+    _checkpoint_call(lambda: service.core.store.delete(caller.tenant, f"tinker://{model_id}/{kind}/{name}"))
     return {}
 
 
@@ -262,7 +262,7 @@ async def set_checkpoint_ttl(
 ) -> dict:
     body = await _parse(request, CheckpointTtl)
     uri = f"tinker://{model_id}/{kind}/{name}"
-    _checkpoint_call(lambda: service.store.set_ttl(caller.tenant, uri, body.ttl_seconds))
+    _checkpoint_call(lambda: service.core.store.set_ttl(caller.tenant, uri, body.ttl_seconds))
     return {}
 
 
@@ -291,10 +291,9 @@ async def retrieve_future(request: Request, service: Service, caller: TinkerCall
     """The result once ready (protobuf when asked and the type has a protobuf form); 408 "try again" with the queue
     state while it is pending; ``{"error", "category"}`` if it failed."""
     body = await _parse(request, types.FutureRetrieveRequest)
-    future = await service.retrieve(caller.tenant, body.request_id, service.settings.tinker_poll_s)
-    if future is None:
-        pending = service.futures.get(caller.tenant, body.request_id)
-        state, reason = service.engine.queue_state(pending)
+    future, done = await service.retrieve(caller.tenant, body.request_id, service.settings.tinker_poll_s)
+    if not done:
+        state, reason = service.queue_state(future)
         again = {"type": "try_again", "request_id": body.request_id, "queue_state": state, "queue_state_reason": reason}
         return JSONResponse(again, status_code=408)
     outcome = future.outcome
