@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from opentinker.agents.multi_lora import AdapterShape, MultiLoraModel
-from opentinker.agents.token_losses import LossInputError, check_config, check_datum, datum_loss
+from opentinker.agents.token_losses import LossInputError, check_config, check_datum, datum_loss, gradient_positions
 
 MICRO_BATCH_TOKENS = 4096
 """Padded tokens per forward/backward pass: gradients accumulate across passes (memory, not maths)."""
@@ -120,7 +120,8 @@ class AdapterTrainer:
         for chunk in _chunks(data, MICRO_BATCH_TOKENS):
             with torch.set_grad_enabled(not forward_only):
                 targets = [torch.as_tensor(d.inputs["target_tokens"], dtype=torch.long) for d in chunk]
-                logps = self.model.target_logprobs(self.name, [d.tokens for d in chunk], targets)
+                active = [torch.as_tensor(gradient_positions(loss, d.inputs, resolved)) for d in chunk]
+                logps = self.model.target_logprobs(self.name, [d.tokens for d in chunk], targets, active)
                 losses = [
                     datum_loss(loss, logp, _float_inputs(datum, logp.device), resolved)
                     for datum, logp in zip(chunk, logps)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -166,13 +166,13 @@ class HFSampler:
                 rows, generators = [rows[r] for r in keep], [generators[r] for r in keep]
             attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
             positions = attention.sum(dim=1, keepdim=True) - 1
-            out = self.model.model(
+            out = self._forward(
+                [jobs[j].adapter for j, _ in rows],
                 input_ids=torch.tensor(tokens, device=self.model.device).unsqueeze(1),
                 attention_mask=attention,
                 position_ids=positions,
                 cache=cache,
                 use_cache=True,
-                **self._adapters([jobs[j].adapter for j, _ in rows]),
             )
             logits, cache = out.logits[:, -1], out.cache
         return results
@@ -189,13 +189,13 @@ class HFSampler:
             [[0] * (width - len(j.prompt)) + [1] * len(j.prompt) for j in jobs], device=self.model.device
         )
         scored = any(job.prompt_logprobs or job.topk_prompt for job in jobs)
-        out = self.model.model(
+        out = self._forward(
+            [job.adapter for job in jobs],
             input_ids=ids,
             attention_mask=attention,
             position_ids=(attention.cumsum(dim=1) - 1).clamp(min=0),
             use_cache=True,
             logits_to_keep=0 if scored else 1,
-            **self._adapters([job.adapter for job in jobs]),
         )
         for j, job in enumerate(jobs):
             if job.prompt_logprobs or job.topk_prompt:
@@ -206,13 +206,16 @@ class HFSampler:
                     results[j].prompt_topk = _prompt_topk(logp, job.topk_prompt)
         return out.logits[:, -1], out.cache, attention
 
-    def _adapters(self, names: Sequence[str | None]) -> dict:
-        """peft's per-row adapter choice; the bare model takes none (it has no adapters to choose from)."""
-        if self.model.shapes:
-            return {"adapter_names": [name or BASE for name in names]}
-        if any(names):
-            raise SamplingError(f"no adapter {next(n for n in names if n)!r} is loaded")
-        return {}
+    def _forward(self, names: Sequence[str | None], **inputs) -> Any:
+        """One forward, each row through its adapter: one adapter for the whole batch when they all share it, else
+        peft's mixed batch (``adapter_names``; ``"__base__"`` for the bare model)."""
+        unknown = [n for n in names if n is not None and n not in self.model.shapes]
+        if unknown:
+            raise SamplingError(f"no adapter {unknown[0]!r} is loaded")
+        if len(set(names)) == 1:
+            with self.model.using(names[0]):
+                return self.model.model(**inputs)
+        return self.model.model(**inputs, adapter_names=[name or BASE for name in names])
 
     def _stopped(self, job: SampleJob, completion: Completion) -> bool:
         last = completion.tokens[-1]

@@ -11,6 +11,7 @@ so a saved adapter is also what the registry serves (``tracking.llm_store``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -190,11 +191,19 @@ class MultiLoraModel:
 
     # -- forward passes --------------------------------------------------------------------------------------------
     def target_logprobs(
-        self, name: str | None, inputs: Sequence[Sequence[int]], targets: Sequence[torch.Tensor]
+        self,
+        name: str | None,
+        inputs: Sequence[Sequence[int]],
+        targets: Sequence[torch.Tensor],
+        active: Sequence[torch.Tensor | None] | None = None,
     ) -> list[torch.Tensor]:
-        """log p(targets[i][t] | inputs[i][: t + 1]) for a batch (right-padded, one forward), with the graph when
-        gradients are enabled. ``targets[i]`` is (T_i,) or (T_i, K); the result has its shape. ``name`` None: the
-        base model alone."""
+        """log p(targets[i][t] | inputs[i][: t + 1]) for a batch (right-padded, one pass of the decoder), with the
+        graph when gradients are enabled. ``targets[i]`` is (T_i,) or (T_i, K); the result has its shape. ``name``
+        None: the base model alone.
+
+        ``active[i]``: a (T_i,) mask of the positions whose log-probabilities need a gradient (None: all). The
+        output projection, a vocabulary-wide matmul per position, runs with the graph only there and under no_grad
+        elsewhere: a prompt's positions cost their forward, not their backward and their activations."""
         width = max(len(x) for x in inputs)
         ids = torch.zeros((len(inputs), width), dtype=torch.long)
         attention = torch.zeros((len(inputs), width), dtype=torch.long)
@@ -202,17 +211,49 @@ class MultiLoraModel:
             ids[row, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
             attention[row, : len(tokens)] = 1
         ids, attention = ids.to(self.device), attention.to(self.device)
-        if name is None and self._peft is not None:
-            with self._peft.disable_adapter():
-                logits = self._peft(input_ids=ids, attention_mask=attention).logits
-        else:
-            if name is not None:
-                self.activate(name)
-            logits = self.model(input_ids=ids, attention_mask=attention).logits
-        out = []
-        for row, target in enumerate(targets):
-            row_logits = logits[row, : target.shape[0]].float()
-            index = target.to(self.device).view(target.shape[0], -1)
-            picked = row_logits.gather(-1, index) - torch.logsumexp(row_logits, dim=-1, keepdim=True)
-            out.append(picked.view(target.shape))
+        with self.using(name):
+            causal_lm = self._peft.get_base_model() if self._peft is not None else self._base_model
+            hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+            head = causal_lm.get_output_embeddings()
+            out = []
+            for row, target in enumerate(targets):
+                mask = None if active is None else active[row]
+                out.append(_head_logprobs(head, hidden[row, : target.shape[0]], target.to(self.device), mask))
         return out
+
+    def using(self, name: str | None) -> Any:
+        """A context in which forward passes use adapter ``name`` (None: the base model alone)."""
+        if name is None:
+            return self._peft.disable_adapter() if self._peft is not None else contextlib.nullcontext()
+        self.activate(name)
+        return contextlib.nullcontext()
+
+
+HEAD_CHUNK = 1024
+"""Positions per no-grad pass of the output projection (bounds the (positions x vocabulary) logits in memory)."""
+
+
+def _head_logprobs(head: Any, hidden: torch.Tensor, target: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+    """log-softmax of ``head(hidden)`` at ``target``, with the graph at the ``active`` positions only."""
+
+    def pick(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        logits = head(h).float()
+        index = t.view(t.shape[0], -1)
+        return (logits.gather(-1, index) - torch.logsumexp(logits, dim=-1, keepdim=True)).view(t.shape)
+
+    if active is None or not torch.is_grad_enabled():
+        if torch.is_grad_enabled():
+            return pick(hidden, target)
+        return torch.cat(
+            [pick(hidden[i : i + HEAD_CHUNK], target[i : i + HEAD_CHUNK]) for i in range(0, len(target), HEAD_CHUNK)]
+        )
+    active = active.to(hidden.device)
+    out = torch.zeros(target.shape, dtype=torch.float32, device=hidden.device)
+    with torch.no_grad():
+        idle = (~active).nonzero().squeeze(1)
+        for i in range(0, len(idle), HEAD_CHUNK):
+            chunk = idle[i : i + HEAD_CHUNK]
+            out[chunk] = pick(hidden[chunk], target[chunk])
+    if active.any():
+        out = out.index_put((active.nonzero().squeeze(1),), pick(hidden[active], target[active]))
+    return out

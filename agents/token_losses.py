@@ -162,6 +162,19 @@ def check_datum(name: str, index: int, n_tokens: int, inputs: Mapping[str, np.nd
             raise LossInputError(f"{where}[{key!r}]: expected finite float32 values")
 
 
+def gradient_positions(name: str, inputs: Mapping[str, np.ndarray], config: Mapping[str, float]) -> np.ndarray:
+    """The positions where ``name``'s per-token loss depends on logp (elsewhere it is zero whatever logp is, so
+    those positions need no gradient): a non-zero weight for cross_entropy, a non-zero advantage for the
+    policy-gradient losses, everywhere for dro (its penalty pulls logp towards the sampler's at every position)."""
+    n = inputs["target_tokens"].shape[0]
+    if name == "cross_entropy":
+        weights = inputs.get("weights")
+        return np.ones(n, dtype=bool) if weights is None else (weights.reshape(n, -1) != 0).any(axis=1)
+    if name == "dro" and config.get("beta", 0.0) != 0:
+        return np.ones(n, dtype=bool)
+    return inputs["advantages"] != 0
+
+
 def datum_loss(
     name: str, logp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]
 ) -> torch.Tensor:

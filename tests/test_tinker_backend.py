@@ -250,3 +250,26 @@ def test_a_saved_adapter_is_a_peft_folder_the_registry_can_serve(model, tmp_path
     finally:
         trainer.close()
         model.remove("reloaded")
+
+
+def test_positions_without_a_loss_skip_their_backward_not_their_logprobs(model):
+    """The output projection runs with the graph only where the loss can have a gradient: same logprobs everywhere,
+    same gradient."""
+    trainer = AdapterTrainer(model, "masked", AdapterShape(rank=4), seed=6)
+    try:
+        targets = [torch.tensor(SEQUENCE[1:])]
+        advantages = torch.zeros(len(SEQUENCE) - 1)
+        advantages[-8:] = torch.linspace(-1, 1, 8)
+        grads = []
+        for active in (None, [advantages != 0]):
+            logp = model.target_logprobs("masked", [SEQUENCE[:-1]], targets, active)[0]
+            (-(logp * advantages).sum()).backward()
+            grads.append([p.grad.clone() for p in model.parameters("masked")])
+            for p in model.parameters("masked"):
+                p.grad = None
+            if active is None:
+                full = logp.detach()
+        assert torch.allclose(logp.detach(), full, atol=1e-5)
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+    finally:
+        trainer.close()
