@@ -159,6 +159,8 @@ def test_save_state_then_load_resumes_bit_exact(tinker_server, sdk):
     listed = tinker.RestClient(base_url=tinker_server.url, api_key=tinker_server.key("resume"))
     checkpoints = listed.list_checkpoints(training.model_id).result().checkpoints
     assert [c.tinker_path for c in checkpoints] == [saved] and checkpoints[0].expires_at is not None
+    run = listed.get_training_run(training.model_id).result()
+    assert run.last_checkpoint.tinker_path == saved and run.lora_rank == 8 and run.model_owner == "resume"
 
 
 def test_two_tenants_cannot_see_each_others_models_checkpoints_or_samplers(tinker_server, sdk):
@@ -294,7 +296,10 @@ def test_back_pressure_speaks_the_sdks_signals(tinker_server):
 
 
 def test_a_sampler_checkpoint_registers_and_serves_through_the_agent_path(tinker_server, sdk, monkeypatch):
+    from typer.testing import CliRunner
+
     from opentinker.agents.lm_policy import load_adapted_model
+    from opentinker.cli import app
     from opentinker.infra.settings import get_settings
     from opentinker.tracking.llm_store import download_adapter
 
@@ -303,16 +308,16 @@ def test_a_sampler_checkpoint_registers_and_serves_through_the_agent_path(tinker
     tokens = training.get_tokenizer().encode(TEXT)
     _train(training, [_sft_datum(tokens)], 2)
     path = training.save_weights_for_sampler("final").result().path
-    with tinker_server.http("registry") as http:
-        registered = http.post(
-            "/api/v1/register_checkpoint", json={"path": path, "model_name": "shouter", "alias": "champion"}
-        )
-    assert registered.status_code == 200, registered.text
-    assert registered.json() == {
-        "model_name": "registry.shouter",
-        "version": "1",
-        "model_uri": "models:/registry.shouter/1",
-    }
+    cli = CliRunner()
+    args = ["tinker", "register", path, "--name", "shouter", "--alias", "champion"]
+    env = {"TINKER_BASE_URL": tinker_server.url, "TINKER_API_KEY": tinker_server.key("registry")}
+    registered = cli.invoke(app, args, env=env)
+    assert registered.exit_code == 0, registered.output
+    assert (
+        "models:/registry.shouter/1" in registered.output and "models:/registry.shouter@champion" in registered.output
+    )
+    refused = cli.invoke(app, [*args[:2], path.replace("sampler_weights", "weights"), *args[3:]], env=env)
+    assert refused.exit_code == 1 and "error: 404" in refused.output  # no such checkpoint: it was never saved
     monkeypatch.setenv("OPENTINKER_MLFLOW_TRACKING_URI", tinker_server.tracking_uri("registry"))
     get_settings.cache_clear()
     try:

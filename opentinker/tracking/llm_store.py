@@ -42,6 +42,7 @@ def log_adapter_model(
                 loader_module="opentinker.tracking.llm_store",
                 data_path=str(adapter_dir),
                 metadata={"opentinker_llm": tags},
+                pip_requirements=_requirements(),
             )
         version = mlflow.register_model(info.model_uri, registered_name, tags=tags)
     finally:
@@ -49,6 +50,14 @@ def log_adapter_model(
             mlflow.set_tracking_uri(previous[0])
             mlflow.set_registry_uri(previous[1])
     return str(version.version)
+
+
+def _requirements() -> list[str]:
+    """What loading an adapter needs, pinned to this environment's versions (MLflow's inference of them runs the
+    loader in a subprocess: ~12 s a registration)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("torch", "transformers", "peft", "safetensors", "tokenizers")]
 
 
 def download_adapter(model_uri: str) -> tuple[ModelRef, Path]:

@@ -159,6 +159,12 @@ def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict
     return {**_json(body), "status": session.status}
 
 
+@router.get("/sessions")
+def list_sessions(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    ids = [s.session_id for s in service.core.registry.sessions.values() if s.tenant == caller.tenant]
+    return _json(types.ListSessionsResponse(sessions=ids[offset : offset + limit]))
+
+
 # -- training -----------------------------------------------------------------------------------------------------
 @router.post("/create_model")
 async def create_model(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
@@ -223,6 +229,22 @@ async def asample(request: Request, service: Service, caller: TinkerCaller) -> d
 def _checkpoints(service: TinkerService, tenant: str, model_id: str | None) -> dict[str, Any]:
     listed = [types.Checkpoint.model_validate(meta) for meta in service.core.store.list(tenant, model_id)]
     return _json(types.CheckpointsListResponse(checkpoints=listed))
+
+
+@router.get("/training_runs")
+def list_training_runs(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    """The caller's live training clients (a finished session's are gone; their checkpoints stay)."""
+    runs = service.training_runs(caller.tenant)
+    cursor = types.Cursor(offset=offset, limit=limit, total_count=len(runs))
+    return _json(types.TrainingRunsResponse(training_runs=runs[offset : offset + limit], cursor=cursor))
+
+
+@router.get("/training_runs/{model_id}")
+def get_training_run(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    runs = [run for run in service.training_runs(caller.tenant) if run.training_run_id == model_id]
+    if not runs:
+        raise NotFound(f"training run {model_id!r} not found")
+    return _json(runs[0])
 
 
 @router.get("/training_runs/{model_id}/checkpoints")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from tinker import types
@@ -90,6 +91,31 @@ class TinkerService:
             sweeps += 1
             if sweeps % 60 == 0:
                 await asyncio.to_thread(core.store.sweep, self.settings.resolved_data_dir / "tenants")
+
+    def training_runs(self, tenant: str) -> list[types.TrainingRun]:
+        """The tenant's live training clients as Tinker's training runs, with their latest checkpoints."""
+        runs = []
+        for model in self.core.registry.models.values():
+            if model.tenant != tenant or model.closed or model.trainer is None:
+                continue
+            latest: dict[str, types.Checkpoint] = {}
+            for meta in sorted(self.core.store.list(tenant, model.model_id), key=lambda m: m["time"]):
+                latest[meta["checkpoint_type"]] = types.Checkpoint.model_validate(meta)
+            session = self.core.registry.sessions[model.session_id]
+            runs.append(
+                types.TrainingRun(
+                    training_run_id=model.model_id,
+                    base_model=self.core.display(model.base),
+                    model_owner=tenant,
+                    is_lora=True,
+                    lora_rank=model.shape.rank,
+                    last_request_time=datetime.fromtimestamp(time.time() - (time.monotonic() - session.last_seen), UTC),
+                    last_checkpoint=latest.get("training"),
+                    last_sampler_checkpoint=latest.get("sampler"),
+                    user_metadata={k: str(v) for k, v in (model.user_metadata or {}).items()} or None,
+                )
+            )
+        return runs
 
     def usage(self, tenant: str) -> dict[str, Any]:
         core = self.core
