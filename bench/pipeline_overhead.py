@@ -1,10 +1,10 @@
-"""Whole train_flow run against the bare engine, same PPO config (the CartPole preset) on the engine's fastest
+"""Whole train_flow run against the bare RL core, same PPO config (the CartPole preset) on the RL core's fastest
 backend, one command:
 
     .venv/bin/python bench/pipeline_overhead.py --steps 1000000
 
-``bare_s``: ``PPOTrainer("CartPole-v1", backend="local", **preset)`` built and trained for ``steps`` (gymnasium's
-vectorised CartPole in-process, the engine's fastest path), then evaluated. ``flow_s``: the train flow as
+``bare_s``: ``PPO("CartPole-v1", backend="local", **preset)`` built and trained for ``steps`` (gymnasium's
+vectorised CartPole in-process, the RL core's fastest path), then evaluated. ``flow_s``: the train flow as
 ``opentinker train`` runs it (``run_train_flow``: training starts while Prefect's server starts) from the call to its
 result, fixed start-up and wrap-up included (Prefect's API server, the MLflow run, the probe rollout,
 evaluation, registration, gate, plots, uploads). ``ratio = flow_s / bare_s``; the floor is 1.25. ``bare_s`` is the
@@ -30,7 +30,7 @@ def main() -> None:
     os.environ.setdefault("OPENTINKER_DATA_DIR", tempfile.mkdtemp(prefix="opentinker-bench-"))
     os.environ.setdefault("PREFECT_HOME", os.path.join(os.environ["OPENTINKER_DATA_DIR"], "prefect"))
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    from opentinker.agents import PPOTrainer
+    from opentinker.agents import PPO
     from opentinker.flows.presets import resolve_spec
     from opentinker.tasks.spec import RunSpec
 
@@ -41,13 +41,13 @@ def main() -> None:
 
     def bare() -> tuple[float, float]:
         started = time.perf_counter()
-        trainer = PPOTrainer("CartPole-v1", seed=args.seed, config=resolved.config())
+        trainer = PPO("CartPole-v1", seed=args.seed, config=resolved.config())
         trainer.train(args.steps)
         mean = trainer.evaluate(params.eval_episodes, params.eval_seed).mean
         trainer.env.close()
         seconds = time.perf_counter() - started
         print(
-            f"bare engine ({resolved.backend}, {resolved.num_envs} envs): {seconds:.1f} s, eval {mean:.1f}",
+            f"bare RL core ({resolved.backend}, {resolved.num_envs} envs): {seconds:.1f} s, eval {mean:.1f}",
             file=sys.stderr,
         )
         return seconds, mean
