@@ -163,6 +163,7 @@ def test_resume_is_bit_exact(tmp_path, shout_task):
     assert straight.sampler.state() == resumed.sampler.state()
 
 
+@pytest.mark.slow  # model-holding Ray actors
 def test_rollouts_are_the_same_on_one_and_two_ray_workers(ray_session):
     config = GRPOConfig(**TINY, temperature=1.0)
     runs = []

@@ -37,6 +37,7 @@ def weight_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
         (DQN, dict(DQN_SMALL, total_steps=4096), 128, "losses/td_loss"),  # one iteration: 8 steps of 64 rows
     ],
 )
+@pytest.mark.slow  # a Ray gang of learner processes
 def test_two_learners_give_the_update_of_one(ray_session, trainer_cls, config, steps, loss_key):
     """One iteration of ``train`` (same seed, so the same first rollout) with 1 and with 2 learners."""
     single = trainer_cls("CartPole-v1", seed=3, **config)
@@ -58,6 +59,7 @@ def test_two_learners_give_the_update_of_one(ray_session, trainer_cls, config, s
         assert len(pair.buffer) == len(single.buffer) > 0
 
 
+@pytest.mark.slow  # a Ray gang of learner processes
 def test_killed_learner_restarts_from_checkpoint_with_the_same_weights(ray_session, tmp_path):
     """A PPO run with 2 learners trains; a copy whose learner 1 is killed between two checkpoints replays from the
     last one (env, RNG and learner-0 state) and ends bit-identical."""
