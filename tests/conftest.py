@@ -28,3 +28,19 @@ pytest_plugins = [
     "fixtures.serving",
     "fixtures.stack",
 ]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Send the flow runs' last logs, then stop Prefect's temporary API server (the session's first flow started it),
+    quietly, while pytest still owns the output streams: left to its exit hook, it logs "Stopping temporary server"
+    to a stream pytest has closed (a logging traceback after the summary), and logs still queued find it gone."""
+    import logging
+    import sys
+
+    if "prefect.server.api.server" in sys.modules:
+        from prefect.logging.handlers import APILogHandler
+        from prefect.server.api.server import SubprocessASGIServer
+
+        APILogHandler().flush()
+        logging.getLogger("prefect").setLevel(logging.WARNING)
+        SubprocessASGIServer().stop()
