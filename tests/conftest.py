@@ -1,6 +1,7 @@
 """Test-session wiring: every test runs against an isolated data dir; heavy services start once per session.
 
-Fixture modules live in tests/fixtures/ (one per area) and are star-imported here.
+Fixture modules live in tests/fixtures/ (one per area), registered here as plugins (``pytest_plugins``); tests import
+helpers (not fixtures) from them by name.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from opentinker.tasks import prefect_defaults  # noqa: E402
 
 prefect_defaults()  # the test session starts flows
-from fixtures.federated import *  # noqa: F403, E402
-from fixtures.llm import *  # noqa: F403, E402
-from fixtures.pipeline import *  # noqa: F403, E402
-from fixtures.ray import *  # noqa: F403, E402
-from fixtures.server import *  # noqa: F403, E402
-from fixtures.serving import *  # noqa: F403, E402
-from fixtures.stack import *  # noqa: F403, E402
+pytest_plugins = [
+    "fixtures.federated",
+    "fixtures.llm",
+    "fixtures.pipeline",
+    "fixtures.ray",
+    "fixtures.server",
+    "fixtures.serving",
+    "fixtures.stack",
+]
