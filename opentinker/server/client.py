@@ -14,6 +14,7 @@ import json
 import time
 import tomllib
 import uuid
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,7 @@ class Client:
                 "or set OPENTINKER_SERVER_URL and OPENTINKER_API_KEY"
             )
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=timeout)
+        weakref.finalize(self, self.http.close)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         answer = self.http.request(method, path, **kwargs)

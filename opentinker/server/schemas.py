@@ -57,7 +57,7 @@ class QuotasUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_running_jobs: int | None = Field(None, ge=1)
+    max_running_jobs: int | None = Field(None, ge=0)
     max_queued_jobs: int | None = Field(None, ge=0)
     max_steps_per_job: int | None = Field(None, ge=1)
     max_gpus: float | None = Field(None, ge=0)
