@@ -3,8 +3,8 @@
     .venv/bin/python bench/zoo.py [--seeds 3] [--threads 1] \
         [--cases cartpole-ppo,cartpole-dqn,mountaincar-dqn,pendulum-ppo]
 
-Ours: ``PPOTrainer``/``DQNTrainer`` (the public API) with the shipped preset (``engine_preset``, what ``opentinker
-train ENV`` uses) and the pipeline's default horizon (``TrainParams.steps``); no tuning here. SB3: RL-Zoo's
+Ours: ``PPOTrainer``/``DQNTrainer`` (the public API) with the shipped preset (``PPOTrainer(env_id)``: what ``opentinker
+train ENV`` uses) and the pipeline's default horizon (``RunSpec.steps``); no tuning here. SB3: RL-Zoo's
 hyper-parameters and ``n_timesteps``. Time to target: wall time from the trainer's construction until a
 deterministic evaluation (10 episodes, seeds 10000..10009, one shared evaluator, run at most every
 ``EVAL_EVERY_S`` of training) reaches the env's ``reward_threshold`` (or RL-Zoo's reported score when the env has
@@ -175,14 +175,12 @@ class Clock:
 
 def run_ours(case: Case, seed: int, threads: int) -> dict:
     from opentinker import DQNTrainer, PPOTrainer
-    from opentinker.flows.params import TrainParams
-    from opentinker.flows.presets import engine_preset
+    from opentinker.tasks.spec import RunSpec
 
-    config = engine_preset(case.algorithm, case.env_id)
-    steps = TrainParams.model_fields["steps"].default  # the pipeline's default horizon
+    steps = RunSpec(env_id=case.env_id, algorithm=case.algorithm).steps  # the pipeline's default horizon
     clock = Clock(case)
-    trainer = {"ppo": PPOTrainer, "dqn": DQNTrainer}[case.algorithm](
-        case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local", **config
+    trainer = {"ppo": PPOTrainer, "dqn": DQNTrainer}[case.algorithm](  # an env id: the CLI's preset
+        case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local"
     )
 
     def callback(metrics: dict, step: int) -> bool:

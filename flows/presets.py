@@ -2,15 +2,20 @@
 
 The family is picked from the env itself (``ProblemKind``): discrete or continuous actions, observation size,
 episode length and whether rewards are dense per step. Per-id entries exist only where the family default is
-known to fail. A config file's ``[ppo]``/``[dqn]`` table and top-level ``num_envs`` (``TrainParams.engine``)
-override any field. The table is documented in docs/pipeline.md ("Presets").
+known to fail. A config file's ``[ppo]``/``[dqn]`` table and top-level ``num_envs`` (``RunSpec.engine``)
+override any field; ``resolve_spec`` fills the rest into a run's spec, once. The table is documented in
+docs/pipeline.md ("Presets").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
+
+from opentinker.agents.config import CONFIGS
+from opentinker.tasks.spec import EngineSpec, RunSpec
 
 PPO_DISCRETE: dict[str, Any] = {
     "num_envs": 64,
@@ -99,7 +104,7 @@ class ProblemKind:
     """What the preset depends on, read from the env and its registry spec."""
 
     actions: str
-    """"discrete" or "continuous"."""
+    """"discrete", "multi-discrete" (MultiDiscrete / MultiBinary: PPO's discrete presets, no DQN) or "continuous"."""
     obs_dim: int
     episode_steps: int | None
     """The spec's ``max_episode_steps`` (None when unlimited or unknown)."""
@@ -111,6 +116,17 @@ class ProblemKind:
         return self.actions if self.actions == "continuous" or not long else f"{self.actions}-long"
 
 
+def action_kind(space) -> str:
+    """The presets' kind of action space: one index (Discrete), several (MultiDiscrete, MultiBinary), or continuous."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Discrete):
+        return "discrete"
+    if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        return "multi-discrete"
+    return "continuous"
+
+
 @functools.lru_cache(maxsize=64)
 def problem_kind(env_ref: str) -> ProblemKind:
     """Build one copy of the env (id or ``module:Class``) and describe it; once per process (the CLI's checks and the
@@ -118,11 +134,15 @@ def problem_kind(env_ref: str) -> ProblemKind:
     import gymnasium as gym
 
     from opentinker.envs import make_env
+    from opentinker.envs.spaces import unsupported_spaces
 
     env = make_env(env_ref)
     try:
         spec = env.spec
-        actions = "discrete" if isinstance(env.action_space, gym.spaces.Discrete) else "continuous"
+        problem = unsupported_spaces(env.observation_space, env.action_space)
+        if problem is not None or isinstance(env.action_space, gym.spaces.Text):
+            raise ValueError(problem or f"action_space {env.action_space}: a text env trains with algorithm 'grpo'")
+        actions = action_kind(env.action_space)
         obs_dim = int(gym.spaces.flatdim(env.observation_space))
         return ProblemKind(
             actions, obs_dim, getattr(spec, "max_episode_steps", None), getattr(spec, "reward_threshold", None)
@@ -134,6 +154,8 @@ def problem_kind(env_ref: str) -> ProblemKind:
 FAMILIES: dict[tuple[str, str], dict[str, Any]] = {
     ("ppo", "discrete"): PPO_DISCRETE,
     ("ppo", "discrete-long"): PPO_DISCRETE_LONG,
+    ("ppo", "multi-discrete"): PPO_DISCRETE,
+    ("ppo", "multi-discrete-long"): PPO_DISCRETE_LONG,
     ("ppo", "continuous"): PPO_CONTINUOUS,
     ("dqn", "discrete"): DQN_DISCRETE,
     ("dqn", "discrete-long"): DQN_DISCRETE,
@@ -152,27 +174,43 @@ def preset(algorithm: str, env_id: str, kind: ProblemKind) -> dict[str, Any]:
     return dict(FAMILIES[(algorithm, kind.family)])
 
 
-def resolve_params(params):
-    """``TrainParams`` with every default made concrete, so the run records what it trained with: the preset's
-    fields under the user's engine fields (``num_envs`` included), the backend, and the gate threshold (the env
-    spec's ``reward_threshold`` unless set; None when the env has none: the gate then compares with champion or
-    random)."""
-    from opentinker.envs.remote_env import resolve_backend
+def resolve_spec(spec: RunSpec) -> RunSpec:
+    """``spec`` with every default made concrete, once (a resolved spec comes back as it is), so the run records
+    what it trained with: the preset's fields under the user's (``num_envs`` included), the backend, and the gate
+    threshold (the env spec's ``reward_threshold`` unless set; None when the env has none: the gate then compares
+    with champion or random). GRPO: its config's defaults and a threshold of 0 (held-out success)."""
+    if spec.resolved:
+        return spec
+    engine = spec.engine
+    update: dict[str, Any] = {"resolved": True}
+    if engine.algorithm in CONFIGS:
+        from opentinker.envs.remote_env import resolve_backend
 
-    kind = problem_kind(params.env_id)
-    engine = params.engine
-    table = {**preset(engine.algorithm, params.env_id, kind), **engine.overrides()}
-    if table.get("backend", "auto") == "auto":
-        table["backend"] = (
-            "ray"
-            if table.get("workers") is not None
-            else resolve_backend(params.env_id, "auto", table["num_envs"], None, {})
-        )
-    threshold = params.champion_threshold if params.champion_threshold is not None else kind.reward_threshold
-    return params.model_copy(update={"engine": type(engine)(**table), "champion_threshold": threshold})
+        kind = problem_kind(spec.env_id)
+        table = {**preset(engine.algorithm, spec.env_id, kind), **engine.config_fields()}
+        if table.get("backend", "auto") == "auto":
+            table["backend"] = (
+                "ray"
+                if table.get("workers") is not None
+                else resolve_backend(spec.env_id, "auto", table["num_envs"], None, {})
+            )
+        update["engine"] = type(engine)(algorithm=engine.algorithm, **table)
+        if spec.champion_threshold is None:
+            update["champion_threshold"] = kind.reward_threshold
+    elif engine.algorithm == "grpo":
+        update["engine"] = type(engine).of(engine.config(task=spec.env_id), **_run_fields(engine))
+        if spec.champion_threshold is None:
+            update["champion_threshold"] = 0.0
+    return spec.model_copy(update=update)
+
+
+def _run_fields(engine: EngineSpec) -> dict[str, Any]:
+    """A member's fields that are not its config's (GRPO's updates, workers, backend, eval_every)."""
+    names = {field.name for field in dataclasses.fields(engine.config_cls)}
+    return {key: value for key, value in engine.model_dump(exclude={"algorithm"}).items() if key not in names}
 
 
 def engine_preset(algorithm: str, env_id: str) -> dict[str, Any]:
-    """The preset as trainer keyword arguments (``num_envs`` included): what ``opentinker train ENV`` would use,
-    for SDK users and benches — ``PPOTrainer(env_id, **engine_preset("ppo", env_id))``."""
+    """The preset as trainer keyword arguments (``num_envs`` included): what ``opentinker train ENV`` (and
+    ``PPOTrainer(env_id)``) uses."""
     return preset(algorithm, env_id, problem_kind(env_id))

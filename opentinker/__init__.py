@@ -24,6 +24,7 @@ _EXPORTS = {
     "make_env": "opentinker.envs",
     "PPOTrainer": "opentinker.sdk",
     "DQNTrainer": "opentinker.sdk",
+    "GRPOTrainer": "opentinker.sdk",
     "PPOConfig": "opentinker.agents",
     "DQNConfig": "opentinker.agents",
     "get_settings": "opentinker.infra.settings",
