@@ -124,7 +124,7 @@ class Client:
         wheel: Path | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        """Queue a job for ``spec`` (TrainParams fields in config form); a ``package.module:Class`` env has its
+        """Queue a job for ``spec`` (RunSpec fields in config form); a ``package.module:Class`` env has its
         package (or ``wheel``) uploaded first. Network failures are retried with the same idempotency key."""
         body: dict[str, Any] = {
             "spec": spec,

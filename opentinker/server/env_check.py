@@ -33,31 +33,31 @@ class EnvCheck:
         self._results: dict[tuple[str, str, str], str | None] = {}
         self._lock = threading.Lock()
 
-    def check(self, params, upload: Upload | None) -> None:
+    def check(self, spec, upload: Upload | None) -> None:
         """Raise ``jobs.Invalid`` naming ``env_id`` when the env fails ``validate_env`` or has no preset."""
         from .jobs import Invalid
 
-        key = (params.env_id, upload.sha256 if upload else "", params.engine.algorithm)
+        key = (spec.env_id, upload.sha256 if upload else "", spec.algorithm)
         with self._lock:
             if key not in self._results:
-                self._results[key] = self._run(params, upload)
+                self._results[key] = self._run(spec, upload)
             error = self._results[key]
         if error:
             raise Invalid(error)
 
-    def _run(self, params, upload: Upload | None) -> str | None:
+    def _run(self, spec, upload: Upload | None) -> str | None:
         code_dir = tenants.uploads_dir(upload.tenant, self.settings) / upload.id if upload else None
         env = {"OPENTINKER_DATA_DIR": "/tmp/data", "MPLCONFIGDIR": "/tmp", "OPENTINKER_SANDBOX": "none"}
         if code_dir is not None:
             env["PYTHONPATH"] = str(code_dir)
         command = [sys.executable, "-m", "opentinker.server.env_check"]
-        spec = params.model_dump_json()
+        text = spec.model_dump_json()
         if self.settings.sandbox == "none":
             from .sandbox import base_env
 
             done = subprocess.run(
                 command,
-                input=spec,
+                input=text,
                 capture_output=True,
                 text=True,
                 timeout=TIMEOUT_S,
@@ -66,32 +66,38 @@ class EnvCheck:
             )
         else:
             box = Sandbox(readonly=(code_dir,) if code_dir else (), env=env, network=False)
-            done = box.run(command, input=spec, timeout=TIMEOUT_S)
+            done = box.run(command, input=text, timeout=TIMEOUT_S)
         lines = done.stdout.strip().splitlines()
         try:
             return json.loads(lines[-1])["error"]
         except (IndexError, ValueError, KeyError):
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
-            return f"env_id: {params.env_id!r} could not be checked: {tail[0]}"
+            return f"env_id: {spec.env_id!r} could not be checked: {tail[0]}"
 
 
 def main() -> None:
-    """Sandbox side: check the spec on stdin like ``opentinker train`` does; print ``{"error": null | "..."}``."""
+    """Sandbox side: check the spec on stdin as ``opentinker train`` does (``flows.validate``), resolving its preset;
+    print ``{"error": null | "..."}``."""
     import warnings
 
     warnings.filterwarnings("ignore")
-    from opentinker.flows.params import ConfigError, TrainParams
-    from opentinker.flows.validate import check_env_id, check_presets
+    from opentinker.agents.config import CONFIGS
+    from opentinker.flows.params import ConfigError
+    from opentinker.flows.validate import check_env_id, check_text_env, resolved
+    from opentinker.tasks.spec import RunSpec
 
-    params = TrainParams.model_validate_json(sys.stdin.read())
+    spec = RunSpec.model_validate_json(sys.stdin.read())
     try:
-        check_env_id(params.env_id)
-        check_presets(params)
+        if spec.algorithm in CONFIGS:
+            check_env_id(spec.env_id)
+        elif spec.algorithm == "grpo" and ":" in spec.env_id:
+            check_text_env(spec.env_id)
+        resolved(spec)
         error = None
     except ConfigError as exc:
         error = str(exc)
     except Exception as exc:  # the user's code may raise anything while it is imported or built
-        error = f"env_id: {params.env_id!r} failed to load: {type(exc).__name__}: {exc}"
+        error = f"env_id: {spec.env_id!r} failed to load: {type(exc).__name__}: {exc}"
     print(json.dumps({"error": error}), flush=True)
 
 

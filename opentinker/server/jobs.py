@@ -1,10 +1,11 @@
 """Jobs: a run spec checked and stored as the job record, one Prefect flow run per attempt, the job's state read back.
 
-The spec is the same typed object ``opentinker train`` resolves (``TrainParams``), checked at submit with the same
-one-line errors; the server fills the fields that are its own: ``run_name`` (the job id: the run's directory and
-resume key), ``experiment`` and the ``model_name`` prefix (the tenant's), and ``resume=True`` (a retried or resumed
-attempt continues from the job's last checkpoint; a first attempt has none). Quotas are checked before anything is
-made; the running-jobs quota is the tenant's Prefect work queue limit, so over it a job waits in the queue.
+The spec is the same typed object ``opentinker train`` resolves (``RunSpec``, any algorithm), checked at submit
+with the same one-line errors; the server fills the fields that are its own: ``run_name`` (the job id: the run's
+directory and resume key), ``experiment`` and the ``model_name`` prefix (the tenant's), and ``resume=True`` (a retried
+or resumed attempt continues from the job's last checkpoint; a first attempt has none). Quotas are checked before
+anything is made; the running-jobs quota is the tenant's Prefect work queue limit, so over it a job waits in the
+queue.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from opentinker.flows.params import ConfigError, TrainParams, load_train_params
+from opentinker.flows.params import ConfigError, load_spec
+from opentinker.tasks.spec import RunSpec
 
 from . import tenants
 from .db import Job, Store, Tenant, Upload
@@ -123,20 +125,19 @@ class JobService:
                 raise Invalid(f"upload_id: no upload {upload_id!r} (upload the env code first: POST /v1/uploads)")
             return upload
 
-    def _spec(self, tenant: str, job_id: str, spec: dict[str, Any], upload: Upload | None) -> TrainParams:
-        """The request's spec as ``TrainParams``, with the server's fields filled in."""
+    def _spec(self, tenant: str, job_id: str, spec: dict[str, Any], upload: Upload | None) -> RunSpec:
+        """The request's spec as a ``RunSpec``, with the server's fields filled in."""
         for field, why in SERVER_FIELDS.items():
-            if field in spec:
+            if spec.get(field) not in (None, False):
                 raise Invalid(f"spec.{field}: set by the server ({why})")
-        if "policy_mapping" in spec:
-            raise Invalid("spec.policy_mapping: agent groups do not run as server jobs yet (train them locally)")
         try:
-            params = load_train_params(None, **spec)
+            params = load_spec(None, **{k: v for k, v in spec.items() if k not in (*SERVER_FIELDS, "resolved")})
         except ConfigError as exc:
             raise Invalid(str(exc)) from None
         package = top_package(params.env_id)
         if package is None:
-            _check_gymnasium_id(params.env_id)
+            if params.algorithm not in ("grpo", "group"):  # shipped text tasks and group envs: the spec checked them
+                _check_gymnasium_id(params.env_id)
         elif upload is None:
             raise Invalid(
                 f"upload_id: env_id {params.env_id!r} is your own code: upload its package {package!r} first "
@@ -157,13 +158,14 @@ class JobService:
         )
 
     @staticmethod
-    def _check_quotas(quotas: Tenant, params: TrainParams) -> None:
-        if quotas.max_steps_per_job is not None and params.steps > quotas.max_steps_per_job:
+    def _check_quotas(quotas: Tenant, spec: RunSpec) -> None:
+        if quotas.max_steps_per_job is not None and spec.budget > quotas.max_steps_per_job:
+            unit = "updates" if spec.algorithm == "grpo" else "steps"
             raise OverQuota(
-                f"max_steps_per_job: steps {params.steps} is over the tenant's limit of {quotas.max_steps_per_job}"
+                f"max_steps_per_job: {unit} {spec.budget} is over the tenant's limit of {quotas.max_steps_per_job}"
             )
-        workers = params.engine.workers or 0
-        gpus = params.num_gpus + workers * params.rollout_num_gpus
+        workers = getattr(spec.engine, "workers", None) or 0
+        gpus = spec.num_gpus + workers * spec.rollout_num_gpus
         if quotas.max_gpus is not None and gpus > quotas.max_gpus:
             raise OverQuota(f"max_gpus: the job asks for {gpus:g} GPUs, over the tenant's limit of {quotas.max_gpus:g}")
 
@@ -210,7 +212,7 @@ class JobService:
             state=job.state,
             env_id=spec["env_id"],
             algorithm=spec["engine"]["algorithm"],
-            steps=spec["steps"],
+            steps=spec["steps"] or spec["engine"].get("updates") or 0,
             priority=job.priority,
             attempts=job.attempts,
             model_name=spec["model_name"],
@@ -226,7 +228,7 @@ class JobService:
 
     @staticmethod
     def _progress(job: Job) -> Progress:
-        numbers = job.progress or {"total": job.spec["steps"]}
+        numbers = job.progress or {"total": job.spec["steps"] or job.spec["engine"].get("updates") or 0}
         phase = "training" if job.phase == "running" and numbers.get("step") else job.phase or "starting"
         return Progress(phase=phase, **numbers)
 

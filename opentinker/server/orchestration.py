@@ -93,7 +93,7 @@ class Orchestrator:
         self._queues[name] = concurrency_limit
 
     def submit(
-        self, job_id: str, attempt: int, tenant: str, params: dict[str, Any], priority: int, submitted_at: float
+        self, job_id: str, attempt: int, tenant: str, spec: dict[str, Any], priority: int, submitted_at: float
     ) -> str:
         """A scheduled flow run for one attempt of a job, in the tenant's queue (idempotent per job and attempt)."""
         from prefect.states import Scheduled
@@ -101,7 +101,7 @@ class Orchestrator:
         when = datetime.datetime.fromtimestamp(submitted_at, datetime.UTC) - priority * PRIORITY_STEP
         flow_run = self.client.create_flow_run_from_deployment(
             self.deployment_id,
-            parameters={"params": params},
+            parameters={"spec": spec},
             state=Scheduled(scheduled_time=when),
             name=job_id if attempt == 1 else f"{job_id}-{attempt}",
             tags=[f"tenant:{tenant}", f"job:{job_id}"],

@@ -11,7 +11,6 @@ have trained, shows its progress here and returns when the job ends. Its registe
 
 from __future__ import annotations
 
-import dataclasses
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,24 +37,18 @@ class RemoteJob:
 
 
 def job_spec(trainer: Any, steps: int) -> dict[str, Any]:
-    """The trainer's configuration as a job spec in config form (what a config file for ``opentinker train`` holds)."""
-    from opentinker.agents.config import ENV_FIELDS
+    """The trainer's configuration as a job spec in config form: every field of its config (``EngineSpec.of``), so the
+    job trains what this process would have trained."""
+    from opentinker.tasks.spec import MEMBERS, RunSpec
 
-    engine = {k: v for k, v in dataclasses.asdict(trainer.config).items() if v is not None and k != "total_steps"}
-    top = {k: engine.pop(k) for k in ENV_FIELDS if k in engine}
     if ":" in trainer.env_id and trainer.env_id.split(":")[0] == "__main__":
         raise ValueError(
             f"env_id: {trainer.env_id!r} is defined in the script you run; a server job imports your env from a "
             "package: move the class into a module of a package and import it from there"
         )
-    return {
-        "env_id": trainer.env_id,
-        "algorithm": trainer.algorithm,
-        "steps": steps,
-        "seed": trainer.seed,
-        **top,
-        trainer.algorithm: engine,
-    }
+    engine = MEMBERS[trainer.algorithm].of(trainer.config)
+    spec = RunSpec(env_id=trainer.env_id, steps=steps, seed=trainer.seed, engine=engine)
+    return {k: v for k, v in spec.config_form().items() if k not in ("resume", "resolved")}
 
 
 def train_remote(trainer: Any, client: Client, steps: int) -> dict[str, float]:

@@ -77,7 +77,7 @@ class JobSubmit(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec: dict[str, Any] = Field(
-        description="TrainParams fields as a config file writes them: env_id, algorithm, steps, seed, the "
+        description="RunSpec fields as a config file writes them: env_id, algorithm, steps, seed, the "
         "algorithm's table ([ppo], [dqn]), ... (docs/pipeline.md). run_name, experiment and resume are the server's."
     )
     priority: int = Field(0, ge=0, le=10, description="Higher runs sooner among the tenant's queued jobs (0-10).")
