@@ -33,17 +33,13 @@ class EnvCheck:
         self._results: dict[tuple[str, str, str], str | None] = {}
         self._lock = threading.Lock()
 
-    def check(self, spec, upload: Upload | None) -> None:
-        """Raise ``jobs.Invalid`` naming ``env_id`` when the env fails ``validate_env`` or has no preset."""
-        from .jobs import Invalid
-
+    def check(self, spec, upload: Upload | None) -> str | None:
+        """Why the env cannot run (one line naming ``env_id``: it fails ``validate_env`` or has no preset), or None."""
         key = (spec.env_id, upload.sha256 if upload else "", spec.algorithm)
         with self._lock:
             if key not in self._results:
                 self._results[key] = self._run(spec, upload)
-            error = self._results[key]
-        if error:
-            raise Invalid(error)
+            return self._results[key]
 
     def _run(self, spec, upload: Upload | None) -> str | None:
         code_dir = tenants.uploads_dir(upload.tenant, self.settings) / upload.id if upload else None

@@ -82,7 +82,9 @@ class JobService:
         with self.store.session() as session:
             quotas = session.get(Tenant, tenant)
             self._check_quotas(quotas, params)
-        self.env_check.check(params, upload)
+        problem = self.env_check.check(params, upload)
+        if problem:
+            raise Invalid(problem)
         with self._submit_lock, self.store.session() as session:
             existing = self._by_idempotency_key(tenant, request.idempotency_key, session)
             if existing is not None:
