@@ -97,14 +97,50 @@ class _Tracked:
         return train_tracked(self, steps, callback, checkpoint_every, **track_options)
 
 
-class PPOTrainer(_Preset, _Tracked, _Deployable, PPO):
+class _Served:
+    """Mixin: after ``opentinker.connect()`` ``train`` runs as a job on the server, and ``evaluate``/``deploy`` act on
+    the job's registered model (``opentinker.server.remote``). Without a server, the local trainer as before."""
+
+    remote_job = None
+
+    def train(self, steps, callback=None, checkpoint_dir=None, checkpoint_every=None, track=False, **options):
+        from opentinker.server.client import current
+
+        client = current()
+        if client is None:
+            return super().train(steps, callback, checkpoint_dir, checkpoint_every, track=track, **options)
+        if callback is not None or checkpoint_dir is not None or track or options:
+            raise ValueError("callback, checkpoint_dir, track and run options apply to local training only")
+        from opentinker.agents.trainer import check_train_args
+        from opentinker.server.remote import train_remote
+
+        return train_remote(self, client, check_train_args(steps, None, None))
+
+    def evaluate(self, episodes: int = 10, seed: int = 10_000):
+        if self.remote_job is None:
+            return super().evaluate(episodes, seed)
+        from opentinker.server.remote import evaluate_remote
+
+        return evaluate_remote(self, episodes, seed)
+
+    def deploy(self, api_key: str, **options: Any):
+        if self.remote_job is None:
+            return super().deploy(api_key, **options)
+        from opentinker.server.remote import deploy_remote
+
+        return deploy_remote(self, api_key)
+
+
+class PPOTrainer(_Served, _Preset, _Tracked, _Deployable, PPO):
     """``PPOTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **PPOConfig fields)``: the RL core's
-    ``PPO`` with the CLI's preset for an env id, ``train(track=True)`` and ``deploy()``."""
+    ``PPO`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
 
 
-class DQNTrainer(_Preset, _Tracked, _Deployable, DQN):
+class DQNTrainer(_Served, _Preset, _Tracked, _Deployable, DQN):
     """``DQNTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``: the RL core's
-    ``DQN`` with the CLI's preset for an env id, ``train(track=True)`` and ``deploy()``."""
+    ``DQN`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
 
 
 class GRPOTrainer(GRPO):
