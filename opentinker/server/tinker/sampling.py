@@ -95,6 +95,8 @@ class Sampling:
         except CheckpointError as error:
             raise NotFound(str(error)) from None
         base = meta["base_model"]
+        if base not in core.settings.tinker_base_models:
+            raise BadRequest(f"model_path: {request.model_path} is of {core.display(base)!r}, not served here")
         if request.base_model and core.bases.get(request.base_model) != base:
             raise BadRequest(f"base_model: {request.model_path} is of {core.display(base)!r}")
         sampler = Sampler(sampler_id, tenant, session.session_id, base, None, request.model_path)

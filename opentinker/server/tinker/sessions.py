@@ -181,6 +181,13 @@ class Registry:
             model.closed = True
         return models, samplers
 
+    def prune(self, keep_s: float) -> None:
+        """Forget sessions that ended more than ``keep_s`` seconds ago."""
+        horizon = time.monotonic() - keep_s
+        for session_id, session in list(self.sessions.items()):
+            if session.status != "active" and session.last_seen < horizon:
+                del self.sessions[session_id]
+
     def lapsed(self, timeout: float) -> list[Session]:
         horizon = time.monotonic() - timeout
         return [s for s in self.sessions.values() if s.status == "active" and s.last_seen < horizon]
