@@ -252,6 +252,7 @@ def test_back_pressure_speaks_the_sdks_signals(tinker_server):
     with tinker_server.http("busy") as http, tinker_server.http("queued") as other:
         mine = session(http)
         models = [create(http, mine, i).json() for i in range(MAX_MODELS)]
+        assert create(http, mine, 0).json() == models[0]  # re-sent (a lost answer): the first sending's future
         over = create(http, mine, MAX_MODELS)
         assert over.status_code == 402 and "tinker_max_models_per_tenant" in over.json()["detail"]
         for model in models:

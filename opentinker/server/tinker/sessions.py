@@ -79,6 +79,8 @@ class TrainingModel:
     """Its tracking run (``tracking.ClientRun``)."""
     user_metadata: dict[str, Any] | None = None
     closed: bool = False
+    creation: Future | None = None
+    """The request that created it (a re-sent ``create_model`` gets it back)."""
     snapshots: list[Sampler] = field(default_factory=list)
     """Its ``save_weights_and_get_sampling_client`` samplers, oldest first (the service keeps the last few)."""
 
