@@ -10,19 +10,19 @@ import importlib
 _EXPORTS = {
     "PPOConfig": "opentinker.agents.config",
     "DQNConfig": "opentinker.agents.config",
-    "PPOTrainer": "opentinker.agents.ppo",
-    "DQNTrainer": "opentinker.agents.dqn",
+    "PPO": "opentinker.agents.ppo",
+    "DQN": "opentinker.agents.dqn",
     "EvalResult": "opentinker.agents.evaluation",
     "export_policy": "opentinker.agents.export",
     "load_policy": "opentinker.agents.export",
     "InferencePolicy": "opentinker.agents.export",
 }
 __all__ = sorted(_EXPORTS)
-_TRAINERS = {"ppo": "PPOTrainer", "dqn": "DQNTrainer"}
+_TRAINERS = {"ppo": "PPO", "dqn": "DQN"}
 
 
 def trainer_class(algorithm: str) -> type:
-    """The engine trainer for an algorithm name (a key of ``config.CONFIGS``)."""
+    """The RL-core trainer for an algorithm name (a key of ``config.CONFIGS``)."""
     if algorithm not in _TRAINERS:
         raise ValueError(f"algorithm must be one of {sorted(_TRAINERS)}, got {algorithm!r}")
     return __getattr__(_TRAINERS[algorithm])
