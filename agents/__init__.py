@@ -1,4 +1,4 @@
-"""RL core: configs, policies, PPO, DQN, GRPO with the trainable LM policy, buffers, checkpoints, export.
+"""RL core: configs, policies, PPO, DQN, SAC, TD3, GRPO with the trainable LM policy, buffers, checkpoints, export.
 
 Names resolve lazily so that importing one submodule (``agents.config``, ``agents.export``) never loads torch.
 """
@@ -10,15 +10,19 @@ import importlib
 _EXPORTS = {
     "PPOConfig": "opentinker.agents.config",
     "DQNConfig": "opentinker.agents.config",
+    "SACConfig": "opentinker.agents.config",
+    "TD3Config": "opentinker.agents.config",
     "PPOTrainer": "opentinker.agents.ppo",
     "DQNTrainer": "opentinker.agents.dqn",
+    "SACTrainer": "opentinker.agents.sac",
+    "TD3Trainer": "opentinker.agents.td3",
     "EvalResult": "opentinker.agents.evaluation",
     "export_policy": "opentinker.agents.export",
     "load_policy": "opentinker.agents.export",
     "InferencePolicy": "opentinker.agents.export",
 }
 __all__ = sorted(_EXPORTS)
-_TRAINERS = {"ppo": "PPOTrainer", "dqn": "DQNTrainer"}
+_TRAINERS = {"ppo": "PPOTrainer", "dqn": "DQNTrainer", "sac": "SACTrainer", "td3": "TD3Trainer"}
 
 
 def trainer_class(algorithm: str) -> type:

@@ -72,10 +72,11 @@ class AmpController:
         loss: torch.Tensor,
         optimizer: torch.optim.Optimizer,
         params: list[torch.nn.Parameter],
-        max_grad_norm: float,
+        max_grad_norm: float | None,
         reduce: Callable[[list[torch.nn.Parameter]], None] | None = None,
     ) -> bool:
-        """Backward, clip and apply one update; False when the step was skipped (safe mode fallback).
+        """Backward, clip (unless ``max_grad_norm`` is None) and apply one update; False when the step was skipped
+        (safe mode fallback).
 
         ``reduce(params)`` averages the gradients across learners right after backward (still scaled, so every
         learner then takes the same unscale, finite-check, clip and step decisions).
@@ -96,7 +97,10 @@ class AmpController:
         self.scaler.unscale_(optimizer)
         if guard and not all(torch.isfinite(p.grad).all().item() for p in params if p.grad is not None):
             return self._fall_back(f"non-finite gradients under {self.dtype}", optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        elif strict:  # no clipping, but the strict check still needs the norm
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
         if (
             strict
             and not torch.isfinite(norm).item()

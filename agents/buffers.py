@@ -1,10 +1,17 @@
-"""Replay buffer: fixed-size numpy ring of transitions, sampled with the trainer's Generator."""
+"""Replay buffer: fixed-size numpy ring of transitions, sampled with the trainer's Generator.
+
+The ring is allocated once, at the first ``add``, at full capacity: untouched pages of ``np.zeros`` cost no memory
+until written, so a 1M-transition buffer grows with the data while every write and sample stays a fancy index."""
 
 from __future__ import annotations
 
 import numpy as np
 
 _FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+
+def _stored(dtype: np.dtype) -> np.dtype:
+    return np.dtype(np.float32) if dtype == np.float64 else dtype
 
 
 class ReplayBuffer:
@@ -17,8 +24,8 @@ class ReplayBuffer:
     ) -> None:
         """Append a batch of transitions (first axis), overwriting the oldest when full."""
         batch = dict(zip(_FIELDS, (obs, next_obs, actions, rewards, terminated)))
-        if not self.data:
-            self.data = {k: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for k, v in batch.items()}
+        if not self.data:  # float64 observations (MuJoCo's) are kept as the float32 the networks read
+            self.data = {k: np.zeros((self.capacity, *v.shape[1:]), _stored(v.dtype)) for k, v in batch.items()}
         idx = (self.pos + np.arange(len(obs))) % self.capacity
         for key, value in batch.items():
             self.data[key][idx] = value

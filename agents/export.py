@@ -87,8 +87,8 @@ class InferencePolicy:
         actions, _, values = self._net.sample(obs, None, deterministic=True)
         actions = self._net.env_actions(actions)
         self._check_actions(actions)
-        is_q = self._net.spec["kind"] == "q"
-        return actions, self._net.probs(obs), None if is_q else values
+        has_critic = self._net.spec["kind"] in ("categorical", "gaussian")  # a Q network or an off-policy actor: none
+        return actions, self._net.probs(obs), values if has_critic else None
 
 
 def _policy_parts(trainer_or_policy: Any) -> tuple[Any, str, str | None, gym.Space, gym.Space]:
@@ -100,7 +100,8 @@ def _policy_parts(trainer_or_policy: Any) -> tuple[Any, str, str | None, gym.Spa
     spaces = getattr(policy, "observation_space", None), getattr(policy, "action_space", None)
     if spaces[0] is None:
         raise ValueError("export_policy needs a trainer, or a policy with observation_space/action_space attributes")
-    return policy, "dqn" if policy.spec["kind"] == "q" else "ppo", None, *spaces
+    algorithm = {"q": "dqn", "squashed_gaussian": "sac", "tanh_deterministic": "td3"}.get(policy.spec["kind"], "ppo")
+    return policy, algorithm, None, *spaces
 
 
 def export_policy(trainer_or_policy: Any, directory: str | os.PathLike, metadata: dict | None = None) -> Path:

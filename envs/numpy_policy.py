@@ -11,7 +11,12 @@ from typing import Any
 
 import numpy as np
 
-POLICY_KINDS = ("categorical", "gaussian", "q")
+POLICY_KINDS = ("categorical", "gaussian", "q", "squashed_gaussian", "tanh_deterministic")
+TANH_KINDS = ("squashed_gaussian", "tanh_deterministic")
+"""Actors of SAC and TD3: actions in [-1, 1] (what their critics and replay buffers see), scaled to the Box bounds
+by ``env_actions``; no critic travels with them."""
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
+"""Bounds of the squashed-Gaussian actor's log standard deviation (SB3's, from the SAC authors' code)."""
 _ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
 
 
@@ -53,6 +58,8 @@ class NumpyPolicy:
         x = preprocess_obs(obs, self.spec, self.weights)
         if self.spec["kind"] == "q":
             return self._mlp("q", x).max(axis=1)
+        if self.spec["kind"] in TANH_KINDS:
+            return np.zeros(x.shape[0], np.float32)
         return self._mlp("critic", x)[:, 0]
 
     def sample(self, obs: np.ndarray, rng: np.random.Generator | None, deterministic: bool = False):
@@ -68,6 +75,8 @@ class NumpyPolicy:
                 explore = rng.random(n) < eps
                 actions = np.where(explore, rng.integers(0, q.shape[1], size=n), actions)
             return actions.astype(np.int64), np.zeros(n, np.float32), q.max(axis=1)
+        if kind in TANH_KINDS:
+            return self._tanh_actions(x, rng, deterministic), np.zeros(n, np.float32), np.zeros(n, np.float32)
         values = self._mlp("critic", x)[:, 0]
         out = self._mlp("actor", x)
         if kind == "categorical":
@@ -85,6 +94,22 @@ class NumpyPolicy:
         logp = (-0.5 * ((actions - out) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(axis=1)
         return actions.astype(np.float32), logp.astype(np.float32), values
 
+    def _tanh_actions(self, x: np.ndarray, rng: np.random.Generator | None, deterministic: bool) -> np.ndarray:
+        """SAC's ``tanh(mean + std * noise)`` or TD3's ``clip(tanh(mu) + noise)`` in [-1, 1]; deterministic: the
+        tanh of the mean. While collecting, ``spec["random_actions"]`` draws uniform actions (the warm-up) and
+        ``spec["noise"]`` is TD3's exploration noise std."""
+        dim = self.spec["action_dim"]
+        out = self._mlp("actor", x)
+        if deterministic:
+            return np.tanh(out[:, :dim]).astype(np.float32)
+        if self.spec.get("random_actions"):
+            return rng.uniform(-1.0, 1.0, (x.shape[0], dim)).astype(np.float32)
+        if self.spec["kind"] == "squashed_gaussian":
+            std = np.exp(np.clip(out[:, dim:], LOG_STD_MIN, LOG_STD_MAX))
+            return np.tanh(out[:, :dim] + std * rng.standard_normal(std.shape)).astype(np.float32)
+        noise = float(self.spec.get("noise", 0.0)) * rng.standard_normal(out.shape)
+        return np.clip(np.tanh(out) + noise, -1.0, 1.0).astype(np.float32)
+
     def probs(self, obs: np.ndarray) -> np.ndarray | None:
         """Action probabilities for discrete actor-critic policies, else None."""
         if self.spec["kind"] != "categorical":
@@ -97,6 +122,9 @@ class NumpyPolicy:
         """Policy outputs -> what the env accepts (continuous actions clipped to the action bounds)."""
         if self.spec["kind"] == "gaussian":
             return np.clip(actions, self.spec["action_low"], self.spec["action_high"]).astype(np.float32)
+        if self.spec["kind"] in TANH_KINDS:
+            low, high = np.asarray(self.spec["action_low"]), np.asarray(self.spec["action_high"])
+            return np.clip(low + (actions + 1.0) * 0.5 * (high - low), low, high).astype(np.float32)
         return actions
 
     def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
@@ -107,6 +135,8 @@ class NumpyPolicy:
         if not deterministic:
             return self.env_actions(self.sample(obs, np.random.default_rng(), False)[0])
         kind = self.spec["kind"]
+        if kind in TANH_KINDS:
+            return self.env_actions(self._tanh_actions(preprocess_obs(obs, self.spec, self.weights), None, True))
         out = self._mlp("q" if kind == "q" else "actor", preprocess_obs(obs, self.spec, self.weights))
         if kind == "gaussian":
             return self.env_actions(out)

@@ -1,4 +1,4 @@
-"""The SDK's trainers: the engine's ``PPOTrainer``/``DQNTrainer`` plus ``deploy()``.
+"""The SDK's trainers: the engine's ``PPOTrainer``/``DQNTrainer``/``SACTrainer``/``TD3Trainer`` plus ``deploy()``.
 
 The engine (``opentinker.agents``) stays free of serving code; this facade adds the one method that
 turns a trained policy into a running, authenticated HTTP service.
@@ -12,6 +12,8 @@ from typing import Any
 
 from opentinker.agents.dqn import DQNTrainer as _EngineDQNTrainer
 from opentinker.agents.ppo import PPOTrainer as _EnginePPOTrainer
+from opentinker.agents.sac import SACTrainer as _EngineSACTrainer
+from opentinker.agents.td3 import TD3Trainer as _EngineTD3Trainer
 
 
 class _Deployable:
@@ -72,3 +74,11 @@ class PPOTrainer(_Tracked, _Deployable, _EnginePPOTrainer):
 
 class DQNTrainer(_Tracked, _Deployable, _EngineDQNTrainer):
     __doc__ = _EngineDQNTrainer.__doc__
+
+
+class SACTrainer(_Tracked, _Deployable, _EngineSACTrainer):
+    __doc__ = _EngineSACTrainer.__doc__
+
+
+class TD3Trainer(_Tracked, _Deployable, _EngineTD3Trainer):
+    __doc__ = _EngineTD3Trainer.__doc__

@@ -1,0 +1,126 @@
+"""What SAC and TD3 share: env copies act with the actor's numpy twin (uniform random actions until
+``learning_starts``), their transitions go to a replay buffer, and each iteration's gradient steps run on batches
+drawn together. The algorithms' own ``update`` and ``gradient_step`` live in ``sac.py`` and ``td3.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from opentinker.agents.buffers import ReplayBuffer
+from opentinker.agents.config import OffPolicyConfig
+from opentinker.agents.continuous import TwinQ, actor_spec
+from opentinker.agents.trainer import Trainer
+from opentinker.envs.rollout import Rollout
+
+
+class OffPolicyTrainer(Trainer):
+    """Subclasses set ``actor_kind`` and ``actor_cls``, build their extras in ``_build_extras`` and implement
+    ``update``. The actor is ``self.policy`` (what rollouts, checkpoints' ``policy`` and exports hold)."""
+
+    value_based = False
+    actor_kind: str
+    actor_cls: type
+    config: OffPolicyConfig
+
+    def _build(self) -> None:
+        c = self.config
+        self.spec = actor_spec(self.observation_space, self.action_space, self.actor_kind, c.hidden_sizes, c.activation)
+        self.policy = self.actor_cls(self.spec).to(self.device)
+        self.params = list(self.policy.parameters())
+        self.optimizer = torch.optim.Adam(self.params, lr=c.learning_rate, fused=True)
+        # Twin critics as one module: one optimiser step for both; the target is its Polyak average.
+        self.critic = TwinQ(self.spec["obs_dim"], self.spec["action_dim"], c.hidden_sizes, c.activation).to(self.device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.critic_params, self.target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
+        self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=c.learning_rate, fused=True)
+        self.buffer = ReplayBuffer(c.buffer_size)
+        self.pending_updates = 0.0
+        self._build_extras()
+
+    def _build_extras(self) -> None:
+        pass
+
+    @property
+    def warming_up(self) -> bool:
+        return self.global_step < self.config.learning_starts
+
+    def rollout_spec(self) -> dict:
+        """Uniform random actions until ``learning_starts`` (as SB3 and CleanRL warm up), then the actor's."""
+        return dict(self.spec, random_actions=True) if self.warming_up else self.spec
+
+    def store(self, rollout: Rollout) -> None:
+        """Count the rollout's env steps and keep its real transitions. The observation after step t is
+        ``obs[t + 1]`` (the final observation at an episode's end), so truncated episodes bootstrap from it;
+        only ``terminated`` stops the bootstrap."""
+        self.global_step += rollout.num_steps
+        next_obs = np.concatenate([rollout.obs[1:], rollout.last_obs[None]], axis=0)
+        keep = rollout.valid
+        self.buffer.add(
+            rollout.obs[keep],
+            next_obs[keep],
+            rollout.actions[keep],
+            rollout.rewards[keep],
+            rollout.terminated[keep].astype(np.float32),
+        )
+
+    def replay_batches(self, num_env_steps: int) -> dict[str, torch.Tensor] | None:
+        """The gradient steps due for ``num_env_steps`` new env steps (one per ``train_frequency``), their batches
+        drawn at once, shaped ``(steps, rows, ...)``: this learner's rows of each batch (all of them when it is
+        alone); observations preprocessed. None while warming up or when no step is due."""
+        c = self.config
+        if self.warming_up:
+            return None
+        self.pending_updates += num_env_steps / c.train_frequency
+        steps = int(self.pending_updates)
+        self.pending_updates -= steps
+        if steps == 0:
+            return None
+        part = self.sync.shard(c.batch_size)
+        batch = {
+            k: torch.as_tensor(v[:, part], device=self.device)
+            for k, v in self.buffer.sample((steps, c.batch_size), self.rng).items()
+        }
+        for key in ("obs", "next_obs"):
+            obs = batch[key]
+            batch[key] = self.policy.preprocess(obs.flatten(0, 1)).unflatten(0, obs.shape[:2])
+        return batch
+
+    def standard_normal(self, *shape: int) -> torch.Tensor:
+        """Noise for a batch drawn whole (torch's RNG, in every checkpoint); learners take their rows (``shard``),
+        so each row's noise is the same with any number of learners."""
+        noise = torch.randn(*shape, self.config.batch_size, self.spec["action_dim"], device=self.device)
+        return noise[..., self.sync.shard(self.config.batch_size), :]
+
+    def finish_update(self, rollout: Rollout, started: float, stats: list[torch.Tensor], names: tuple[str, ...]):
+        """The iteration's metrics: the gradient steps' statistics (one host sync, averaged over learners), the
+        buffer, timings, rollout and episode figures."""
+        metrics = {"charts/buffer_size": float(len(self.buffer))}
+        if stats:
+            means = self.sync.average(torch.stack(stats).mean(0))
+            metrics.update(zip(names, means.tolist()))
+        metrics["perf/update_ms"] = (time.perf_counter() - started) * 1000.0
+        metrics.update(self.rollout_metrics(rollout, updated=bool(stats)))
+        metrics.update(self.episode_metrics(rollout.episode_returns, rollout.episode_lengths))
+        return metrics
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "buffer": self.buffer.state_dict(),
+            "pending_updates": self.pending_updates,
+        }
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.buffer.load_state_dict(state["buffer"])
+        self.pending_updates = state["pending_updates"]
