@@ -205,7 +205,8 @@ class Trainer:
         self.amp = AmpController(amp_mode, self.device)
         self.global_step, self.iteration, self.horizon = 0, 0, self.config.total_steps
         self.weights_applied_at: float | None = None  # time.time() of the last update's last optimiser step
-        self._build()
+        with torch_threads(self.config.torch_threads):  # initialisation is small ops too (orthogonal init's QRs)
+            self._build()
 
     # -- subclass hooks -------------------------------------------------------------------------------------
     def _build(self) -> None:

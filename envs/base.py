@@ -10,6 +10,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from opentinker.envs.atari import is_atari, make_atari
 from opentinker.envs.errors import EnvSpecError
 
 EnvLike = str | type[gym.Env] | Callable[[], gym.Env] | gym.Env
@@ -77,10 +78,12 @@ def import_env(ref: str) -> EnvLike:
 
 def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
     """Build one env from a registered id, a ``module:Class``/``module:factory`` path, an env class, a zero-arg
-    factory, or (copied) an env instance."""
+    factory, or (copied) an env instance. Atari ids (``ALE/...``) come preprocessed (``envs/atari.py``)."""
     if isinstance(env, str) and (target := import_env(env)) is not env:
         return make_env(target, **kwargs)
-    if isinstance(env, str):
+    if is_atari(env):
+        made = make_atari(env, **kwargs)
+    elif isinstance(env, str):
         try:
             made = gym.make(env, **kwargs)
         except gym.error.Error as exc:  # NameNotFound, VersionNotFound, NamespaceNotFound, ...
