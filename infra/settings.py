@@ -54,6 +54,22 @@ class Settings(BaseSettings):
     s3_access_key: str = Field("", description="S3 access key id (falls back to boto3's usual chain when empty).")
     s3_secret_key: str = Field("", description="S3 secret key.")
     s3_region: str = Field("us-east-1", description="S3 region.")
+    server_url: str = Field(
+        "",
+        description="OpenTinker server the SDK and CLI send training jobs to (`opentinker login`, "
+        "`opentinker.connect`); empty: everything runs on this machine.",
+    )
+    api_key: str = Field("", description="API key for `server_url` (else the one `opentinker login` stored).")
+    credentials_file: Path = Field(
+        Path("~/.config/opentinker/credentials.json"),
+        description="Where `opentinker login` keeps the server URL and key (mode 0600).",
+    )
+    server_database_url: str = Field(
+        "",
+        description="The server's store of tenants, keys and jobs (SQLAlchemy URL, e.g. "
+        "postgresql+psycopg2://...); empty: SQLite at <data_dir>/server/server.db.",
+    )
+    server_max_upload_mb: float = Field(64.0, gt=0, description="Largest env-code upload the server accepts.")
     sandbox: Literal["bwrap", "none"] = Field(
         "bwrap",
         description="Isolation of model-written code (PythonREPL): "
@@ -80,6 +96,10 @@ class Settings(BaseSettings):
     @property
     def tracking_uri(self) -> str:
         return self.mlflow_tracking_uri or f"sqlite:///{self.resolved_data_dir / 'mlflow.db'}"
+
+    @property
+    def server_database(self) -> str:
+        return self.server_database_url or f"sqlite:///{self.resolved_data_dir / 'server' / 'server.db'}"
 
     @property
     def artifact_root(self) -> str:

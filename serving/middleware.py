@@ -12,11 +12,18 @@ class BodyLimitMiddleware:
 
     A declared ``Content-Length`` is checked up front; a chunked body is read here up to the limit and
     replayed to the app, so an oversized stream is never buffered whole.
+
+    The rest of an oversized body is read and dropped before the 413 goes out (up to ``drain_bytes``): a client
+    sends its whole body before it reads the answer, and a server that closes the connection with unread bytes
+    makes the kernel reset it, so the client saw "connection reset" instead of the 413. Past ``drain_bytes`` the
+    connection is closed after the answer (``Connection: close``).
     """
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, drain_bytes: int | None = None, error_field: str = "error"):
         self.app = app
         self.max_bytes = max_bytes
+        self.error_field = error_field
+        self.drain_bytes = max(64 << 20, 8 * max_bytes) if drain_bytes is None else drain_bytes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -26,7 +33,7 @@ class BodyLimitMiddleware:
             if not declared.isdigit():
                 return await _send_json(send, 400, {"error": "Content-Length: expected a non-negative integer"})
             if int(declared) > self.max_bytes:
-                return await self._too_large(send)
+                return await self._too_large(receive, send, drained=0, declared=int(declared))
             return await self.app(scope, receive, send)
         if scope["method"] in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
@@ -38,7 +45,8 @@ class BodyLimitMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                return await self._too_large(send)
+                more = message.get("more_body", False)
+                return await self._too_large(receive, send, drained=size, declared=None if more else size)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
@@ -53,8 +61,24 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send):
-        await _send_json(send, 413, {"error": f"request body: expected at most {self.max_bytes} bytes"})
+    async def _too_large(self, receive, send, drained: int, declared: int | None):
+        """Drain what is left of the body (see the class docstring), then answer 413."""
+        finished = declared is not None and declared <= drained
+        if not finished and (declared is None or declared <= self.drain_bytes):
+            while drained <= self.drain_bytes:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                drained += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    finished = True
+                    break
+        await _send_json(
+            send,
+            413,
+            {self.error_field: f"request body: expected at most {self.max_bytes} bytes"},
+            extra_headers=[] if finished else [(b"connection", b"close")],
+        )
 
 
 class JsonBodyMiddleware:

@@ -22,5 +22,6 @@ from fixtures.federated import *  # noqa: F403, E402
 from fixtures.llm import *  # noqa: F403, E402
 from fixtures.pipeline import *  # noqa: F403, E402
 from fixtures.ray import *  # noqa: F403, E402
+from fixtures.server import *  # noqa: F403, E402
 from fixtures.serving import *  # noqa: F403, E402
 from fixtures.stack import *  # noqa: F403, E402

@@ -10,7 +10,7 @@ from opentinker.cli import app
 
 runner = CliRunner()
 
-GROUPS = ["stack", "cluster", "federated", "agent"]
+GROUPS = ["stack", "cluster", "federated", "agent", "server"]
 COMMANDS = ["quickstart", "train", "evaluate", "release", "schedule", "deploy", "serve", "package"]
 
 

@@ -136,6 +136,22 @@ def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(
     assert _act(http, [0.01, 0.0, 0.0, 0.0]).status_code == 200
 
 
+def test_an_8_mb_body_gets_a_413_the_client_can_read(policy_server):
+    """A client that sends its whole body before reading (urllib, requests) used to see a broken pipe or a reset
+    connection: the server answered early and closed with the body unread. Now it drains the body first."""
+    import urllib.error
+    import urllib.request
+
+    body = b'{"obs": [' + b"0.0," * (2 << 20) + b"0.0]}"  # 8 MB
+    request = urllib.request.Request(
+        f"{policy_server.url}/act", data=body, headers={"Content-Type": "application/json", **AUTH}
+    )
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=60)
+    assert answer.value.code == 413
+    assert f"at most {SERVER_SETTINGS['max_body_bytes']} bytes" in answer.value.read().decode()
+
+
 def test_batch_validation_is_per_request_and_bounded(http):
     bad_row = http.post("/act_batch", json={"obs": [[0.0] * 4, [0.0, 0.0, 9.0, 0.0]]}, headers=AUTH)
     assert bad_row.status_code == 400 and "obs[1][2] = 9.0" in bad_row.text

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from opentinker.cli import agent, cluster, federated, quickstart, serve, stack, train
+from opentinker.cli import agent, cluster, federated, quickstart, serve, server, stack, train
 
 app = typer.Typer(
     help="OpenTinker: train, track, federate and serve RL agents.",
@@ -22,5 +22,6 @@ app.add_typer(stack.app, name="stack")
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(federated.app, name="federated")
 app.add_typer(agent.app, name="agent")
+app.add_typer(server.app, name="server")
 
 __all__ = ["app"]

@@ -41,6 +41,8 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from opentinker.infra.processes import ServiceError
     from opentinker.infra.s3 import S3Error
     from opentinker.infra.stack import StackError
+    from opentinker.server.keys import KeyRequestError
+    from opentinker.server.tenants import TenantError
     from opentinker.serving.auth import ApiKeyError
     from opentinker.serving.deploy import DeploymentError
     from opentinker.tracking.registry import PolicyStoreError
@@ -60,6 +62,8 @@ def _known_errors() -> tuple[type[BaseException], ...]:
         ClusterError,
         ServiceError,
         S3Error,  # unreachable storage or refused credentials
+        KeyRequestError,
+        TenantError,
     )
 
 

@@ -1,0 +1,141 @@
+"""``opentinker server up|keys|tenants``: run the OpenTinker server and administer it on its own machine.
+
+``keys`` and ``tenants`` act on the server's database directly (``server_database_url``, SQLite under the data dir by
+default), so the first admin key can be made before any key exists; over HTTP an admin key does the same.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from opentinker.cli.console import cli_errors, console
+
+app = typer.Typer(help="The OpenTinker server: training jobs from laptops, per tenant (docs/service.md).")
+keys_app = typer.Typer(help="API keys: create (printed once), list, revoke.", no_args_is_help=True)
+tenants_app = typer.Typer(help="Tenants and their quotas.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
+
+
+def _store():
+    from opentinker.infra.settings import get_settings
+    from opentinker.server.db import Store
+
+    return Store(get_settings().server_database)
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@app.command()
+@cli_errors
+def up(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8600,
+    jobs: Annotated[bool, typer.Option(help="Run training jobs (Prefect work pool and worker).")] = True,
+) -> None:
+    """Serve the API until interrupted; with nothing configured, on the local stack (SQLite, local Prefect)."""
+    from opentinker.server.launcher import serve
+
+    serve(host, port, jobs=jobs, on_ready=lambda url: console.print(f"OpenTinker server on {url}", highlight=False))
+
+
+@keys_app.command("create")
+@cli_errors
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="Tenant the key acts for (created with default quotas if new).")],
+    scope: Annotated[
+        list[str] | None, typer.Option(help="admin, jobs, read, models, tinker (repeat; default: all but admin).")
+    ] = None,
+    label: Annotated[str, typer.Option(help="A note shown in listings.")] = "",
+) -> None:
+    """Make a key and print it, once: only its salted hash is stored."""
+    from opentinker.server.keys import DEFAULT_SCOPES, KeyRing
+
+    info, key = KeyRing(_store()).create(tenant, scope or DEFAULT_SCOPES, label)
+    console.print(key, markup=False, highlight=False)
+    console.print(
+        f"key {info.id} for tenant {info.tenant}, scopes {', '.join(info.scopes)} (shown once; keep it secret)",
+        style="dim",
+        highlight=False,
+    )
+
+
+@keys_app.command("list")
+@cli_errors
+def keys_list(tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None) -> None:
+    """Every key's id, tenant, scopes and dates (never a secret)."""
+    from opentinker.server.keys import KeyRing
+
+    table = Table("id", "tenant", "scopes", "label", "created", "revoked")
+    for info in KeyRing(_store()).list(tenant):
+        table.add_row(
+            info.id, info.tenant, ",".join(info.scopes), info.label, _when(info.created_at), _when(info.revoked_at)
+        )
+    console.print(table)
+
+
+@keys_app.command("revoke")
+@cli_errors
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`).")]) -> None:
+    """Revoke a key: every server process refuses it from its next request on."""
+    from opentinker.server.keys import KeyRing
+
+    info = KeyRing(_store()).revoke(key_id)
+    if info is None:
+        console.print(f"[bold red]error:[/] key: no key with id {key_id!r}")
+        raise typer.Exit(1)
+    console.print(f"revoked key {info.id} of tenant {info.tenant}", highlight=False)
+
+
+@tenants_app.command("set")
+@cli_errors
+def tenants_set(
+    tenant: Annotated[str, typer.Argument(help="Tenant name (created if new).")],
+    max_running_jobs: Annotated[int | None, typer.Option(help="Jobs running at once.")] = None,
+    max_queued_jobs: Annotated[int | None, typer.Option(help="Jobs waiting at once.")] = None,
+    max_steps_per_job: Annotated[int | None, typer.Option(help="Largest steps of one job.")] = None,
+    max_gpus: Annotated[float | None, typer.Option(help="GPUs one job may ask for.")] = None,
+) -> None:
+    """Create a tenant or change its quotas (options left out keep their value)."""
+    from opentinker.server.tenants import set_quotas
+
+    changes = {
+        "max_running_jobs": max_running_jobs,
+        "max_queued_jobs": max_queued_jobs,
+        "max_steps_per_job": max_steps_per_job,
+        "max_gpus": max_gpus,
+    }
+    with _store().session() as session:
+        row = set_quotas(session, tenant, **{k: v for k, v in changes.items() if v is not None})
+        console.print(
+            f"tenant {row.name}: running {row.max_running_jobs}, queued {row.max_queued_jobs}, "
+            f"steps/job {row.max_steps_per_job}, GPUs/job {row.max_gpus}",
+            highlight=False,
+        )
+
+
+@tenants_app.command("list")
+@cli_errors
+def tenants_list() -> None:
+    """Every tenant and its quotas."""
+    import sqlalchemy as sa
+
+    from opentinker.server.db import Tenant
+
+    table = Table("tenant", "running", "queued", "steps/job", "GPUs/job", "created")
+    with _store().session() as session:
+        for row in session.scalars(sa.select(Tenant).order_by(Tenant.name)):
+            table.add_row(
+                row.name,
+                *(str(v) for v in (row.max_running_jobs, row.max_queued_jobs, row.max_steps_per_job, row.max_gpus)),
+                _when(row.created_at),
+            )
+    console.print(table)

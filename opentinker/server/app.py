@@ -1,0 +1,65 @@
+"""``create_app()``: the server's ASGI app, one router per resource, the key check as a dependency on every route but
+``/healthz`` (FastAPI's "bigger applications" layout).
+
+Why FastAPI rather than BentoML's ASGI mounting: this app is a control plane (typed JSON resources, streaming logs
+and server-sent events, a dependency that authenticates every route), not a model runner; BentoML's value, adaptive
+batching and model packaging, stays in the policy services the server starts. FastAPI is already in the locked set
+(Flower pins 0.138, which has native SSE), and its OpenAPI schema is the API reference in docs/service.md.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from opentinker import __version__
+from opentinker.infra.settings import Settings, get_settings
+from opentinker.serving.middleware import BodyLimitMiddleware
+
+from .db import Store
+from .keys import KeyRing
+from .routers import health, keys, tenants
+
+
+def create_app(settings: Settings | None = None, jobs: bool = True) -> FastAPI:
+    """The server's app on the settings' database; ``jobs=False`` serves keys and tenants only (no Prefect)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.store = Store(settings.server_database)
+        app.state.keyring = KeyRing(app.state.store)
+        app.state.settings = settings
+        app.state.jobs = None
+        try:
+            yield
+        finally:
+            app.state.store.close()
+
+    app = FastAPI(
+        title="OpenTinker",
+        version=__version__,
+        summary="Reinforcement learning as a service: training jobs, models and the Tinker API, per tenant.",
+        lifespan=lifespan,
+    )
+    app.add_exception_handler(RequestValidationError, _one_line_validation_error)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=int(settings.server_max_upload_mb * 1024 * 1024), error_field="detail"
+    )
+    for module in (health, keys, tenants):
+        app.include_router(module.router)
+    return app
+
+
+async def _one_line_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 whose ``detail`` is one line per problem naming the field (``body.steps: ...``), as the CLI prints it."""
+    lines = []
+    for error in exc.errors():
+        loc = [str(part) for part in error["loc"] if part != "body"]
+        field = ".".join(loc) or "body"
+        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
+        lines.append(f"{field}: {message}")
+    return JSONResponse({"detail": "; ".join(lines)}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
