@@ -27,7 +27,7 @@ def actor_spec(
     obs_space: gym.Space, action_space: gym.Space, kind: str, hidden: tuple[int, ...], activation: str
 ) -> dict[str, Any]:
     """The actor's spec: an MLP policy spec (observation handling, action bounds) of ``kind`` "squashed_gaussian"
-    (SAC) or "tanh_deterministic" (TD3); only a 1-D Box with finite bounds is accepted as the action space."""
+    (SAC) or "deterministic" (TD3); only a 1-D Box with finite bounds is accepted as the action space."""
     if not isinstance(action_space, gym.spaces.Box):
         raise EnvSpecError(
             f"action_space {action_space} is not supported by this algorithm: expected a 1-D Box (continuous actions)"

@@ -100,7 +100,7 @@ def _policy_parts(trainer_or_policy: Any) -> tuple[Any, str, str | None, gym.Spa
     spaces = getattr(policy, "observation_space", None), getattr(policy, "action_space", None)
     if spaces[0] is None:
         raise ValueError("export_policy needs a trainer, or a policy with observation_space/action_space attributes")
-    algorithm = {"q": "dqn", "squashed_gaussian": "sac", "tanh_deterministic": "td3"}.get(policy.spec["kind"], "ppo")
+    algorithm = {"q": "dqn", "squashed_gaussian": "sac", "deterministic": "td3"}.get(policy.spec["kind"], "ppo")
     return policy, algorithm, None, *spaces
 
 

@@ -52,7 +52,7 @@ class OffPolicyTrainer(Trainer):
 
     def rollout_spec(self) -> dict:
         """Uniform random actions until ``learning_starts`` (as SB3 and CleanRL warm up), then the actor's."""
-        return dict(self.spec, random_actions=True) if self.warming_up else self.spec
+        return dict(self.spec, uniform_actions=True) if self.warming_up else self.spec
 
     def store(self, rollout: Rollout) -> None:
         """Count the rollout's env steps and keep its real transitions. The observation after step t is

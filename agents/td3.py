@@ -21,7 +21,7 @@ class TD3Trainer(OffPolicyTrainer):
     """``TD3Trainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **TD3Config fields)``."""
 
     algorithm, config_cls = "td3", TD3Config
-    actor_kind, actor_cls = "tanh_deterministic", DeterministicActor
+    actor_kind, actor_cls = "deterministic", DeterministicActor
     config: TD3Config
 
     def _build_extras(self) -> None:
@@ -32,7 +32,7 @@ class TD3Trainer(OffPolicyTrainer):
 
     def rollout_spec(self) -> dict:
         """The actor's actions plus N(0, ``exploration_noise``) noise (uniform while warming up)."""
-        return dict(super().rollout_spec(), noise=self.config.exploration_noise)
+        return dict(super().rollout_spec(), action_noise=self.config.exploration_noise)
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         started = time.perf_counter()

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-POLICY_KINDS = ("categorical", "gaussian", "q", "squashed_gaussian", "tanh_deterministic")
-TANH_KINDS = ("squashed_gaussian", "tanh_deterministic")
+POLICY_KINDS = ("categorical", "gaussian", "q", "squashed_gaussian", "deterministic")
+TANH_KINDS = ("squashed_gaussian", "deterministic")
 """Actors of SAC and TD3: actions in [-1, 1] (what their critics and replay buffers see), scaled to the Box bounds
 by ``env_actions``; no critic travels with them."""
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -96,18 +96,18 @@ class NumpyPolicy:
 
     def _tanh_actions(self, x: np.ndarray, rng: np.random.Generator | None, deterministic: bool) -> np.ndarray:
         """SAC's ``tanh(mean + std * noise)`` or TD3's ``clip(tanh(mu) + noise)`` in [-1, 1]; deterministic: the
-        tanh of the mean. While collecting, ``spec["random_actions"]`` draws uniform actions (the warm-up) and
-        ``spec["noise"]`` is TD3's exploration noise std."""
+        tanh of the mean. While collecting, ``spec["uniform_actions"]`` draws uniform actions (the warm-up) and
+        ``spec["action_noise"]`` is TD3's exploration noise std."""
         dim = self.spec["action_dim"]
         out = self._mlp("actor", x)
         if deterministic:
             return np.tanh(out[:, :dim]).astype(np.float32)
-        if self.spec.get("random_actions"):
+        if self.spec.get("uniform_actions"):
             return rng.uniform(-1.0, 1.0, (x.shape[0], dim)).astype(np.float32)
         if self.spec["kind"] == "squashed_gaussian":
             std = np.exp(np.clip(out[:, dim:], LOG_STD_MIN, LOG_STD_MAX))
             return np.tanh(out[:, :dim] + std * rng.standard_normal(std.shape)).astype(np.float32)
-        noise = float(self.spec.get("noise", 0.0)) * rng.standard_normal(out.shape)
+        noise = float(self.spec.get("action_noise", 0.0)) * rng.standard_normal(out.shape)
         return np.clip(np.tanh(out) + noise, -1.0, 1.0).astype(np.float32)
 
     def probs(self, obs: np.ndarray) -> np.ndarray | None:
