@@ -77,16 +77,21 @@ PPO_ATARI: dict[str, Any] = {
 }
 """CleanRL's ppo_atari.py: 8 envs x 128 steps, lr 2.5e-4 annealed, 4 epochs x 4 minibatches, clip 0.1, entropy 0.01;
 its Nature CNN's one 512-unit ReLU layer after the convolutions."""
-SAC_CONTINUOUS: dict[str, Any] = {"learning_rate": 1e-3, "learning_starts": 1_000}
+SAC_CONTINUOUS: dict[str, Any] = {"num_envs": 1, "learning_rate": 1e-3, "learning_starts": 1_000}
 """SB3's SAC defaults (256x256 ReLU, batch 256, buffer 1M, tau 0.005, one gradient step per env step, learned
 temperature) with RL-Zoo's Pendulum learning rate and a 1k-step random warm-up."""
-SAC_MUJOCO: dict[str, Any] = {"learning_starts": 10_000}
+SAC_MUJOCO: dict[str, Any] = {"num_envs": 1, "learning_starts": 10_000}
 """RL-Zoo's SAC for the MuJoCo family (HalfCheetah, Hopper, Walker2d, Ant, ...): SB3's defaults (lr 3e-4, 256x256,
 batch 256, buffer 1M, tau 0.005, gamma 0.99, one gradient step per env step, learned temperature) after 10k random
 steps."""
-TD3_CONTINUOUS: dict[str, Any] = {"learning_rate": 1e-3, "learning_starts": 1_000}
+TD3_CONTINUOUS: dict[str, Any] = {"num_envs": 1, "learning_rate": 1e-3, "learning_starts": 1_000}
 """CleanRL's TD3 (256x256, lr 1e-3, batch 256, exploration noise 0.1, policy delay 2) after 1k random steps."""
-TD3_MUJOCO: dict[str, Any] = {"learning_starts": 10_000, "learning_rate": 1e-3, "hidden_sizes": (400, 300)}
+TD3_MUJOCO: dict[str, Any] = {
+    "num_envs": 1,
+    "learning_starts": 10_000,
+    "learning_rate": 1e-3,
+    "hidden_sizes": (400, 300),
+}
 """RL-Zoo's TD3 for the MuJoCo family: SB3's TD3 (400x300, lr 1e-3, batch 256, Gaussian exploration noise 0.1,
 policy delay 2, target smoothing 0.2 clipped at 0.5) after 10k random steps."""
 

@@ -15,7 +15,7 @@ Algo = Annotated[
     str | None,
     typer.Option(
         "--algo",
-        help="Algorithm: ppo or dqn (default ppo); grpo trains an LLM "
+        help="Algorithm: ppo, dqn, sac or td3 (default ppo); grpo trains an LLM "
         "agent's language model on a text task (arithmetic, tool_arithmetic).",
     ),
 ]
