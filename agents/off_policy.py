@@ -41,6 +41,8 @@ class OffPolicyTrainer(Trainer):
         self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=c.learning_rate, fused=True)
         self.buffer = ReplayBuffer(c.buffer_size)
         self.pending_updates = 0.0
+        # The learner's own noise source (not torch's global one): trainers sharing a process stay independent.
+        self.noise_rng = torch.Generator(self.device).manual_seed(self.seed)
         self._build_extras()
 
     def _build_extras(self) -> None:
@@ -92,9 +94,10 @@ class OffPolicyTrainer(Trainer):
         return batch
 
     def standard_normal(self, *shape: int) -> torch.Tensor:
-        """Noise for a batch drawn whole (torch's RNG, in every checkpoint); learners take their rows (``shard``),
-        so each row's noise is the same with any number of learners."""
-        noise = torch.randn(*shape, self.config.batch_size, self.spec["action_dim"], device=self.device)
+        """Noise for whole batches from the trainer's generator (in every checkpoint); learners take their rows
+        (``shard``), so each row's noise is the same with any number of learners."""
+        size = (*shape, self.config.batch_size, self.spec["action_dim"])
+        noise = torch.randn(size, generator=self.noise_rng, device=self.device)
         return noise[..., self.sync.shard(self.config.batch_size), :]
 
     def finish_update(self, rollout: Rollout, started: float, stats: list[torch.Tensor], names: tuple[str, ...]):
@@ -116,6 +119,7 @@ class OffPolicyTrainer(Trainer):
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "buffer": self.buffer.state_dict(),
             "pending_updates": self.pending_updates,
+            "noise_rng": self.noise_rng.get_state(),
         }
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
@@ -124,3 +128,4 @@ class OffPolicyTrainer(Trainer):
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.buffer.load_state_dict(state["buffer"])
         self.pending_updates = state["pending_updates"]
+        self.noise_rng.set_state(state["noise_rng"])
