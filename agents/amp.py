@@ -97,12 +97,10 @@ class AmpController:
         self.scaler.unscale_(optimizer)
         if guard and not all(torch.isfinite(p.grad).all().item() for p in params if p.grad is not None):
             return self._fall_back(f"non-finite gradients under {self.dtype}", optimizer)
-        if max_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        elif strict:  # no clipping, but the strict check still needs the norm
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        if (
+        norm = None if max_grad_norm is None else torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        if (  # without clipping there is no norm to look at: the loss check above is the strict mode's check
             strict
+            and norm is not None
             and not torch.isfinite(norm).item()
             and (not self.scaler.is_enabled() or self.scaler.get_scale() <= 1.0)
         ):
