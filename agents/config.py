@@ -1,13 +1,14 @@
-"""Typed hyper-parameters for PPO, DQN, SAC and TD3 (CleanRL style: one docstring per field)."""
+"""Typed hyper-parameters for PPO, DQN, SAC, TD3 and GRPO (CleanRL style: one docstring per field)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from opentinker.envs.remote_env import BACKENDS
-from opentinker.infra.checks import check_field
+from opentinker.infra.checks import check_field, check_ints
 
 
 @dataclass
@@ -251,8 +252,68 @@ class TD3Config(OffPolicyConfig):
         )
 
 
+@dataclass
+class GRPOConfig:
+    """Everything one GRPO run needs besides the seed (CleanRL style: one flat, typed config)."""
+
+    task: str = "arithmetic"
+    """The text env: a shipped task (``envs.text_tasks.TEXT_TASKS``) or ``module:factory`` (``make_text_env``)."""
+    base_model: str = "smollm2"
+    """``"smollm2"``, ``"tiny"`` or a transformers checkpoint folder (``agents.lm_policy``)."""
+    group_size: int = 8
+    """Completions per prompt; the group's rewards are each other's baseline."""
+    prompts_per_step: int = 4
+    max_new_tokens: int = 24
+    """Per reply (per turn)."""
+    temperature: float = 0.7
+    """SmolLM2-135M at 1.0 rambles (~0% exact answers on ``arithmetic``, no signal); 0.7 gives ~15%."""
+    learning_rate: float = 5e-4
+    """AdamW (no weight decay), adapter parameters only."""
+    clip_range: float = 0.2
+    kl_coef: float = 0.0
+    """beta: weight of the KL penalty towards the base model (0, as in DAPO and TRL's default, skips its pass)."""
+    loss_norm: Literal["token", "sequence"] = "token"
+    scale_rewards: bool = True
+    """Divide advantages by the group's reward std (Dr. GRPO argues for False)."""
+    update_epochs: int = 1
+    """Optimiser passes over each batch; with 1 the ratio is 1 and clipping never binds."""
+    micro_batch: int = 8
+    """Completions per forward/backward (gradients accumulate: memory, not maths)."""
+    max_grad_norm: float = 1.0
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    task_seed: int = 0
+    """Generates the task's examples and its train / held-out split."""
+    eval_prompts: int = 64
+    """Held-out prompts evaluated (greedy), the first ones of the split."""
+    eval_batch: int = 16
+    cache_dir: str | None = None
+    """Where the de-quantised base model is cached (default ``<data_dir>/llm-cache``)."""
+
+    def __post_init__(self) -> None:
+        counts = ("prompts_per_step", "max_new_tokens", "update_epochs", "micro_batch", "lora_rank", "lora_alpha")
+        check_ints(self, (*counts, "eval_prompts", "eval_batch"), prefix="GRPOConfig.")
+        check_ints(self, ("group_size",), minimum=2, prefix="GRPOConfig.")  # a group is its own baseline
+        for name in ("temperature", "kl_coef", "learning_rate", "clip_range", "max_grad_norm"):
+            value = getattr(self, name)
+            check_field(f"GRPOConfig.{name}", isinstance(value, (int, float)) and value >= 0, "a number >= 0", value)
+        check_field(
+            "GRPOConfig.temperature", self.temperature > 0, "> 0 (greedy completions are all alike)", self.temperature
+        )
+        check_field(
+            "GRPOConfig.loss_norm", self.loss_norm in ("token", "sequence"), "'token' or 'sequence'", self.loss_norm
+        )
+
+    @property
+    def lora(self):
+        from opentinker.agents.lm_policy import LoraSpec
+
+        return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha)
+
+
 CONFIGS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig, "sac": SACConfig, "td3": TD3Config}
-"""Algorithm name -> its config class; each is a member of the pipeline's ``TrainParams.engine`` union."""
+"""Algorithm name -> its config class; each is a member of the run spec's ``RunSpec.engine`` union
+(``tasks/spec.py``)."""
 ENV_FIELDS = ("num_envs", "workers", "backend", "state_diff")
 """``TrainerConfig`` fields that say how env copies are built (a pipeline config file sets them at the top level)."""
 

@@ -1,5 +1,5 @@
-"""GRPO (Shao et al. 2024, DeepSeekMath) for a language-model policy on a text task, LoRA adapter only: the config and
-the loss (the trainer that runs them: ``agents/grpo_trainer.py``).
+"""GRPO (Shao et al. 2024, DeepSeekMath) for a language-model policy on a text task, LoRA adapter only: the loss
+(its config, ``GRPOConfig``, sits with the others in ``agents/config.py``; the trainer: ``agents/grpo_trainer.py``).
 
 Each step: draw ``prompts_per_step`` train prompts; rollout workers sample ``group_size`` episodes per prompt;
 every episode's reward is normalised within its group (the group is the baseline, no value network):
@@ -20,74 +20,11 @@ averages within each completion, then over completions (the paper's 1/|o_i|; TRL
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from opentinker.infra.checks import check_field, check_ints
-
-
-@dataclass
-class GRPOConfig:
-    """Everything one GRPO run needs besides the seed (CleanRL style: one flat, typed config)."""
-
-    task: str = "arithmetic"
-    """A shipped text task (``envs.text_tasks.TEXT_TASKS``)."""
-    base_model: str = "smollm2"
-    """``"smollm2"``, ``"tiny"`` or a transformers checkpoint folder (``agents.lm_policy``)."""
-    group_size: int = 8
-    """Completions per prompt; the group's rewards are each other's baseline."""
-    prompts_per_step: int = 4
-    max_new_tokens: int = 24
-    """Per reply (per turn)."""
-    temperature: float = 0.7
-    """SmolLM2-135M at 1.0 rambles (~0% exact answers on ``arithmetic``, no signal); 0.7 gives ~15%."""
-    learning_rate: float = 5e-4
-    """AdamW (no weight decay), adapter parameters only."""
-    clip_range: float = 0.2
-    kl_coef: float = 0.0
-    """beta: weight of the KL penalty towards the base model (0, as in DAPO and TRL's default, skips its pass)."""
-    loss_norm: Literal["token", "sequence"] = "token"
-    scale_rewards: bool = True
-    """Divide advantages by the group's reward std (Dr. GRPO argues for False)."""
-    update_epochs: int = 1
-    """Optimiser passes over each batch; with 1 the ratio is 1 and clipping never binds."""
-    micro_batch: int = 8
-    """Completions per forward/backward (gradients accumulate: memory, not maths)."""
-    max_grad_norm: float = 1.0
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    task_seed: int = 0
-    """Generates the task's examples and its train / held-out split."""
-    eval_prompts: int = 64
-    """Held-out prompts evaluated (greedy), the first ones of the split."""
-    eval_batch: int = 16
-    cache_dir: str | None = None
-    """Where the de-quantised base model is cached (default ``<data_dir>/llm-cache``)."""
-
-    def __post_init__(self) -> None:
-        counts = ("prompts_per_step", "max_new_tokens", "update_epochs", "micro_batch", "lora_rank", "lora_alpha")
-        check_ints(self, (*counts, "eval_prompts", "eval_batch"), prefix="GRPOConfig.")
-        check_ints(self, ("group_size",), minimum=2, prefix="GRPOConfig.")  # a group is its own baseline
-        for name in ("temperature", "kl_coef", "learning_rate", "clip_range", "max_grad_norm"):
-            value = getattr(self, name)
-            check_field(f"GRPOConfig.{name}", isinstance(value, (int, float)) and value >= 0, "a number >= 0", value)
-        check_field(
-            "GRPOConfig.temperature", self.temperature > 0, "> 0 (greedy completions are all alike)", self.temperature
-        )
-        check_field(
-            "GRPOConfig.loss_norm", self.loss_norm in ("token", "sequence"), "'token' or 'sequence'", self.loss_norm
-        )
-        from opentinker.envs.text_tasks import text_task
-
-        text_task(self.task)
-
-    @property
-    def lora(self):
-        from opentinker.agents.lm_policy import LoraSpec
-
-        return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha)
+from opentinker.agents.config import GRPOConfig
 
 
 def grpo_config(overrides: dict[str, Any]) -> GRPOConfig:

@@ -69,28 +69,31 @@ Callback = Callable[[dict[str, float], int], Any]
 class GRPOTrainer:
     """Learner (this process: base model + LoRA, AdamW) and rollout workers (Ray actors or in-process)."""
 
-    def __init__(self, config: GRPOConfig, seed: int = 0, workers: int = 1, backend: str = "ray"):
+    def __init__(self, config: GRPOConfig, seed: int = 0, workers: int = 1, backend: str = "ray", env: Any = None):
+        """``env``: the text env when it is not ``config.task``'s name (a factory or an instance, in-process)."""
         from opentinker.agents.lm_policy import add_lora, load_base_model
-        from opentinker.envs.text_tasks import task_examples
+        from opentinker.envs.text_tasks import make_text_env
 
         if backend not in ("ray", "local"):
             raise ValueError(f"backend: expected 'ray' or 'local', got {backend!r}")
         if not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers: expected an integer >= 1, got {workers!r}")
         self.config, self.seed, self.workers, self.backend = config, seed, workers, backend
+        self.env = config.task if env is None else env
         model, self.tokenizer = load_base_model(config.base_model, config.cache_dir)
         self.policy = add_lora(model, config.lora, seed)
         self.optimizer = torch.optim.AdamW(
             [p for p in self.policy.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0
         )
-        self.sampler = PromptSampler(len(task_examples(config.task, "train", config.task_seed)), seed)
+        self.sampler = PromptSampler(len(make_text_env(self.env, "train", config.task_seed).examples), seed)
         self.trainer_rng = np.random.default_rng(seed)
         self.iteration = 0
         self.completions = 0
         self.pool: Any = None
 
     @property
-    def global_step(self) -> int:
+    def updates(self) -> int:
+        """Optimiser updates so far (GRPO's budget counts these, not env steps)."""
         return self.iteration
 
     # -- workers -------------------------------------------------------------------------------------------------
@@ -100,7 +103,7 @@ class GRPOTrainer:
             from opentinker.envs.remote_env import actor_pool
 
             c = self.config
-            args = [(c.task, "train", c.task_seed, c.base_model, c.lora, c.cache_dir)] * self.workers
+            args = [(self.env, c.task_seed, c.base_model, c.lora, c.cache_dir)] * self.workers
             self.pool = actor_pool(self.backend, LLMRolloutWorker, args)
         return self.pool
 
@@ -216,14 +219,17 @@ class GRPOTrainer:
 
     def train(
         self,
-        steps: int,
+        updates: int,
         callback: Callback | None = None,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int | None = None,
     ) -> dict[str, float]:
-        """Optimiser steps until ``global_step >= steps`` (``agents.trainer.train_loop``: callback, checkpoints)."""
-        check_train_args(steps, checkpoint_dir, checkpoint_every)
-        return train_loop(self, self._iterate, steps, callback, checkpoint_dir, checkpoint_every)
+        """Optimiser updates until ``self.updates >= updates`` (``agents.trainer.train_loop``: the callback gets the
+        update count, checkpoints every ``checkpoint_every`` updates)."""
+        updates = check_train_args(updates, checkpoint_dir, checkpoint_every)
+        return train_loop(
+            self, self._iterate, updates, callback, checkpoint_dir, checkpoint_every, progress=lambda: self.updates
+        )
 
     def evaluate(self, split: str = "heldout", prompts: int | None = None, base: bool = False) -> LLMEvalResult:
         """Greedy episodes on the first ``prompts`` examples of ``split`` (``base``: adapter disabled)."""
@@ -257,11 +263,12 @@ class GRPOTrainer:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray") -> GRPOTrainer:
+    def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray", env: Any = None) -> GRPOTrainer:
+        """Rebuild from ``save`` (``env``: as given to the constructor, when not the config's task name)."""
         from opentinker.agents.lm_policy import load_adapter_state
 
         state = load_checkpoint(path)
-        trainer = cls(GRPOConfig(**state["config"]), seed=state["seed"], workers=workers, backend=backend)
+        trainer = cls(GRPOConfig(**state["config"]), seed=state["seed"], workers=workers, backend=backend, env=env)
         load_adapter_state(trainer.policy, state["adapter"])
         trainer.optimizer.load_state_dict(state["optimizer"])
         trainer.sampler = PromptSampler(trainer.sampler.n, trainer.seed, **state["sampler"])

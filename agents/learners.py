@@ -30,8 +30,10 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
-    from opentinker.agents.trainer import Trainer
     from opentinker.envs.rollout import Rollout
+
+Trainer = Any
+"""An ``agents.trainer.Trainer`` (not imported: the trainer imports this module)."""
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 
@@ -186,7 +188,7 @@ class LearnerGroup:
     """``num_learners`` ``LearnerWorker`` actors started from ``trainer``'s current learner state."""
 
     def __init__(self, trainer: Trainer, num_learners: int):
-        from opentinker.agents.trainer import EnvSpaces
+        from opentinker.envs.base import EnvSpaces
         from opentinker.envs.ray_backend import RayGang, cluster_gpus
 
         spaces = EnvSpaces(trainer.env_id, trainer.observation_space, trainer.action_space)

@@ -135,7 +135,7 @@ def play(
 def evaluate_model(
     model: Any,
     tokenizer: Any,
-    task: str,
+    task: Any,
     task_seed: int,
     indices: list[int],
     max_new_tokens: int,
@@ -143,7 +143,8 @@ def evaluate_model(
     split: str = "heldout",
     envs: list[Any] | None = None,
 ) -> list[Episode]:
-    """Greedy episodes on ``indices`` of a shipped task's split, ``batch`` at a time."""
+    """Greedy episodes on ``indices`` of a text env's split (``task``: ``make_text_env``'s source), ``batch`` at a
+    time."""
     from opentinker.envs.text_tasks import make_text_env
 
     envs = envs or [make_text_env(task, split, task_seed) for _ in range(min(batch, len(indices)))]
@@ -155,11 +156,10 @@ def evaluate_model(
 
 
 class LLMRolloutWorker:
-    """A rollout actor: the base model + LoRA adapter, env copies of one task split, one torch thread."""
+    """A rollout actor: the base model + LoRA adapter, env copies of a text env's splits (``task``: a shipped task,
+    ``module:factory``, a factory or an instance), one torch thread."""
 
-    def __init__(
-        self, task: str, split: str, task_seed: int, base_model: str, lora: Any, cache_dir: str | None, threads: int = 1
-    ):
+    def __init__(self, task: Any, task_seed: int, base_model: str, lora: Any, cache_dir: str | None, threads: int = 1):
         from opentinker.envs.text_tasks import make_text_env
 
         from .lm_policy import add_lora, load_base_model

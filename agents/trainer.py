@@ -16,7 +16,7 @@ import pickle
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -34,6 +34,7 @@ from opentinker.agents.learners import (
     learner_group,
     restart_learners,
 )
+from opentinker.envs.base import EnvSpaces
 from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import RemoteEnv
 from opentinker.envs.rollout import Rollout
@@ -75,18 +76,9 @@ def dashboard_remedies(history: list[dict[str, float]]) -> list[str]:
     return remedies
 
 
-class EnvSpaces(NamedTuple):
-    """Pass as ``env`` for a trainer without env copies: its owner collects and calls ``update(rollout)``."""
-
-    env_id: str
-    observation_space: gym.Space
-    action_space: gym.Space
-
-
 class Loopable(Protocol):
-    """What ``train_loop`` needs of its owner (an engine ``Trainer`` or a ``GroupTrainer``)."""
+    """What ``train_loop`` needs of its owner (an engine ``Trainer``, a ``GroupTrainer``, GRPO's trainer)."""
 
-    global_step: int
     iteration: int
 
     def save(self, path: str | os.PathLike) -> Path: ...
@@ -109,23 +101,24 @@ def train_loop(
     callback: Callback | None,
     checkpoint_dir: str | os.PathLike | None,
     checkpoint_every: int | None,
+    progress: Callable[[], int] | None = None,
 ) -> dict[str, float]:
-    """Iterate until ``owner.global_step >= steps``; metrics of the last iteration.
+    """Iterate until ``progress() >= steps``; metrics of the last iteration. ``progress``: what the budget counts,
+    ``owner.global_step`` (env steps) by default (GRPO: its optimiser updates).
 
-    ``callback(metrics, global_step)`` runs once per iteration; returning False stops. With ``checkpoint_dir``,
-    ``checkpoint.pt`` there is rewritten every ``checkpoint_every`` env steps and at the end.
+    ``callback(metrics, progress())`` runs once per iteration; returning False stops. With ``checkpoint_dir``,
+    ``checkpoint.pt`` there is rewritten every ``checkpoint_every`` (in progress units) and at the end.
     """
+    progress = progress or (lambda: owner.global_step)
     metrics: dict[str, float] = {}
-    next_checkpoint = (
-        None if checkpoint_every is None else (owner.global_step // checkpoint_every + 1) * checkpoint_every
-    )
-    while owner.global_step < steps:
+    next_checkpoint = None if checkpoint_every is None else (progress() // checkpoint_every + 1) * checkpoint_every
+    while progress() < steps:
         metrics = iterate()
         owner.iteration += 1
-        if next_checkpoint is not None and owner.global_step >= next_checkpoint:
+        if next_checkpoint is not None and progress() >= next_checkpoint:
             owner.save(Path(checkpoint_dir) / CHECKPOINT_NAME)
-            next_checkpoint = (owner.global_step // checkpoint_every + 1) * checkpoint_every
-        if callback is not None and callback(dict(metrics), owner.global_step) is False:
+            next_checkpoint = (progress() // checkpoint_every + 1) * checkpoint_every
+        if callback is not None and callback(dict(metrics), progress()) is False:
             break
     if checkpoint_dir is not None:
         owner.save(Path(checkpoint_dir) / CHECKPOINT_NAME)
@@ -169,18 +162,29 @@ class Trainer:
     """With ``num_learners > 1``, the learner processes that run ``update`` while ``train`` runs."""
 
     def __init__(
-        self, env: Any, policy: str = "MLP", seed: int = 0, device: str = "auto", amp_mode: str = "off", **config: Any
+        self,
+        env: Any,
+        policy: str = "MLP",
+        seed: int = 0,
+        device: str = "auto",
+        amp_mode: str = "off",
+        config: TrainerConfig | None = None,
+        **fields: Any,
     ):
+        """``config``: the typed config to train with (a pipeline run's); ``fields``: config fields over it."""
         if policy != "MLP":
             raise ValueError(f"policy must be 'MLP' (the only architecture so far), got {policy!r}")
-        check_fields(self.algorithm, config)
-        if isinstance(env, RemoteEnv):
-            if config.setdefault("num_envs", env.num_envs) != env.num_envs:  # unset: the env copies it was given
-                raise ValueError(
-                    f"num_envs={config['num_envs']} conflicts with the RemoteEnv's num_envs="
-                    f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only"
-                )
-        self.config = self.config_cls(**config)
+        check_fields(self.algorithm, fields)
+        if config is not None and not isinstance(config, self.config_cls):
+            raise ValueError(f"config: expected a {self.config_cls.__name__}, got {type(config).__name__}")
+        if isinstance(env, RemoteEnv) and config is None:
+            fields.setdefault("num_envs", env.num_envs)  # unset: the env copies it was given
+        self.config = self.config_cls(**fields) if config is None else dataclasses.replace(config, **fields)
+        if isinstance(env, RemoteEnv) and self.config.num_envs != env.num_envs:
+            raise ValueError(
+                f"num_envs={self.config.num_envs} conflicts with the RemoteEnv's num_envs="
+                f"{env.num_envs}: give num_envs to RemoteEnv(parallel=...) only"
+            )
         self.seed, self.device = seed, resolve_device(device)
         self.env: RemoteEnv | None
         if isinstance(env, EnvSpaces):
@@ -375,8 +379,8 @@ class Trainer:
                 )
             ref = state["env"] if isinstance(state["env"], str) else pickle.loads(state["env"])
             env = RemoteEnv(ref, validate=False, **state["env_args"])
-        config = dict(state["config"])
-        trainer = cls(env, seed=state["seed"], device=device, amp_mode=state["amp_mode"], **config)
+        config = cls.config_cls(**state["config"])
+        trainer = cls(env, seed=state["seed"], device=device, amp_mode=state["amp_mode"], config=config)
         trainer.restore(state)
         return trainer
 

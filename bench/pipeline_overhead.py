@@ -31,17 +31,17 @@ def main() -> None:
     os.environ.setdefault("PREFECT_HOME", os.path.join(os.environ["OPENTINKER_DATA_DIR"], "prefect"))
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     from opentinker.agents import PPOTrainer
-    from opentinker.flows.params import TrainParams
-    from opentinker.flows.presets import resolve_params
+    from opentinker.flows.presets import resolve_spec
+    from opentinker.tasks.spec import RunSpec
 
-    params = TrainParams(
+    params = RunSpec(
         env_id="CartPole-v1", steps=args.steps, seed=args.seed, run_name="bench", model_name="bench-cartpole"
     )
-    resolved = resolve_params(params).engine
+    resolved = resolve_spec(params).engine
 
     def bare() -> tuple[float, float]:
         started = time.perf_counter()
-        trainer = PPOTrainer("CartPole-v1", seed=args.seed, **resolved.overrides())
+        trainer = PPOTrainer("CartPole-v1", seed=args.seed, config=resolved.config())
         trainer.train(args.steps)
         mean = trainer.evaluate(params.eval_episodes, params.eval_seed).mean
         trainer.env.close()

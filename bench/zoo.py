@@ -4,10 +4,10 @@ threads, both sides in one command:
     .venv/bin/python bench/zoo.py [--seeds N] [--threads 1] [--cases cartpole-ppo,halfcheetah-sac,...] [--to-budget]
         [--max-steps N]  # caps every budget: smoke tests only
 
-Ours: the public trainers (``PPOTrainer``, ``DQNTrainer``, ``SACTrainer``) with the shipped preset
-(``engine_preset``, what ``opentinker train ENV`` uses) and the pipeline's default horizon for schedules; no tuning
-here. SB3: RL-Zoo's hyper-parameters (CleanRL's ``ppo_atari.py`` for Breakout), on the same env (``make_env``: for
-Atari ids gymnasium's ``AtariPreprocessing`` and 4 stacked frames).
+Ours: the public trainers (``PPOTrainer``, ``DQNTrainer``, ``SACTrainer``) given the env id, so with the shipped
+preset (what ``opentinker train ENV`` uses), and the pipeline's default horizon (``RunSpec.steps``) for schedules; no
+tuning here. SB3: RL-Zoo's hyper-parameters (CleanRL's ``ppo_atari.py`` for Breakout), on the same env
+(``make_env``: for Atari ids gymnasium's ``AtariPreprocessing`` and 4 stacked frames).
 
 Repeatable by construction: both sides are evaluated after the same env steps (every ``eval_every``: 10 deterministic
 episodes, seeds 10000..10009, the engine's one evaluation function), and evaluation time is kept out of both clocks.
@@ -242,18 +242,20 @@ class Clock:
 
 
 def run_ours(case: Case, seed: int, threads: int, to_budget: bool, train_seconds: float | None = None) -> dict:
-    from opentinker.agents import trainer_class
-    from opentinker.flows.params import TrainParams
-    from opentinker.flows.presets import engine_preset
+    import opentinker
+    from opentinker.tasks.spec import RunSpec
 
-    config = engine_preset(case.algorithm, case.env_id)
-    config.setdefault("total_steps", max(case.budget_steps, TrainParams.model_fields["steps"].default))
+    horizon = RunSpec(env_id=case.env_id, algorithm=case.algorithm).steps  # the pipeline's default horizon
     clock = Clock(case, to_budget, train_seconds)
-    trainer = trainer_class(case.algorithm)(
-        case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local", **config
+    trainer = getattr(opentinker, f"{case.algorithm.upper()}Trainer")(  # an env id: the CLI's preset
+        case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local"
     )
     act = lambda obs: trainer.numpy_policy().act(obs)  # noqa: E731
-    trainer.train(case.budget_steps, callback=lambda metrics, step: not clock.at_step(step, act))
+
+    def callback(metrics: dict, step: int) -> bool:
+        return not clock.at_step(step, act) and step < case.budget_steps
+
+    trainer.train(max(horizon, case.budget_steps), callback=callback)
     result = clock.result(trainer.global_step, act)
     trainer.env.close()
     return result
@@ -350,15 +352,12 @@ def main() -> None:
     rows = {}
     import stable_baselines3  # noqa: F401  (imports and first env builds stay off both clocks)
 
-    from opentinker.agents import trainer_class
+    import opentinker
     from opentinker.envs import make_env
-    from opentinker.flows.presets import engine_preset
 
     for name in names:  # a throw-away trainer of each case: imports, env registration, first-call inits
         case = CASES[name]
-        trainer_class(case.algorithm)(
-            case.env_id, backend="local", **engine_preset(case.algorithm, case.env_id)
-        ).env.close()
+        getattr(opentinker, f"{case.algorithm.upper()}Trainer")(case.env_id, backend="local").env.close()
         make_env(case.env_id).close()
     for name in names:
         case, ours, sb3 = CASES[name], [], []

@@ -6,7 +6,7 @@ import copy
 import functools
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 
@@ -52,6 +52,15 @@ class BaseEnv(gym.Env):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         after_init(cls, check_spaces)
+
+
+class EnvSpaces(NamedTuple):
+    """An env as a trainer without env copies knows it (a name and its spaces): pass it as ``env``, and its owner
+    collects rollouts and calls ``update(rollout)`` (a multi-agent kind, a data-parallel learner)."""
+
+    env_id: str
+    observation_space: gym.Space
+    action_space: gym.Space
 
 
 def import_env(ref: str) -> EnvLike:

@@ -6,11 +6,14 @@
   answer needs ``python_repl``'s result (three turns at most).
 
 ``make_text_env("arithmetic", split="heldout")`` builds the env; ``opentinker train arithmetic --algo grpo`` trains on
-the ``train`` split and evaluates on ``heldout``. The two splits never share a question.
+the ``train`` split and evaluates on ``heldout``. The two splits never share a question. Your own text env (prompts,
+verifier, tools) trains the same way as ``package.module:factory`` (``user_text_env``).
 """
 
 from __future__ import annotations
 
+import copy
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -18,11 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from opentinker.envs.base import import_env
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.text import RewardFn, TextEnv, TextExample, exact_integer
 from opentinker.envs.tool_calls import DEFAULT_SYSTEM_PROMPT
 
 SPLITS = ("train", "heldout")
+TextEnvSource = Any
+"""A text env as runs name it: a shipped task, ``"module:factory"``, a factory (``split`` -> TextEnv) or an instance."""
 TOOLS_GROUP = "opentinker.text_tools"
 """Entry-point group of tool factories (name -> zero-argument callable) a task's ``tools`` are looked up in."""
 
@@ -117,8 +123,11 @@ def task_tools(names: tuple[str, ...]) -> list[Any]:
     return [found[name].load()() for name in names]
 
 
-def make_text_env(name: str, split: str = "train", seed: int = 0, **overrides: Any) -> TextEnv:
-    """A ``TextEnv`` over one split of a shipped task (``overrides``: TextEnv arguments, e.g. ``tools``)."""
+def make_text_env(name: TextEnvSource, split: str = "train", seed: int = 0, **overrides: Any) -> TextEnv:
+    """A ``TextEnv`` over one split of a text env: a shipped task's name (``overrides``: TextEnv arguments, e.g.
+    ``tools``), or your own: ``"package.module:factory"``, the factory itself or an instance (``user_text_env``)."""
+    if not isinstance(name, str) or ":" in name:
+        return user_text_env(import_env(name) if isinstance(name, str) else name, split, seed)
     spec = text_task(name)
     kwargs = {
         "reward_fn": spec.reward_fn,
@@ -129,3 +138,30 @@ def make_text_env(name: str, split: str = "train", seed: int = 0, **overrides: A
     if "tools" not in kwargs:
         kwargs["tools"] = task_tools(spec.tools)
     return TextEnv(task_examples(name, split, seed), **kwargs)
+
+
+def user_text_env(factory: Callable[..., TextEnv] | TextEnv, split: str = "train", seed: int = 0) -> TextEnv:
+    """Your text env: a factory (function or ``TextEnv`` subclass) called with ``split`` ("train" or "heldout": its
+    held-out prompts, which GRPO evaluates on) and ``seed`` where it takes them; one taking neither serves both
+    splits. A ``TextEnv`` instance is copied (each rollout worker plays several episodes at once)."""
+    if isinstance(factory, TextEnv):
+        return copy.deepcopy(factory)
+    if isinstance(factory, str) or not callable(factory):
+        raise EnvSpecError(f"env: expected a TextEnv, its class or a factory returning one, got {factory!r}")
+    if split not in SPLITS:
+        raise EnvSpecError(f"split: expected one of {SPLITS}, got {split!r}")
+    accepted = inspect.signature(factory).parameters
+    kwargs = {key: value for key, value in (("split", split), ("seed", seed)) if key in accepted}
+    env = factory(**kwargs)
+    if not isinstance(env, TextEnv):
+        name = getattr(factory, "__qualname__", repr(factory))
+        raise EnvSpecError(f"env: {name} returned a {type(env).__name__}, expected a TextEnv (envs.text.TextEnv)")
+    return env
+
+
+def text_env_name(env: Any) -> str:
+    """The name a run records for a text env: a shipped task's or ``module:qualname`` of a factory."""
+    if isinstance(env, str):
+        return env
+    source = type(env) if isinstance(env, TextEnv) else env
+    return f"{source.__module__}:{source.__qualname__}"

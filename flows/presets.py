@@ -3,15 +3,20 @@
 The family is picked from the env itself (``ProblemKind``): discrete or continuous actions, observation size,
 episode length, and the suite it belongs to (the ALE namespace: Atari; a gymnasium ``MujocoEnv``: MuJoCo). Per-id
 entries exist only where the family default is known to fail. A config file's algorithm table (``[ppo]``, ``[sac]``,
-...) and top-level ``num_envs`` (``TrainParams.engine``) override any field. The table is documented in
+...) and top-level ``num_envs`` (``RunSpec.engine``) override any field; ``resolve_spec`` fills the rest into a run's
+spec, once. The table is documented in
 docs/pipeline.md ("Presets").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
+
+from opentinker.agents.config import CONFIGS
+from opentinker.tasks.spec import EngineSpec, RunSpec
 
 PPO_DISCRETE: dict[str, Any] = {
     "num_envs": 64,
@@ -224,27 +229,43 @@ def _family(algorithm: str, kind: ProblemKind) -> str | None:
     return next((f for f in kind.families if (algorithm, f) in FAMILIES), None)
 
 
-def resolve_params(params):
-    """``TrainParams`` with every default made concrete, so the run records what it trained with: the preset's
-    fields under the user's engine fields (``num_envs`` included), the backend, and the gate threshold (the env
-    spec's ``reward_threshold`` unless set; None when the env has none: the gate then compares with champion or
-    random)."""
-    from opentinker.envs.remote_env import resolve_backend
+def resolve_spec(spec: RunSpec) -> RunSpec:
+    """``spec`` with every default made concrete, once (a resolved spec comes back as it is), so the run records
+    what it trained with: the preset's fields under the user's (``num_envs`` included), the backend, and the gate
+    threshold (the env spec's ``reward_threshold`` unless set; None when the env has none: the gate then compares
+    with champion or random). GRPO: its config's defaults and a threshold of 0 (held-out success)."""
+    if spec.resolved:
+        return spec
+    engine = spec.engine
+    update: dict[str, Any] = {"resolved": True}
+    if engine.algorithm in CONFIGS:
+        from opentinker.envs.remote_env import resolve_backend
 
-    kind = problem_kind(params.env_id)
-    engine = params.engine
-    table = {**preset(engine.algorithm, params.env_id, kind), **engine.overrides()}
-    if table.get("backend", "auto") == "auto":
-        table["backend"] = (
-            "ray"
-            if table.get("workers") is not None
-            else resolve_backend(params.env_id, "auto", table["num_envs"], None, {})
-        )
-    threshold = params.champion_threshold if params.champion_threshold is not None else kind.reward_threshold
-    return params.model_copy(update={"engine": type(engine)(**table), "champion_threshold": threshold})
+        kind = problem_kind(spec.env_id)
+        table = {**preset(engine.algorithm, spec.env_id, kind), **engine.config_fields()}
+        if table.get("backend", "auto") == "auto":
+            table["backend"] = (
+                "ray"
+                if table.get("workers") is not None
+                else resolve_backend(spec.env_id, "auto", table["num_envs"], None, {})
+            )
+        update["engine"] = type(engine)(algorithm=engine.algorithm, **table)
+        if spec.champion_threshold is None:
+            update["champion_threshold"] = kind.reward_threshold
+    elif engine.algorithm == "grpo":
+        update["engine"] = type(engine).of(engine.config(task=spec.env_id), **_run_fields(engine))
+        if spec.champion_threshold is None:
+            update["champion_threshold"] = 0.0
+    return spec.model_copy(update=update)
+
+
+def _run_fields(engine: EngineSpec) -> dict[str, Any]:
+    """A member's fields that are not its config's (GRPO's updates, workers, backend, eval_every)."""
+    names = {field.name for field in dataclasses.fields(engine.config_cls)}
+    return {key: value for key, value in engine.model_dump(exclude={"algorithm"}).items() if key not in names}
 
 
 def engine_preset(algorithm: str, env_id: str) -> dict[str, Any]:
-    """The preset as trainer keyword arguments (``num_envs`` included): what ``opentinker train ENV`` would use,
-    for SDK users and benches — ``PPOTrainer(env_id, **engine_preset("ppo", env_id))``."""
+    """The preset as trainer keyword arguments (``num_envs`` included): what ``opentinker train ENV`` (and
+    ``PPOTrainer(env_id)``) uses."""
     return preset(algorithm, env_id, problem_kind(env_id))

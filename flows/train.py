@@ -1,4 +1,6 @@
-"""The training flow: storage check → tracking run → Ray start → probe → train → evaluate → register → gate → reports.
+"""The training flow, one for every algorithm: ``train_flow(spec)`` resolves the spec once, then runs the run of its
+algorithm in this one flow run — a policy (PPO, DQN, ...: storage check → tracking run → Ray start → probe → train →
+evaluate → register → gate → reports), a GRPO adapter (``flows/grpo.py``) or an agent group (``flows/group.py``).
 
 No ``from __future__ import annotations`` in flow modules: Prefect builds a pydantic model from the flow's
 signature to validate deployment parameters, and string annotations leave it "not fully defined".
@@ -6,96 +8,78 @@ signature to validate deployment parameters, and string annotations leave it "no
 
 from prefect import flow
 
-from opentinker.flows.params import TrainFlowResult, TrainParams
-from opentinker.flows.presets import resolve_params
+from opentinker.agents.config import CONFIGS
+from opentinker.flows.group import GroupFlowResult, group_run
+from opentinker.flows.grpo import GRPOFlowResult, grpo_run
+from opentinker.flows.params import TrainFlowResult
+from opentinker.flows.presets import resolve_spec
 from opentinker.flows.release import release_flow
-from opentinker.infra.settings import get_settings
 from opentinker.tasks.evaluate import evaluate_policy, resolve_model
 from opentinker.tasks.probe import probe_env, start_ray
 from opentinker.tasks.register import register_model
-from opentinker.tasks.run import finish_tracking_run, publish_summary, start_tracking_run
-from opentinker.tasks.train import is_pending, run_dir, start_early, train_policy
+from opentinker.tasks.run import publish_summary, tracked_run
+from opentinker.tasks.spec import RunSpec
+from opentinker.tasks.train import EarlyTraining, train_policy
 from opentinker.tasks.upload import check_storage, render_reports, upload_artifacts
 
 
 @flow(name="train", log_prints=True)
-def train_flow(params: TrainParams) -> TrainFlowResult:
-    """Train, evaluate, register and (maybe) promote one policy; one MLflow run per flow run.
+def train_flow(spec: RunSpec, early: EarlyTraining | None = None) -> TrainFlowResult | GRPOFlowResult | GroupFlowResult:
+    """One training run of ``spec`` (any algorithm); one MLflow run per flow run.
 
-    Defaults are made concrete first (``presets.resolve_params``), so the run's params are what it trained with.
+    The spec is resolved first (``presets.resolve_spec``; once: a resolved spec stays as it is), so the run's params
+    are what it trained with. ``early``: this spec's training already under way (``run_train_flow``).
     """
     check_storage()
-    params = resolve_params(params)
-    config = params.config_form()
-    tracking = start_tracking_run(config, params.resolved_run_name, params.experiment)
-    engine = params.engine
-    try:
-        if engine.backend == "ray":
+    spec = resolve_spec(spec)
+    if spec.algorithm == "grpo":
+        return grpo_run(spec)
+    if spec.algorithm == "group":
+        return group_run(spec)
+    return policy_run(spec, early)
+
+
+def policy_run(spec: RunSpec, early: EarlyTraining | None = None) -> TrainFlowResult:
+    """Train, evaluate, register and (maybe) promote one policy."""
+    config = spec.config_form()
+    with tracked_run(config, spec.resolved_run_name, spec.experiment) as run:
+        if spec.engine.backend == "ray":
             start_ray()  # its own step: Ray's start-up shows in the UI, not inside the probe
-        probe_env(
-            params.env_id,
-            params.seed,
-            engine.num_envs,
-            engine.workers,
-            run_id=tracking.run_id,
-            rollout_num_cpus=params.rollout_num_cpus,
-            rollout_num_gpus=params.rollout_num_gpus,
-            backend=engine.backend,
-        )
-        trained = train_policy(
-            tracking.run_id,
-            params.env_id,
-            params.steps,
-            params.seed,
-            str(run_dir(get_settings().resolved_data_dir, params.resolved_run_name)),
-            engine.model_dump(exclude_none=True),
-            num_gpus=params.num_gpus,
-            rollout_num_cpus=params.rollout_num_cpus,
-            rollout_num_gpus=params.rollout_num_gpus,
-            resume=params.resume,
-            checkpoint_every=params.checkpoint_every,
-        )
-        evaluation = evaluate_policy(
-            resolve_model(trained.export_dir), params.env_id, params.eval_episodes, params.eval_seed
-        )
+        probe_env(spec, run_id=run.run_id)
+        trained = train_policy(run.run_id, spec, early)
+        evaluation = evaluate_policy(resolve_model(trained.export_dir), spec.env_id, spec.eval_episodes, spec.eval_seed)
         candidate = register_model(
-            tracking.run_id, trained.export_dir, params.resolved_model_name, evaluation, step=trained.global_step
+            run.run_id, trained.export_dir, spec.resolved_model_name, evaluation, step=trained.global_step
         )
         # The gate's body, not a subflow run: its tasks become this run's (the Task Runs tab lists them), and a
         # subflow run's API round-trips and heartbeat-thread join cost a second and more of every training run.
         released = release_flow.fn(
-            params.resolved_model_name,
-            candidate.version,
-            threshold=params.champion_threshold,
-            candidate_eval=evaluation,
+            spec.resolved_model_name, candidate.version, threshold=spec.champion_threshold, candidate_eval=evaluation
         )
         reports = render_reports(config, trained, evaluation, released)
-        uris = upload_artifacts(tracking.run_id, reports, trained.checkpoint_path, params.resolved_run_name)
-        publish_summary(tracking, released, evaluation)
-    except BaseException:
-        finish_tracking_run(tracking.run_id, status="FAILED")
-        raise
-    finish_tracking_run(
-        tracking.run_id,
-        tags={"opentinker.model_version": released.version, "opentinker.aliases": ",".join(released.aliases)},
-        metrics={"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std},
-        step=trained.global_step,
-        model_id=candidate.model_id,
-    )
+        uris = upload_artifacts(run.run_id, reports, trained.checkpoint_path, spec.resolved_run_name)
+        publish_summary(run.tracking, released, evaluation)
+        run.summarise(
+            tags={"opentinker.model_version": released.version, "opentinker.aliases": ",".join(released.aliases)},
+            metrics={"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std},
+            step=trained.global_step,
+            model_id=candidate.model_id,
+        )
+    threshold = spec.champion_threshold
     return TrainFlowResult(
-        run_id=tracking.run_id,
-        run_url=tracking.url,
-        experiment_id=tracking.experiment_id,
+        run_id=run.run_id,
+        run_url=run.tracking.url,
+        experiment_id=run.tracking.experiment_id,
         model_name=released.name,
         model_version=released.version,
         aliases=released.aliases,
         decision=released.decision,
         eval_mean=evaluation.mean,
         eval_std=evaluation.std,
-        threshold=params.champion_threshold,
+        threshold=threshold,
         passed_threshold=released.decision.startswith("promoted")
-        if params.champion_threshold is None
-        else evaluation.mean >= params.champion_threshold,
+        if threshold is None
+        else evaluation.mean >= threshold,
         global_step=trained.global_step,
         start_step=trained.start_step,
         train_seconds=trained.train_seconds,
@@ -104,24 +88,17 @@ def train_flow(params: TrainParams) -> TrainFlowResult:
     )
 
 
-def run_train_flow(params: TrainParams) -> TrainFlowResult:
-    """What ``opentinker train`` and ``quickstart`` run: ``train_flow``, with in-process training (env copies in this
-    process, CPU learner) already under way while Prefect's API server starts, since none of that start-up has to come
-    first; the flow's training task adopts it. Other runs start training inside the flow as usual."""
-    resolved = resolve_params(params)
+def run_train_flow(spec: RunSpec) -> TrainFlowResult | GRPOFlowResult | GroupFlowResult:
+    """What ``opentinker train`` and ``quickstart`` run: ``train_flow`` on the resolved spec, with a policy's
+    training already under way in its own process (env copies in-process, CPU learner) while Prefect's API server
+    starts, since none of that start-up has to come first; the flow's training task adopts it. Other runs start
+    training inside the flow as usual."""
+    spec = resolve_spec(spec)
     early = None
-    if resolved.engine.backend == "local" and resolved.num_gpus == 0:
-        early = start_early(
-            resolved.env_id,
-            resolved.steps,
-            resolved.seed,
-            str(run_dir(get_settings().resolved_data_dir, resolved.resolved_run_name)),
-            resolved.engine.model_dump(exclude_none=True),
-            resolved.resume,
-            resolved.checkpoint_every,
-        )
+    if spec.algorithm in CONFIGS and spec.engine.backend == "local" and spec.num_gpus == 0:
+        early = EarlyTraining.start(spec)
     try:
-        return train_flow(params)
+        return train_flow(spec, early)
     finally:
-        if early is not None and is_pending(early):  # the flow failed before its training task
+        if early is not None:  # the flow failed before its training task adopted it (else: nothing to do)
             early.cancel()

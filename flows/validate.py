@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from opentinker.flows.params import ConfigError, MultiAgentParams, TrainParams, load_train_params
+from opentinker.agents.config import CONFIGS
+from opentinker.flows.params import ConfigError, load_spec
+from opentinker.tasks.spec import RunSpec
 
 
 def check_env_id(env_id: str) -> None:
@@ -22,12 +24,25 @@ def check_env_id(env_id: str) -> None:
         raise ConfigError(f"env_id: {exc}") from None
 
 
-def check_presets(params) -> None:
-    """The preset for (algorithm, env) exists: e.g. DQN refuses continuous actions here, before any service starts."""
-    from opentinker.flows.presets import resolve_params
+def check_text_env(env_id: str) -> None:
+    """A text env given as ``module:factory`` builds a ``TextEnv`` for both splits (shipped names are checked by the
+    spec itself)."""
+    from opentinker.envs.text_tasks import SPLITS, make_text_env
 
     try:
-        resolve_params(params)
+        for split in SPLITS:
+            make_text_env(env_id, split)
+    except ValueError as exc:
+        raise ConfigError(f"env_id: {exc}") from None
+
+
+def resolved(spec: RunSpec) -> RunSpec:
+    """``resolve_spec``, its refusals as one line: e.g. DQN refuses continuous actions here, before any service
+    starts."""
+    from opentinker.flows.presets import resolve_spec
+
+    try:
+        return resolve_spec(spec)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -54,24 +69,24 @@ def check_prefect_server() -> None:
         )
 
 
-def checked_train_params(
-    env_id: str | None, config: Path | None, groups: bool = False, **overrides: Any
-) -> TrainParams | MultiAgentParams:
-    """Params from a config file + overrides, checked before any work: the env (``validate_env``), the engine
-    config of the algorithm, and that the algorithm has a preset for the env's kind of problem.
+def checked_spec(env_id: str | None, config: Path | None, groups: bool = False, **overrides: Any) -> RunSpec:
+    """The run's spec from a config file + overrides, checked and resolved before any work: the env
+    (``validate_env``; a text env builds), the algorithm's config, and the preset for the env's kind of problem.
+    The spec comes back resolved, so the run does not resolve it again.
 
     ``groups``: whether the caller can run a multi-agent config (one with ``policy_mapping``).
     """
-    params = load_train_params(config, env_id=env_id, **overrides)
-    if not isinstance(params, MultiAgentParams):
-        check_env_id(params.env_id)
-        check_presets(params)
-    elif not groups:  # group envs are PettingZoo envs, checked when the group is built
+    spec = load_spec(config, env_id=env_id, **overrides)
+    if spec.algorithm in CONFIGS:
+        check_env_id(spec.env_id)
+    elif spec.algorithm == "grpo" and ":" in spec.env_id:
+        check_text_env(spec.env_id)
+    elif spec.algorithm == "group" and not groups:  # group envs are PettingZoo envs, checked when the group is built
         raise ConfigError(
             "policy_mapping: this command deploys the single-agent train_flow; "
             "train an agent group with `opentinker train ENV --config FILE`"
         )
-    return params
+    return resolved(spec)
 
 
 def check_deployment(cron: str | None) -> None:

@@ -8,6 +8,9 @@ machine or others that have the same source tree and OPENTINKER_* settings) pick
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from opentinker.tasks.spec import RunSpec
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 """Repository root: the process worker runs flows from this directory (local storage, no image, no network)."""
@@ -29,11 +32,10 @@ def ensure_process_pool(name: str) -> None:
                 raise ValueError(f"work pool {name!r}: expected type 'process', found {pool.type!r}") from None
 
 
-def deploy_train_flow(pool: str, name: str, parameters: dict, cron: str | None = None) -> str:
-    """Register a train_flow deployment on ``pool`` (created if missing); returns its id.
-
-    ``cron`` adds a schedule (the server creates the runs, the pool's workers execute them).
-    """
+def deploy_train_flow(pool: str, name: str, spec: RunSpec, cron: str | None = None) -> str:
+    """Register a train_flow deployment of ``spec`` (resolved: its runs do not resolve it again) on ``pool``
+    (created if missing); returns its id. ``cron`` adds a schedule (the server creates the runs, the pool's workers
+    execute them)."""
     from prefect import Flow
 
     ensure_process_pool(pool)
@@ -41,7 +43,7 @@ def deploy_train_flow(pool: str, name: str, parameters: dict, cron: str | None =
     deployment_id = flow.deploy(
         name=name,
         work_pool_name=pool,
-        parameters=parameters,
+        parameters=_parameters(spec),
         cron=cron,
         build=False,
         push=False,
@@ -50,7 +52,7 @@ def deploy_train_flow(pool: str, name: str, parameters: dict, cron: str | None =
     return str(deployment_id)
 
 
-def serve_train_flow(name: str, cron: str, parameters: dict, verbose: bool = False) -> None:
+def serve_train_flow(name: str, cron: str, spec: RunSpec, verbose: bool = False) -> None:
     """Serve a cron-scheduled train_flow deployment from this process until interrupted (``opentinker schedule``)."""
     from prefect.deployments.runner import EntrypointType
 
@@ -59,7 +61,12 @@ def serve_train_flow(name: str, cron: str, parameters: dict, verbose: bool = Fal
     train_flow.serve(
         name=name,
         cron=cron,
-        parameters=parameters,
+        parameters=_parameters(spec),
         entrypoint_type=EntrypointType.MODULE_PATH,
         print_starting_message=verbose,
     )
+
+
+def _parameters(spec: RunSpec) -> dict[str, Any]:
+    """``train_flow``'s parameters as Prefect stores them (JSON; its runs validate them back into an equal spec)."""
+    return {"spec": spec.model_dump(mode="json")}

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import time
 
-from opentinker.infra.cluster import WORKER_RESOURCE, ClusterError, LocalCluster
+from opentinker.infra.cluster import WORKER_RESOURCE, ClusterError, ClusterResourceError, LocalCluster
 from opentinker.infra.files import atomic_write
 from opentinker.infra.processes import ServiceError, free_ports
 
@@ -199,8 +199,6 @@ def wait_for_actors(refs: list, timeout: float, demand: dict[str, float]) -> lis
     ``ClusterResourceError`` naming the resources, instead of waiting out the timeout for nodes that never come.
     """
     import ray
-
-    from opentinker.infra.ray_runtime import ClusterResourceError
 
     deadline = time.monotonic() + timeout
     while True:

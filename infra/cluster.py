@@ -31,6 +31,10 @@ class ClusterError(RuntimeError):
     """The cluster cannot be started, joined or stopped; the message says why."""
 
 
+class ClusterResourceError(RuntimeError):
+    """The Ray cluster cannot provide what the config asks for; the message names the setting or field."""
+
+
 @dataclass
 class NodeStatus:
     name: str

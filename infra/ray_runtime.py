@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from opentinker.infra.cluster import ClusterResourceError
 from opentinker.infra.settings import get_settings
 
 START_ATTEMPTS = 3
@@ -21,10 +22,6 @@ ROLLOUT_RESOURCE_SHARE = 0.001
 """What each rollout actor takes of ``settings.rollout_resource``: it constrains placement, CPUs bound capacity."""
 GPU_LEASE_TIMEOUT_S = 300.0
 WATCH_PERIOD_S = 2.0
-
-
-class ClusterResourceError(RuntimeError):
-    """The Ray cluster cannot provide what the config asks for; the message names the setting or field."""
 
 
 def ensure_ray() -> None:
@@ -54,7 +51,7 @@ def ensure_ray() -> None:
 
 
 def rollout_actor_options(num_cpus: float | None = None, num_gpus: float = 0.0) -> dict:
-    """Ray options for ``RemoteEnv``'s rollout actors: CPUs/GPUs from ``TrainParams``, placement from the settings.
+    """Ray options for ``RemoteEnv``'s rollout actors: CPUs/GPUs from ``RunSpec``, placement from the settings.
 
     Fails at once, naming the setting or field, when no alive node can host them (instead of actors pending forever)
     and no autoscaler may launch one.

@@ -24,6 +24,7 @@ _EXPORTS = {
     "DQNTrainer": "opentinker.sdk",
     "SACTrainer": "opentinker.sdk",
     "TD3Trainer": "opentinker.sdk",
+    "GRPOTrainer": "opentinker.sdk",
     "PPOConfig": "opentinker.agents",
     "DQNConfig": "opentinker.agents",
     "SACConfig": "opentinker.agents",

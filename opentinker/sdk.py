@@ -1,7 +1,8 @@
-"""The SDK's trainers: the engine's ``PPOTrainer``/``DQNTrainer``/``SACTrainer``/``TD3Trainer`` plus ``deploy()``.
+"""The SDK's trainers: the engine's trainers (PPO, DQN, SAC, TD3) plus what sits above the RL core: the CLI's preset
+for an env id, ``train(track=True)`` (the pipeline's MLflow layout) and ``deploy()`` (an authenticated HTTP service);
+and ``GRPOTrainer`` for a language model on a text env.
 
-The engine (``opentinker.agents``) stays free of serving code; this facade adds the one method that
-turns a trained policy into a running, authenticated HTTP service.
+The engine (``opentinker.agents``) stays free of presets, tracking and serving code.
 """
 
 from __future__ import annotations
@@ -11,9 +12,39 @@ from pathlib import Path
 from typing import Any
 
 from opentinker.agents.dqn import DQNTrainer as _EngineDQNTrainer
+from opentinker.agents.grpo_trainer import GRPOTrainer as _EngineGRPOTrainer
 from opentinker.agents.ppo import PPOTrainer as _EnginePPOTrainer
 from opentinker.agents.sac import SACTrainer as _EngineSACTrainer
 from opentinker.agents.td3 import TD3Trainer as _EngineTD3Trainer
+
+
+def preset_config(algorithm: str, env_id: str, fields: dict[str, Any]) -> Any:
+    """The config ``opentinker train env_id --algo algorithm`` trains with (the same resolution as a run's spec:
+    the preset for the env's kind of problem), ``fields`` over it."""
+    from opentinker.flows.presets import resolve_spec
+    from opentinker.tasks.spec import RunSpec
+
+    spec = RunSpec(env_id=env_id, engine={"algorithm": algorithm, **fields})
+    return resolve_spec(spec).engine.config()
+
+
+class _Preset:
+    """Mixin: an env given by id trains with the CLI's preset for it; keyword arguments override its fields. An env
+    object keeps the config's defaults (a preset is tuned for its own number of env copies)."""
+
+    def __init__(
+        self,
+        env: Any,
+        policy: str = "MLP",
+        seed: int = 0,
+        device: str = "auto",
+        amp_mode: str = "off",
+        config: Any = None,
+        **fields: Any,
+    ):
+        if isinstance(env, str) and config is None:
+            config, fields = preset_config(self.algorithm, env, fields), {}
+        super().__init__(env, policy, seed, device, amp_mode, config=config, **fields)
 
 
 class _Deployable:
@@ -68,17 +99,39 @@ class _Tracked:
         return train_tracked(self, steps, callback, checkpoint_every, **track_options)
 
 
-class PPOTrainer(_Tracked, _Deployable, _EnginePPOTrainer):
+class PPOTrainer(_Preset, _Tracked, _Deployable, _EnginePPOTrainer):
     __doc__ = _EnginePPOTrainer.__doc__
 
 
-class DQNTrainer(_Tracked, _Deployable, _EngineDQNTrainer):
+class DQNTrainer(_Preset, _Tracked, _Deployable, _EngineDQNTrainer):
     __doc__ = _EngineDQNTrainer.__doc__
 
 
-class SACTrainer(_Tracked, _Deployable, _EngineSACTrainer):
+class SACTrainer(_Preset, _Tracked, _Deployable, _EngineSACTrainer):
     __doc__ = _EngineSACTrainer.__doc__
 
 
-class TD3Trainer(_Tracked, _Deployable, _EngineTD3Trainer):
+class TD3Trainer(_Preset, _Tracked, _Deployable, _EngineTD3Trainer):
     __doc__ = _EngineTD3Trainer.__doc__
+
+
+class GRPOTrainer(_EngineGRPOTrainer):
+    """``GRPOTrainer(env, base_model="smollm2", seed=0, workers=1, backend="local", **GRPOConfig fields)``: GRPO on
+    a text env — a shipped task's name, ``"package.module:factory"``, or your own ``TextEnv`` factory (called with
+    ``split``: "train" or "heldout") or instance. ``train(updates)`` counts optimiser updates; ``evaluate()`` plays
+    the held-out prompts greedily; ``save_adapter(dir)`` writes what ``opentinker agent serve --llm`` serves."""
+
+    def __init__(
+        self,
+        env: Any = "arithmetic",
+        base_model: str = "smollm2",
+        seed: int = 0,
+        workers: int = 1,
+        backend: str = "local",
+        **config: Any,
+    ):
+        from opentinker.agents.grpo import grpo_config
+        from opentinker.envs.text_tasks import text_env_name
+
+        grpo = grpo_config({**config, "task": text_env_name(env), "base_model": base_model})
+        super().__init__(grpo, seed=seed, workers=workers, backend=backend, env=None if isinstance(env, str) else env)

@@ -16,6 +16,8 @@ from typing import Any
 from .observation import ObservationSchema
 
 logger = logging.getLogger("opentinker.serving")
+BUNDLED_PREFIX = "bentoml:"
+"""Model URIs of policies bundled in a Bento's model store (``package.package_policy``)."""
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,24 @@ def resolve(model_uri: str):
     """The exact version ``model_uri`` names now: registry/run/local URIs, or a policy bundled in a Bento."""
     from opentinker.tracking.registry import resolve_policy
 
-    from .package import BUNDLED_PREFIX, bundled_ref
-
     return bundled_ref(model_uri) if model_uri.startswith(BUNDLED_PREFIX) else resolve_policy(model_uri)
+
+
+def bundled_ref(model_uri: str):
+    """``bentoml:TAG`` -> a ``ModelRef`` for a policy saved in the BentoML model store by ``package_policy``."""
+    import bentoml
+
+    from opentinker.tracking.registry import ModelRef
+
+    model = bentoml.models.get(model_uri[len(BUNDLED_PREFIX) :])
+    meta = model.info.metadata
+    return ModelRef(
+        uri=model_uri,
+        name=meta.get("name", model.tag.name),
+        version=meta.get("version", model.tag.version),
+        run_id=meta.get("run_id"),
+        download_uri=str(model.path),
+    )
 
 
 def load_served_model(model_uri: str) -> ServedModel:

@@ -21,8 +21,8 @@ from typing import Any
 from opentinker.tracking.registry import slug
 
 from .deploy import SERVICE_IMPORT
+from .model_slot import BUNDLED_PREFIX
 
-BUNDLED_PREFIX = "bentoml:"
 BENTO_NAME = "opentinker_policy"
 RUNTIME_PACKAGES = ("bentoml", "mlflow", "numpy", "gymnasium", "pydantic", "pydantic-settings", "psutil")
 
@@ -36,23 +36,6 @@ class PackageResult:
     serves: str
     """The model URI the Bento serves (``bentoml:...`` when bundled)."""
     policy_version: str
-
-
-def bundled_ref(model_uri: str):
-    """``bentoml:TAG`` -> a ``ModelRef`` for a policy saved in the BentoML model store by ``package_policy``."""
-    import bentoml
-
-    from opentinker.tracking.registry import ModelRef
-
-    model = bentoml.models.get(model_uri[len(BUNDLED_PREFIX) :])
-    meta = model.info.metadata
-    return ModelRef(
-        uri=model_uri,
-        name=meta.get("name", model.tag.name),
-        version=meta.get("version", model.tag.version),
-        run_id=meta.get("run_id"),
-        download_uri=str(model.path),
-    )
 
 
 def _save_bundled_policy(model_ref: str):

@@ -17,17 +17,17 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
 from opentinker.agents.evaluation import EvalResult, evaluate_episodes
-from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
+from opentinker.tasks.retry import io_task
 from opentinker.tracking.registry import ModelRef, load_registered_policy, resolve_policy
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@io_task
 def resolve_model(model_uri: str) -> ModelRef:
     """``models:/NAME@alias`` → ``models:/NAME/VERSION``; an export dir → a digest of its files."""
     return resolve_policy(model_uri)
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@io_task
 def model_env_id(model: ModelRef) -> str:
     """The env id the model's export records (the env it was trained on)."""
     spec = load_registered_policy(model.download_uri).spec

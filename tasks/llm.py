@@ -4,13 +4,14 @@ evaluate the adapter on held-out prompts (with a table of sample episodes), regi
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from opentinker.tasks.spec import RunSpec
+from opentinker.tasks.train import spec_dir
 from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
@@ -28,8 +29,8 @@ class GRPOTrainOutcome(BaseModel):
     run_id: str
     checkpoint_path: str
     adapter_dir: str
-    start_step: int
-    global_step: int
+    start_update: int
+    updates: int
     train_seconds: float
     completions: int
     completions_per_s: float
@@ -87,57 +88,51 @@ def log_evaluation(run_id: str, result: Any, step: int, name: str = "eval") -> N
 
 
 @task(cache_policy=NO_CACHE)
-def probe_text_task(task_name: str, task_seed: int) -> int:
-    """``validate_env`` on both splits before any service or model starts; returns the train split's size."""
+def probe_text_env(env_id: str, task_seed: int) -> int:
+    """``validate_env`` on both splits of the text env (shipped or ``module:factory``) before any service or model
+    starts; returns the train split's size."""
     from opentinker.envs.text_tasks import SPLITS, make_text_env
     from opentinker.envs.validation import validate_env
 
     for split in SPLITS:
-        validate_env(make_text_env(task_name, split, task_seed))
-    return len(make_text_env(task_name, "train", task_seed).examples)
+        validate_env(make_text_env(env_id, split, task_seed))
+    return len(make_text_env(env_id, "train", task_seed).examples)
 
 
 @task(cache_policy=NO_CACHE)
-def train_grpo(
-    run_id: str,
-    directory: str,
-    config: dict[str, Any],
-    steps: int,
-    seed: int = 0,
-    workers: int = 1,
-    backend: str = "ray",
-    resume: bool = False,
-    checkpoint_every: int | None = None,
-    eval_every: int | None = None,
-) -> GRPOTrainOutcome:
-    """GRPO until ``steps`` optimiser steps; held-out success of the base first (step 0) and every ``eval_every``."""
+def train_grpo(run_id: str, spec: RunSpec) -> GRPOTrainOutcome:
+    """GRPO until ``spec.engine.updates`` optimiser updates; held-out success of the base first (update 0) and every
+    ``eval_every`` updates."""
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.grpo import grpo_config
     from opentinker.agents.grpo_trainer import GRPOTrainer
 
-    root = Path(directory)
+    grpo = spec.engine
+    root = spec_dir(spec)
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     configure_mlflow()
-    if resume and checkpoint.exists():
-        trainer = GRPOTrainer.load(checkpoint, workers=workers, backend=backend)
+    if spec.resume and checkpoint.exists():
+        trainer = GRPOTrainer.load(checkpoint, workers=grpo.workers, backend=grpo.backend)
     else:
-        trainer = GRPOTrainer(grpo_config(config), seed=seed, workers=workers, backend=backend)
+        config = grpo.config(task=spec.env_id)
+        trainer = GRPOTrainer(config, seed=spec.seed, workers=grpo.workers, backend=grpo.backend)
     try:
-        start_step, start_completions = trainer.global_step, trainer.completions
+        start_update, start_completions = trainer.updates, trainer.completions
         base_eval = None
-        if start_step == 0:
+        if start_update == 0:
             result = trainer.evaluate(base=True)
             log_evaluation(run_id, result, 0)
             base_eval = _evaluation(result, trainer.config.eval_prompts)
-        logger = MetricsLogger.with_progress(run_id, steps)
+        logger = MetricsLogger.with_progress(run_id, grpo.updates)
 
-        def callback(metrics: dict[str, float], step: int) -> None:
-            logger(metrics, step)
-            if eval_every and step % eval_every == 0 and step < steps:
-                log_evaluation(run_id, trainer.evaluate(), step)
+        def callback(metrics: dict[str, float], update: int) -> None:
+            logger(metrics, update)
+            if grpo.eval_every and update % grpo.eval_every == 0 and update < grpo.updates:
+                log_evaluation(run_id, trainer.evaluate(), update)
 
         started = time.perf_counter()
-        trainer.train(steps, callback=callback, checkpoint_dir=checkpoint.parent, checkpoint_every=checkpoint_every)
+        trainer.train(
+            grpo.updates, callback=callback, checkpoint_dir=checkpoint.parent, checkpoint_every=spec.checkpoint_every
+        )
         train_seconds = time.perf_counter() - started
         logger.flush()
         adapter_dir = trainer.save_adapter(root / "adapter", run_id=run_id)
@@ -146,8 +141,8 @@ def train_grpo(
             run_id=run_id,
             checkpoint_path=str(checkpoint),
             adapter_dir=str(adapter_dir),
-            start_step=start_step,
-            global_step=trainer.global_step,
+            start_update=start_update,
+            updates=trainer.updates,
             train_seconds=train_seconds,
             completions=done,
             completions_per_s=done / max(train_seconds, 1e-9),

@@ -4,14 +4,14 @@ evaluate it from its checkpoint. Registration reuses ``tasks.register.register_m
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, Field
 
 from opentinker.agents.evaluation import EvalResult
+from opentinker.tasks.spec import RunSpec
+from opentinker.tasks.train import spec_dir
 from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
 
@@ -29,57 +29,39 @@ class GroupTrainOutcome(BaseModel):
 
 
 @task(cache_policy=NO_CACHE)
-def train_group(
-    run_id: str,
-    directory: str,
-    policy_mapping: dict[str, str],
-    configs: dict[str, dict[str, Any]],
-    steps: int,
-    seed: int = 0,
-    env_id: str = "pursuit",
-    env_kwargs: dict[str, Any] | None = None,
-    shared_memory: bool | str = False,
-    num_envs: int = 4,
-    n_steps: int = 32,
-    device: str = "auto",
-    resume: bool = False,
-    checkpoint_every: int | None = None,
-    backend: str = "auto",
-    workers: int | None = None,
-) -> GroupTrainOutcome:
-    """Train every kind until ``steps`` env steps; resume from ``checkpoints/checkpoint.pt`` when asked.
-
-    ``backend``/``workers``: where the env copies run (``AgentGroup.build``); a resumed run may change them.
-    """
+def train_group(run_id: str, spec: RunSpec) -> GroupTrainOutcome:
+    """Train every kind of ``spec``'s group until ``spec.steps`` env steps; resume from ``checkpoints/checkpoint.pt``
+    when asked (a resumed run may change where the env copies run: ``backend``, ``workers``)."""
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.multiagent import AgentGroup, GroupTrainer
+    from opentinker.agents.multiagent import GroupTrainer
 
-    root = Path(directory)
+    group = spec.engine
+    root = spec_dir(spec)
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     configure_mlflow()
-    if resume and checkpoint.exists():
-        trainer = GroupTrainer.load(checkpoint, device=device, backend=backend, workers=workers)
+    if spec.resume and checkpoint.exists():
+        trainer = GroupTrainer.load(checkpoint, backend=group.backend, workers=group.workers)
     else:
-        group = AgentGroup(policy_mapping, shared_memory=shared_memory).configure(**configs)
-        trainer = group.build(
-            env_id,
-            num_envs=num_envs,
-            n_steps=n_steps,
-            seed=seed,
-            device=device,
-            backend=backend,
-            workers=workers,
-            **(env_kwargs or {}),
+        trainer = group.config().build(
+            spec.env_id,
+            num_envs=group.num_envs,
+            n_steps=group.n_steps,
+            seed=spec.seed,
+            backend=group.backend,
+            workers=group.workers,
+            **group.env_kwargs,
         )
         (root / "history.jsonl").unlink(missing_ok=True)
     try:
         start_step = trainer.global_step
-        logger = MetricsLogger.with_progress(run_id, steps)
+        logger = MetricsLogger.with_progress(run_id, spec.steps)
         started = time.perf_counter()
-        trainer.train(steps, callback=logger, checkpoint_dir=checkpoint.parent, checkpoint_every=checkpoint_every)
+        trainer.train(
+            spec.steps, callback=logger, checkpoint_dir=checkpoint.parent, checkpoint_every=spec.checkpoint_every
+        )
         train_seconds = time.perf_counter() - started
         logger.flush()
-        exports = trainer.export(root / "export", metadata={"env_id": env_id, "run_id": run_id})
+        exports = trainer.export(root / "export", metadata={"env_id": spec.env_id, "run_id": run_id})
         return GroupTrainOutcome(
             run_id=run_id,
             checkpoint_path=str(checkpoint),

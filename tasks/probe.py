@@ -14,6 +14,7 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from opentinker.tasks.spec import RunSpec
 from opentinker.tasks.types import ProbeSummary
 
 
@@ -32,25 +33,23 @@ def start_ray() -> str:
 
 
 @task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=2)
-def probe_env(
-    env_id: str,
-    seed: int,
-    num_envs: int = 8,
-    workers: int | None = None,
-    n_steps: int = 64,
-    run_id: str | None = None,
-    rollout_num_cpus: float | None = None,
-    rollout_num_gpus: float = 0.0,
-    backend: str = "ray",
-) -> ProbeSummary:
-    """``n_steps`` random-policy steps on every env copy (placed as in training: in-process, or Ray actors for
-    ``backend="ray"``); returns a summary, not the arrays."""
+def probe_env(spec: RunSpec, run_id: str | None = None, n_steps: int = 64) -> ProbeSummary:
+    """``n_steps`` random-policy steps on every env copy of ``spec`` (placed as in training: in-process, or Ray actors
+    for ``backend="ray"``); returns a summary, not the arrays."""
     from opentinker.envs import RemoteEnv
     from opentinker.infra.ray_runtime import rollout_actor_options
 
+    engine, seed = spec.engine, spec.seed
     started = time.perf_counter()
-    options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if backend == "ray" else None
-    env = RemoteEnv(env_id, parallel=num_envs, workers=workers, backend=backend, seed=seed, ray_options=options)
+    options = rollout_actor_options(spec.rollout_num_cpus, spec.rollout_num_gpus) if engine.backend == "ray" else None
+    env = RemoteEnv(
+        spec.env_id,
+        parallel=engine.num_envs,
+        workers=engine.workers,
+        backend=engine.backend,
+        seed=seed,
+        ray_options=options,
+    )
     capacity_wait_s = time.perf_counter() - started  # placing the actors, autoscaler launches included
     try:
         rng = np.random.default_rng(seed)

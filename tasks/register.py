@@ -7,11 +7,8 @@ and the numbers behind it are tags on the model version and on the MLflow run.
 
 from __future__ import annotations
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from opentinker.agents.evaluation import EvalResult
-from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
+from opentinker.tasks.retry import io_task
 from opentinker.tracking.registry import (
     ModelRef,
     PolicyStoreError,
@@ -25,7 +22,7 @@ from opentinker.tracking.runs import configure_mlflow
 CANDIDATE, CHAMPION = "candidate", "champion"
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@io_task
 def register_model(
     run_id: str, export_dir: str, model_name: str, evaluation: EvalResult | None = None, step: int = 0
 ) -> ModelRef:
@@ -60,7 +57,7 @@ def register_model(
     )
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@io_task
 def find_model_version(model_name: str, ref: str) -> ModelRef | None:
     """Version ``ref`` (a number or an alias such as ``champion``) of ``model_name``, or None if there is none."""
     try:
@@ -105,7 +102,7 @@ def decide(
     return False, f"kept champion: candidate {candidate_mean:.2f} does not beat champion {champion_mean:.2f}"
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@io_task
 def promote_if_better(
     candidate: ModelRef,
     candidate_eval: EvalResult,

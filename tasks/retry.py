@@ -1,7 +1,13 @@
-"""Which failures are worth a Prefect retry: transient IO only (network, 5xx, throttling), never bad input."""
+"""Which failures are worth a Prefect retry: transient IO only (network, 5xx, throttling), never bad input; and
+``io_task``, the one decorator of the steps that talk to a store."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
 IO_RETRIES = 3
@@ -47,3 +53,15 @@ def is_transient(exc: BaseException | None) -> bool:
 def retry_transient(task, task_run, state) -> bool:
     """Prefect ``retry_condition_fn``: retry only when the failure was transient IO."""
     return isinstance(state.data, BaseException) and is_transient(state.data)
+
+
+def io_task(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """``@io_task``: a Prefect task that talks to a store (MLflow, S3, the registry): never cached, retried with
+    backoff when the failure was transient IO (``retry_transient``), at once a failure otherwise."""
+    defaults = {
+        "cache_policy": NO_CACHE,
+        "retries": IO_RETRIES,
+        "retry_delay_seconds": IO_BACKOFF,
+        "retry_condition_fn": retry_transient,
+    }
+    return task(fn, **{**defaults, **options}) if fn is not None else task(**{**defaults, **options})

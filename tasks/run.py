@@ -1,8 +1,13 @@
-"""One MLflow run per flow run: opened before training with params and provenance tags, closed with a status."""
+"""The run skeleton every training entry shares (``tracked_run``: the train flow of each algorithm and the SDK's
+``train(track=True)``): one MLflow run, opened before training with params and provenance tags, closed with a
+status and a summary; and the Prefect artifacts that summarise a flow run."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -10,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from opentinker.agents.evaluation import EvalResult
-from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
+from opentinker.tasks.retry import io_task
 from opentinker.tracking.registry import ModelRef
 from opentinker.tracking.runs import (
     configure_mlflow,
@@ -30,7 +35,51 @@ class TrackingRun(BaseModel):
     url: str
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@dataclass
+class TrackedRun:
+    """The open run a ``tracked_run`` body works in; the body says what the run closes with (``summarise``)."""
+
+    tracking: TrackingRun
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        return self.tracking.run_id
+
+    def summarise(
+        self,
+        tags: dict[str, str] | None = None,
+        metrics: dict[str, float] | None = None,
+        step: int = 0,
+        model_id: str | None = None,
+    ) -> None:
+        """Final tags and summary metrics (at the run's last step; linked to the logged model ``model_id``)."""
+        self.summary = {"tags": tags, "metrics": metrics, "step": step, "model_id": model_id}
+
+
+@contextlib.contextmanager
+def tracked_run(params: dict[str, Any], run_name: str, experiment: str | None = None) -> Iterator[TrackedRun]:
+    """Open the MLflow run (params, provenance tags, system metrics), run the body, then close the run FINISHED
+    with the body's summary, or FAILED when the body raises (the error propagates). Inside a flow run each step is
+    a task run; outside one (the SDK) a plain call, so a notebook needs no Prefect server."""
+    tracking = as_step(start_tracking_run)(params, run_name, experiment)
+    run = TrackedRun(tracking)
+    try:
+        yield run
+    except BaseException:
+        as_step(finish_tracking_run)(tracking.run_id, status="FAILED")
+        raise
+    as_step(finish_tracking_run)(tracking.run_id, **run.summary)
+
+
+def as_step(task_: Any) -> Any:
+    """The task inside a flow run (a task run of it), its plain function outside one."""
+    from prefect.context import FlowRunContext
+
+    return task_ if FlowRunContext.get() is not None else task_.fn
+
+
+@io_task
 def start_tracking_run(params: dict[str, Any], run_name: str, experiment: str | None = None) -> TrackingRun:
     """Create the MLflow run; tags link it to the Prefect flow run and the code that produced it."""
     import mlflow
@@ -60,7 +109,7 @@ def start_tracking_run(params: dict[str, Any], run_name: str, experiment: str | 
     return TrackingRun(run_id=run.info.run_id, experiment_id=experiment_id, url=run_url(run.info.run_id, experiment_id))
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@io_task
 def finish_tracking_run(
     run_id: str,
     status: str = "FINISHED",

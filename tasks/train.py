@@ -19,9 +19,13 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from opentinker.agents.training_process import TrainingProcess, build_trainer, env_copies, run_loop
+from opentinker.agents.build import build_trainer, env_copies, run_loop
 from opentinker.infra.files import atomic_write
+from opentinker.infra.settings import get_settings
+from opentinker.tasks.spec import RunSpec
+from opentinker.tasks.training_process import TrainingProcess
 from opentinker.tasks.types import TrainOutcome
 from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
@@ -42,26 +46,19 @@ def run_dir(data_dir: Path, run_name: str) -> Path:
     return data_dir / "runs" / run_name
 
 
-@task(cache_policy=NO_CACHE)
-def train_policy(
-    run_id: str,
-    env_id: str,
-    steps: int,
-    seed: int,
-    directory: str,
-    engine: dict[str, Any],
-    num_gpus: float = 0.0,
-    resume: bool = False,
-    checkpoint_every: int | None = None,
-    rollout_num_cpus: float | None = None,
-    rollout_num_gpus: float = 0.0,
-) -> TrainOutcome:
-    """Train ``engine["algorithm"]`` with the rest of ``engine`` as its config (``TrainParams.engine``, resolved)
-    until ``steps`` global env steps; checkpoint, export, log every iteration.
+def spec_dir(spec: RunSpec) -> Path:
+    """The run directory of ``spec`` under the configured data dir."""
+    return run_dir(get_settings().resolved_data_dir, spec.resolved_run_name)
 
-    ``engine["backend"]`` "local" steps the env copies in this process (gymnasium's vectorised implementation when
-    the env has one: the engine's fastest path for cheap envs); "ray" on rollout actors, whose Ray node ids are
-    logged as run tags at the start and at the end (they differ when a node was replaced). The engine rewrites
+
+@task(cache_policy=NO_CACHE)
+def train_policy(run_id: str, spec: RunSpec, early: EarlyTraining | None = None) -> TrainOutcome:
+    """Train ``spec``'s policy (its engine config, resolved) until ``spec.steps`` global env steps; checkpoint,
+    export, log every iteration. ``early``: the same spec's training already under way (adopted, not restarted).
+
+    ``backend`` "local" steps the env copies in this process (gymnasium's vectorised implementation when the env has
+    one: the engine's fastest path for cheap envs); "ray" on rollout actors, whose Ray node ids are logged as run tags
+    at the start and at the end (they differ when a node was replaced). The engine rewrites
     ``checkpoints/checkpoint.pt`` atomically every ``checkpoint_every`` env steps and at the end; with ``resume``
     training continues from it (a finished run just re-exports). The learner trains on the GPU Ray grants for
     ``num_gpus`` (``learner_device``).
@@ -71,22 +68,21 @@ def train_policy(
     from opentinker.infra.ray_runtime import failing_without_rollout_nodes, learner_device, rollout_actor_options
     from opentinker.tracking.runs import log_capacity_wait
 
-    root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    root = spec_dir(spec)
     configure_mlflow()
     client = mlflow.MlflowClient()
-    early = _EARLY.pop(directory, None)
-    if early is not None and early.args == _early_args(env_id, steps, seed, engine, resume, checkpoint_every):
+    if early is not None and early.spec == spec:
         client.set_tag(run_id, "opentinker.rollout_nodes", "local")
-        _write_json(root / "workers.json", {"pids": [early.process.pid], "nodes": ["local"]})
+        _write_json(root / "workers.json", {"pids": [early.pid], "nodes": ["local"]})
         return early.adopt(run_id)
-    if early is not None:
+    if early is not None:  # another run's: stop it, train this one
         early.cancel()
-    with learner_device(num_gpus) as device:  # first: a missing GPU fails before any actor starts
-        ray = engine["backend"] == "ray"
-        options = rollout_actor_options(rollout_num_cpus, rollout_num_gpus) if ray else None
+    config = spec.engine.config()
+    with learner_device(spec.num_gpus) as device:  # first: a missing GPU fails before any actor starts
+        ray = config.backend == "ray"
+        options = rollout_actor_options(spec.rollout_num_cpus, spec.rollout_num_gpus) if ray else None
         placing = time.perf_counter()
-        env = env_copies(env_id, seed, engine, options)
+        env = env_copies(spec.env_id, spec.seed, config, options)
         try:
             nodes = [node or "local" for node in env.worker_node_ids()]
             _write_json(root / "workers.json", {"pids": env.worker_pids(), "nodes": nodes})
@@ -95,14 +91,21 @@ def train_policy(
                 client.log_metric(run_id, "perf/rollout_nodes", len(set(nodes)))
                 log_capacity_wait(client, run_id, time.perf_counter() - placing)
             with failing_without_rollout_nodes(options, env.close) if options else contextlib.nullcontext():
-                trainer = build_trainer(env, seed, root, engine, device, resume)
-                outcome = train_logged(trainer, run_id, steps, root, checkpoint_every, metadata={"env_id": env_id})
+                trainer = build_trainer(env, spec.algorithm, config, spec.seed, root, device, spec.resume)
+                outcome = train_logged(
+                    trainer, run_id, spec.steps, root, spec.checkpoint_every, metadata=metadata(spec)
+                )
             client.set_tag(
                 run_id, "opentinker.rollout_nodes_final", ",".join(node or "local" for node in env.worker_node_ids())
             )
             return outcome
         finally:
             env.close()
+
+
+def metadata(spec: RunSpec) -> dict[str, Any]:
+    """What the export records about the run beside its own spec (how evaluation rebuilds the env)."""
+    return {"env_id": spec.env_id}
 
 
 def train_logged(
@@ -164,76 +167,51 @@ def _finish(
     )
 
 
-_EARLY: dict[str, EarlyTraining] = {}
-"""Trainings started before their flow run (each in its own process), by run directory (``start_early``)."""
+class EarlyTraining(BaseModel):
+    """Training started before its flow run (``start``), handed to the flow and by the flow to ``train_policy``,
+    which adopts it: attaches its MLflow run and waits for it. The seconds of fixed work ahead of training (Prefect's
+    API server, the MLflow run, the probe) need not come first. It trains in its own process (``TrainingProcess``:
+    the flow's start-up would otherwise slow its loop); its metrics wait in this one until the run is attached.
+    Only for env copies in-process and a CPU learner (no Ray resources to hold).
 
+    A pydantic model so that Prefect records the handle as a flow-run parameter (the spec, the child's pid)."""
 
-class EarlyTraining:
-    """Training that starts while Prefect's API server and the MLflow run are still starting (seconds of fixed work
-    that need not come first): ``train_policy`` adopts it, attaches its MLflow run and waits for it. It trains in its
-    own process (``TrainingProcess``: the flow's start-up would otherwise slow its loop), its metrics wait in this
-    one until the run is attached. Only for env copies in-process and a CPU learner (no Ray resources to hold)."""
+    model_config = ConfigDict(frozen=True)
 
-    def __init__(self, directory: str, args: str, job: dict[str, Any]):
-        self.directory, self.args, self.root = directory, args, Path(directory)
-        self.process = TrainingProcess(job)
-        self.logger = MetricsLogger.with_progress(None, job["steps"], learner_pid=self.process.pid)
-        self.process.report_to(self.logger)
+    spec: RunSpec
+    pid: int
+    _process: TrainingProcess = PrivateAttr()
+    _logger: MetricsLogger = PrivateAttr()
+
+    @classmethod
+    def start(cls, spec: RunSpec) -> EarlyTraining:
+        """Start training ``spec`` (resolved) in a child process; ``cancel()`` it if the flow never adopts it."""
+        root = spec_dir(spec)
+        root.mkdir(parents=True, exist_ok=True)
+        process = TrainingProcess(spec, root)
+        early = cls(spec=spec, pid=process.pid)
+        early._process = process
+        early._logger = MetricsLogger.with_progress(None, spec.steps, learner_pid=process.pid)
+        process.report_to(early._logger)
+        return early
 
     def adopt(self, run_id: str) -> TrainOutcome:
         """Attach the MLflow run, wait for the loop and the export, then finish like ``train_logged``."""
-        self.logger.run_id = run_id
-        done = self.process.finish(run_id)
+        self._logger.run_id = run_id
+        done = self._process.finish(run_id)
         return _finish(
-            self.logger,
-            self.root,
+            self._logger,
+            spec_dir(self.spec),
             done["start_step"],
             done["global_step"],
             done["seconds"],
             done["export_dir"],
-            [self.process.pid],
+            [self.pid],
         )
 
     def cancel(self) -> None:
-        """Stop after the current iteration (the flow failed before adopting it, or its params changed)."""
-        _EARLY.pop(self.directory, None)
-        self.process.cancel()
-
-
-def start_early(
-    env_id: str,
-    steps: int,
-    seed: int,
-    directory: str,
-    engine: dict[str, Any],
-    resume: bool,
-    checkpoint_every: int | None,
-) -> EarlyTraining:
-    """Start training in its own process for ``train_policy`` to adopt (same arguments); ``cancel()`` it if the flow
-    fails."""
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    job = {
-        "env_id": env_id,
-        "steps": steps,
-        "seed": seed,
-        "directory": directory,
-        "engine": engine,
-        "resume": resume,
-        "checkpoint_every": checkpoint_every,
-    }
-    args = _early_args(env_id, steps, seed, engine, resume, checkpoint_every)
-    early = _EARLY[directory] = EarlyTraining(directory, args, job)
-    return early
-
-
-def is_pending(early: EarlyTraining) -> bool:
-    """Whether no training task has adopted ``early`` yet."""
-    return _EARLY.get(early.directory) is early
-
-
-def _early_args(*args: Any) -> str:
-    """What must match between an early start and the task adopting it (JSON: tuples and lists compare equal)."""
-    return json.dumps(args, sort_keys=True, default=str)
+        """Stop after the current iteration (the flow failed before adopting it); nothing once adopted."""
+        self._process.cancel()
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

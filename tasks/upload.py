@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from opentinker.agents.evaluation import EvalResult
 from opentinker.infra.settings import get_settings
-from opentinker.tasks.retry import IO_BACKOFF, IO_RETRIES, retry_transient
+from opentinker.tasks.retry import io_task
 from opentinker.tasks.types import TrainOutcome
 from opentinker.tracking import plots
 from opentinker.tracking.model_card import render_model_card
@@ -28,7 +28,7 @@ Artifact = tuple[str, str]
 """(artifact sub-directory, local path)."""
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@io_task
 def check_storage() -> str:
     """Fail fast, before any training or registration, when configured S3 is unreachable or refuses us."""
     settings = get_settings()
@@ -74,7 +74,7 @@ def render_reports(
     return reports
 
 
-@task(cache_policy=NO_CACHE, retries=IO_RETRIES, retry_delay_seconds=IO_BACKOFF, retry_condition_fn=retry_transient)
+@io_task
 def upload_artifacts(run_id: str, artifacts: list[Artifact], checkpoint_path: str, run_name: str) -> list[str]:
     """Log every artifact and the checkpoint to the MLflow run; mirror the checkpoint to S3 when configured."""
     import mlflow

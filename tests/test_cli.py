@@ -11,7 +11,7 @@ from opentinker.cli import app
 runner = CliRunner()
 
 GROUPS = ["stack", "cluster", "federated", "agent", "server"]
-COMMANDS = ["quickstart", "train", "evaluate", "release", "schedule", "deploy", "serve", "package"]
+COMMANDS = ["quickstart", "train", "evaluate", "release", "schedule", "publish", "serve", "package"]
 
 
 def test_help_lists_every_command_and_group():
@@ -32,7 +32,8 @@ def test_each_command_and_group_has_help(args):
     [
         (["train", "CartPole-v1", "--steps", "0"], "steps"),
         (["evaluate", "models:/x@champion", "--episodes", "0"], "episodes"),
-        (["deploy", "CartPole-v1", "--pool", "p", "--steps", "0"], "steps"),
+        (["publish", "CartPole-v1", "--pool", "p", "--steps", "0"], "steps"),
+        (["deploy", "CartPole-v1", "--pool", "p", "--steps", "0"], "steps"),  # publish's earlier name still works
         (["quickstart", "--steps", "0"], "steps"),
         (["serve", "models:/x@champion", "--api-key", "short"], "api_key"),
         (["package", "/no/such/export"], "model_uri"),

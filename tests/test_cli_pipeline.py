@@ -64,15 +64,15 @@ def test_bad_multiagent_config_names_the_field(tmp_path, body, expected):
 
 
 def test_a_policy_mapping_makes_train_run_the_group_flow(tmp_path):
-    from opentinker.flows.params import MultiAgentParams, TrainParams, load_train_params
+    from opentinker.flows.params import load_spec
 
     config = tmp_path / "hunt.toml"
     config.write_text('policy_mapping = {predator = "PPO", prey = "DQN"}\n[configs.prey]\nepsilon_decay = 0.99\n')
-    params = load_train_params(config, env_id="pursuit", steps=512)
+    params = load_spec(config, env_id="pursuit", steps=512)
     assert (
-        isinstance(params, MultiAgentParams) and params.steps == 512 and params.configs["prey"]["epsilon_decay"] == 0.99
+        params.algorithm == "group" and params.steps == 512 and params.engine.configs["prey"]["epsilon_decay"] == 0.99
     )
-    assert isinstance(load_train_params(None, env_id="CartPole-v1"), TrainParams)
+    assert load_spec(None, env_id="CartPole-v1").algorithm == "ppo"
     # Deployments run the single-agent train_flow: a group config is refused, not silently misread.
     _fails_cleanly(
         ["schedule", "pursuit", "--config", str(config), "--cron", "0 3 * * *"], "policy_mapping", "opentinker train"
@@ -126,11 +126,11 @@ def test_config_file_parses_into_the_algorithms_typed_engine_config(tmp_path, bo
     """The [ppo]/[dqn] table form and the [engine] form both give the algorithm's union member; the params read
     back in the config file's form and survive Prefect's JSON round trip."""
     from opentinker.agents.config import CONFIGS
-    from opentinker.flows.params import TrainParams, load_train_params
+    from opentinker.flows.params import TrainParams, load_spec
 
     config = tmp_path / "train.toml"
     config.write_text(body)
-    params = load_train_params(config, env_id="CartPole-v1", algorithm=algorithm)
+    params = load_spec(config, env_id="CartPole-v1", algorithm=algorithm)
     engine = params.engine
     assert engine.config_cls is CONFIGS[engine.algorithm] and engine.num_envs == 4
     assert engine.hidden_sizes == (32, 32) and all(getattr(engine, k) == v for k, v in expected.items())

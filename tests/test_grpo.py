@@ -153,7 +153,7 @@ def test_resume_is_bit_exact(tmp_path, shout_task):
     straight.train(2, checkpoint_dir=tmp_path)
     straight.train(4)
     resumed = GRPOTrainer.load(tmp_path / "checkpoint.pt", workers=1, backend="local")
-    assert resumed.global_step == 2 and resumed.sampler.state() != {"epoch": 0, "position": 0}
+    assert resumed.updates == 2 and resumed.sampler.state() != {"epoch": 0, "position": 0}
     resumed.train(4)
     a, b = adapter_state(straight.policy), adapter_state(resumed.policy)
     assert any(float(v.abs().sum()) > 0 for k, v in a.items() if "lora_B" in k)  # it did learn something

@@ -1,5 +1,6 @@
-"""One dependency direction: ``lint-imports`` (import-linter) keeps the layers contract of pyproject.toml
-(``[tool.importlinter]``), lazy imports inside functions included.
+"""One dependency direction: ``lint-imports`` (import-linter) keeps the contracts of pyproject.toml
+(``[tool.importlinter]``), lazy imports inside functions included: no package imports a layer above it, and inside
+a package no two modules need each other (no import cycle).
 
 The package's subpackages live in the repository's top-level folders (setuptools ``package-dir``), which grimp cannot
 follow from the editable install, so the check runs on a copy laid out as the installed package.
@@ -45,7 +46,7 @@ def lint_imports(tree: Path) -> subprocess.CompletedProcess:
 def test_no_package_imports_a_layer_above_it(package_tree):
     result = lint_imports(package_tree)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 1 kept, 0 broken." in result.stdout
+    assert "Contracts: 2 kept, 0 broken." in result.stdout
 
 
 def test_a_lazy_upward_import_breaks_the_contract(package_tree, tmp_path):
@@ -57,3 +58,15 @@ def test_a_lazy_upward_import_breaks_the_contract(package_tree, tmp_path):
     result = lint_imports(tree)
     assert result.returncode == 1
     assert "opentinker.envs.upward -> opentinker.agents.trainer" in result.stdout
+
+
+def test_a_lazy_import_cycle_inside_a_package_breaks_the_contract(package_tree, tmp_path):
+    tree = tmp_path / "tree"
+    shutil.copytree(package_tree, tree)
+    serving = tree / "opentinker" / "serving"
+    (serving / "slot_a.py").write_text("from opentinker.serving import slot_b\n")
+    (serving / "slot_b.py").write_text("def back():\n    from opentinker.serving import slot_a\n\n    return slot_a\n")
+    result = lint_imports(tree)
+    assert result.returncode == 1
+    assert "no import cycles inside a package BROKEN" in result.stdout, result.stdout
+    assert "in opentinker.serving" in result.stdout and "- .slot_b -> .slot_a (1 import)" in result.stdout

@@ -16,8 +16,9 @@ CACHE = str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache")
 def test_grpo_flow_registers_an_adapter_that_the_agent_service_serves(ray_session, tmp_path):
     import mlflow
 
-    from opentinker.flows.llm_train import GRPOParams, grpo_train_flow
+    from opentinker.flows.train import train_flow
     from opentinker.serving.agent_service import serve_agent
+    from opentinker.tasks.spec import RunSpec
     from opentinker.tracking.registry import _client
 
     grpo = {
@@ -30,17 +31,18 @@ def test_grpo_flow_registers_an_adapter_that_the_agent_service_serves(ray_sessio
         "eval_batch": 4,
         "learning_rate": 1e-2,
     }
-    params = GRPOParams(
-        task="arithmetic",
-        steps=2,
+    spec = RunSpec(
+        env_id="arithmetic",
+        algorithm="grpo",
+        updates=2,
         workers=2,
         grpo=grpo,
         run_name="grpo-tiny",
         model_name="test-grpo-agent",
         eval_every=1,
     )
-    result = grpo_train_flow(params)
-    assert result.global_step == 2 and result.model_version == "1"
+    result = train_flow(spec)
+    assert result.updates == 2 and result.model_version == "1"
     assert result.aliases == ["candidate", "champion"] and "first champion" in result.decision
     version = _client().get_model_version("test-grpo-agent", "1")
     assert version.tags["base_model"] == "tiny" and version.tags["task"] == "arithmetic"

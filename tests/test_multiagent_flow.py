@@ -10,13 +10,16 @@ def test_flow_logs_per_kind_metrics_and_registers_one_model_per_kind():
     import mlflow
 
     from opentinker.agents.export import load_policy
-    from opentinker.flows.multiagent_flow import MultiAgentParams, multiagent_train_flow
+    from opentinker.flows.train import train_flow
     from opentinker.infra.settings import get_settings
+    from opentinker.tasks.spec import RunSpec
     from opentinker.tasks.train import run_dir
     from opentinker.tracking import registry as model_store
     from opentinker.tracking.runs import configure_mlflow
 
-    params = MultiAgentParams(
+    spec = RunSpec(
+        env_id="pursuit",
+        algorithm="group",
         env_kwargs=SMALL,
         configs={"predator": {"lr": 1e-3}, "prey": FAST_PREY},
         steps=128,
@@ -29,7 +32,7 @@ def test_flow_logs_per_kind_metrics_and_registers_one_model_per_kind():
         backend="local",
         workers=2,
     )  # two in-process shards
-    result = multiagent_train_flow(params)
+    result = train_flow(spec)
     assert result.global_step == 128 and set(result.models) == {"predator", "prey"}
     assert len(result.evaluation["prey"].returns) == 2 * SMALL["n_prey"]
 

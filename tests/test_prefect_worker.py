@@ -39,7 +39,7 @@ def test_process_worker_runs_a_train_flow_deployment(prefect_server, tmp_path):
     deployed = subprocess.run(
         [
             str(bin_dir / "opentinker"),
-            "deploy",
+            "publish",
             "CartPole-v1",
             "--pool",
             POOL,

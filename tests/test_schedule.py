@@ -53,7 +53,7 @@ def test_scheduled_deployment_runs_when_triggered_and_registers_a_model(prefect_
         wait_until(proc, lambda: _deployment_registered(prefect_server), 240.0, "its deployment was registered")
         deployment = _read_deployment(prefect_server, DEPLOYMENT)
         assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
-        assert deployment.parameters["params"]["model_name"] == "scheduled-cartpole"
+        assert deployment.parameters["spec"]["model_name"] == "scheduled-cartpole"
         with temporary_settings({PREFECT_API_URL: prefect_server}):
             flow_run = run_deployment(DEPLOYMENT, timeout=420, poll_interval=2, as_subflow=False)
         assert flow_run.state is not None and flow_run.state.is_completed(), (flow_run.state, log.read_text()[-3000:])

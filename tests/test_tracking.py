@@ -110,6 +110,17 @@ def test_mlflow_system_metrics_are_logged_for_the_run_until_stopped(run_id, monk
     assert not monitor.is_alive()
 
 
+def test_a_run_shorter_than_the_sampling_interval_still_gets_a_system_sample(run_id):
+    """The monitor samples every 2 s and drops an interval that a stop cuts short; the stop logs that interval's
+    samples and one more, so even an instant run's System metrics tab is never empty."""
+    tracking.start_system_metrics(run_id)
+    tracking.stop_system_metrics(run_id)  # well inside the first interval
+    metrics = mlflow.MlflowClient().get_run(run_id).data.metrics
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(metrics)
+    history = mlflow.MlflowClient().get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert [m.step for m in history] == [0]
+
+
 def test_model_card_names_env_algorithm_eval_commit_and_versions():
     card = render_model_card(
         {"env_id": "CartPole-v1", "algorithm": "ppo", "seed": 3, "steps": 1000},

@@ -9,24 +9,18 @@ import time
 
 import pytest
 
-from opentinker.agents.training_process import TrainingProcess
+from opentinker.tasks.training_process import TrainingProcess
 
 
-def _job(directory, steps, env_id="CartPole-v1", checkpoint_every=None):
+def _spec(steps, env_id="CartPole-v1", checkpoint_every=None):
+    from opentinker.tasks.spec import RunSpec
+
     engine = {"algorithm": "ppo", "num_envs": 4, "backend": "local", "n_steps": 16, "hidden_sizes": [16]}
-    return {
-        "env_id": env_id,
-        "steps": steps,
-        "seed": 3,
-        "directory": str(directory),
-        "engine": engine,
-        "resume": False,
-        "checkpoint_every": checkpoint_every,
-    }
+    return RunSpec(env_id=env_id, steps=steps, seed=3, engine=engine, checkpoint_every=checkpoint_every)
 
 
 def test_the_child_reports_every_iteration_then_exports_for_the_named_run(tmp_path):
-    process = TrainingProcess(_job(tmp_path, 640))
+    process = TrainingProcess(_spec(640), tmp_path)
     seen = []
     process.report_to(lambda metrics, step: seen.append((step, metrics["charts/sps"])))
     done = process.finish("run-123")
@@ -40,7 +34,7 @@ def test_the_child_reports_every_iteration_then_exports_for_the_named_run(tmp_pa
 
 
 def test_cancelling_stops_the_child_after_its_current_iteration(tmp_path):
-    process = TrainingProcess(_job(tmp_path, 10_000_000, checkpoint_every=64))
+    process = TrainingProcess(_spec(10_000_000, checkpoint_every=64), tmp_path)
     seen = []
     process.report_to(lambda metrics, step: seen.append(step))
     deadline = time.monotonic() + 60
@@ -55,7 +49,7 @@ def test_cancelling_stops_the_child_after_its_current_iteration(tmp_path):
 
 
 def test_a_failing_child_raises_with_its_traceback(tmp_path):
-    process = TrainingProcess(_job(tmp_path, 640, env_id="NoSuchEnv-v9"))
+    process = TrainingProcess(_spec(640, env_id="NoSuchEnv-v9"), tmp_path)
     process.report_to(lambda metrics, step: None)
     with pytest.raises(RuntimeError, match=rf"pid {process.pid}[\s\S]*NoSuchEnv-v9"):
         process.finish("run-123")

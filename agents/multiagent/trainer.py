@@ -27,9 +27,9 @@ from opentinker.agents.checkpoint import atomic_save, load_checkpoint
 from opentinker.agents.dqn import DQNTrainer
 from opentinker.agents.evaluation import EvalResult
 from opentinker.agents.export import export_policy
-from opentinker.agents.multiagent.group import AgentGroup
 from opentinker.agents.ppo import PPOTrainer
-from opentinker.agents.trainer import EnvSpaces, Trainer, check_train_args, torch_threads, train_loop
+from opentinker.agents.trainer import Trainer, check_train_args, torch_threads, train_loop
+from opentinker.envs.base import EnvSpaces
 from opentinker.envs.joint import JointEnvs, run_episodes
 from opentinker.envs.multiagent import RemoteJointEnv
 from opentinker.envs.numpy_policy import NumpyPolicy
@@ -43,7 +43,8 @@ GroupCallback = Callable[[dict[str, float], int], "bool | None"]
 
 
 class GroupTrainer:
-    """Built by ``AgentGroup.build(env, num_envs, n_steps, seed, device, backend, workers, **env_kwargs)``.
+    """Built by ``AgentGroup.build(env, num_envs, n_steps, seed, device, backend, workers, **env_kwargs)`` (``group``:
+    that ``AgentGroup``; not imported here, since its ``build`` imports this module).
 
     ``global_step`` counts env steps over all env copies (``num_envs * n_steps`` per iteration); each kind's
     engine trainer counts its own agent-steps. Frozen kinds (``freeze``) keep acting but are not updated.
@@ -54,7 +55,7 @@ class GroupTrainer:
 
     def __init__(
         self,
-        group: AgentGroup,
+        group: Any,
         env: Any,
         num_envs: int = 1,
         n_steps: int = 64,
@@ -261,7 +262,7 @@ class GroupTrainer:
         cls,
         path: str | os.PathLike,
         env: Any = None,
-        group: AgentGroup | None = None,
+        group: Any = None,
         device: str = "auto",
         backend: str | None = None,
         workers: int | None = None,

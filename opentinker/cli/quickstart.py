@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from opentinker.cli.console import Verbose, cli_errors, console
-from opentinker.cli.train import print_train_result, run_training
+from opentinker.cli.train import print_result, run_training
 
 app = typer.Typer()
 
@@ -23,11 +23,11 @@ def quickstart(
     verbose: Verbose = False,
 ) -> None:
     """Train CartPole-v1 on Ray, register it in MLflow, serve the champion and query it over HTTP."""
-    from opentinker.flows.validate import checked_train_params
+    from opentinker.flows.validate import checked_spec
 
-    params = checked_train_params("CartPole-v1", None, steps=steps, seed=seed)
-    result = run_training(params, verbose)
-    print_train_result(result)
+    spec = checked_spec("CartPole-v1", None, steps=steps, seed=seed)
+    result = run_training(spec, verbose)
+    print_result(result)
     from opentinker.serving.deploy import query_once
 
     alias = "champion" if "champion" in result.aliases else "candidate"
@@ -35,7 +35,7 @@ def quickstart(
         console.print("[yellow]This candidate did not become champion; serving it as the candidate instead.[/]")
     model_ref = f"models:/{result.model_name}@{alias}"
     with console.status(f"Starting a BentoML server for {model_ref} on loopback…"):
-        served = query_once(model_ref, params.env_id)
+        served = query_once(model_ref, spec.env_id)
     console.print(f"Served at {served.url}: observation {served.observation} → action {served.action}")
     console.print(
         f"  the same request by hand: curl -X POST {served.url}/act -H 'Authorization: Bearer <api-key>' "

@@ -1,4 +1,4 @@
-"""``opentinker train|evaluate|release|schedule|deploy``: the pipeline's flows, from a terminal."""
+"""``opentinker train|evaluate|release|schedule|publish``: the pipeline's flows, from a terminal."""
 
 from __future__ import annotations
 
@@ -15,22 +15,23 @@ Algo = Annotated[
     str | None,
     typer.Option(
         "--algo",
-        help="Algorithm: ppo, dqn, sac or td3 (default ppo); grpo trains an LLM "
-        "agent's language model on a text task (arithmetic, tool_arithmetic).",
+        help="Algorithm: ppo, dqn, sac or td3 (default ppo); grpo trains an LLM agent's language model on a text "
+        "env (a shipped task: arithmetic, tool_arithmetic; or your TextEnv as package.module:factory).",
     ),
 ]
-Config = Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")]
+Config = Annotated[Path | None, typer.Option(help="TOML or JSON file of RunSpec fields (docs/pipeline.md).")]
 Episodes = Annotated[int, typer.Option(help="Deterministic episodes (same seeds for every model).")]
 EvalSeed = Annotated[int, typer.Option(help="Seed of the first episode.")]
 
 
-def run_training(params, verbose: bool):
-    """The single-agent train_flow with a progress bar (also the quickstart's first step)."""
+def run_training(spec, verbose: bool):
+    """``train_flow`` on the (resolved) spec with a progress bar (also the quickstart's first step)."""
     prepare_prefect(verbose)
     from opentinker.flows.train import run_train_flow
 
-    with training_progress(params.steps, f"{params.engine.algorithm.upper()} {params.env_id}"):
-        return run_train_flow(params)
+    unit = "updates" if spec.algorithm == "grpo" else "env steps"
+    with training_progress(spec.budget, f"{spec.algorithm.upper()} {spec.env_id} ({unit})"):
+        return run_train_flow(spec)
 
 
 def print_train_result(result) -> None:
@@ -46,6 +47,36 @@ def print_train_result(result) -> None:
     if model_url.startswith("http"):
         console.print(f"  {model_url}")
     console.print(f"Gate: {result.decision}")
+
+
+def print_group_result(result) -> None:
+    for kind, evaluation in result.evaluation.items():
+        model = result.models[kind]
+        console.print(
+            f"{kind}: mean return {evaluation.mean:.2f} ± {evaluation.std:.2f}, terminated "
+            f"{evaluation.terminated_fraction:.0%} · model {model.name} version {model.version}"
+        )
+
+
+def print_grpo_result(result) -> None:
+    before = f"{result.base_eval.success:.1%} → " if result.base_eval else ""
+    console.print(f"Held-out success: {before}{result.evaluation.success:.1%} over {result.evaluation.prompts} prompts")
+    console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
+    console.print(f"Gate: {result.decision}")
+    console.print(
+        f"Serve it: opentinker agent serve --llm models:/{result.model_name}@{result.aliases[-1]} "
+        f"--tool python_repl --api-key KEY"
+    )
+
+
+def print_result(result) -> None:
+    """A finished run of any algorithm: its evaluation, model(s), gate, and where to look."""
+    if hasattr(result, "models"):
+        print_group_result(result)
+    elif hasattr(result, "base_eval"):
+        print_grpo_result(result)
+    else:
+        print_train_result(result)
     console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
     print_ui_hints()
 
@@ -56,70 +87,28 @@ def train(
     env_id: Annotated[
         str,
         typer.Argument(
-            help="Gymnasium id (CartPole-v1), your env as package.module:Class, or a text task with --algo grpo."
+            help="Gymnasium id (CartPole-v1), your env as package.module:Class, or a text env with --algo grpo."
         ),
     ],
-    steps: Annotated[int | None, typer.Option(help="Total env steps (GRPO: optimiser steps).")] = None,
+    steps: Annotated[int | None, typer.Option(help="Total env steps (grpo: read as --updates).")] = None,
+    updates: Annotated[int | None, typer.Option(help="GRPO: optimiser updates.")] = None,
     algo: Algo = None,
     config: Config = None,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint.")] = False,
     verbose: Verbose = False,
 ) -> None:
-    """Train a policy through the Prefect train_flow: rollouts, MLflow tracking, registry gate.
+    """Train through the Prefect train_flow: rollouts, MLflow tracking, registry gate.
 
     Hyper-parameters come from the preset for the env's kind of problem; the ppo or dqn table of a config file
     overrides any field. A config file with ``policy_mapping`` trains an agent group instead (one registered model
-    per kind); ``--algo grpo`` trains an LLM agent's LoRA adapter with GRPO on a text task (flows/llm_train.py).
+    per kind); ``--algo grpo`` trains an LLM agent's LoRA adapter with GRPO on a text env.
     """
-    if algo == "grpo":
-        _train_grpo(env_id, config, verbose, steps=steps, seed=seed, resume=resume or None)
-        return
-    from opentinker.flows.validate import checked_train_params
+    from opentinker.flows.validate import checked_spec
 
-    overrides = {"steps": steps, "seed": seed, "resume": resume or None, "algorithm": algo}
-    params = checked_train_params(env_id, config, groups=True, **overrides)
-    if hasattr(params, "policy_mapping"):
-        _train_group(params, verbose)
-    else:
-        print_train_result(run_training(params, verbose))
-
-
-def _train_group(params, verbose: bool) -> None:
-    prepare_prefect(verbose)
-    from opentinker.flows.multiagent_flow import multiagent_train_flow
-
-    with console.status(f"Training {', '.join(params.policy_mapping)} on {params.env_id} ({params.steps} env steps)"):
-        result = multiagent_train_flow(params)
-    for kind, evaluation in result.evaluation.items():
-        model = result.models[kind]
-        console.print(
-            f"{kind}: mean return {evaluation.mean:.2f} ± {evaluation.std:.2f}, terminated "
-            f"{evaluation.terminated_fraction:.0%} · model {model.name} version {model.version}"
-        )
-    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
-    print_ui_hints()
-
-
-def _train_grpo(task: str, config: Path | None, verbose: bool, **overrides) -> None:
-    from opentinker.flows.llm_train import load_grpo_params
-
-    params = load_grpo_params(config, task=task, **overrides)
-    prepare_prefect(verbose)
-    from opentinker.flows.llm_train import grpo_train_flow
-
-    with console.status(f"GRPO on {params.task}: {params.steps} steps"):
-        result = grpo_train_flow(params)
-    before = f"{result.base_eval.success:.1%} → " if result.base_eval else ""
-    console.print(f"Held-out success: {before}{result.evaluation.success:.1%} over {result.evaluation.prompts} prompts")
-    console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
-    console.print(f"Gate: {result.decision}")
-    console.print(
-        f"Serve it: opentinker agent serve --llm models:/{result.model_name}@{result.aliases[-1]} "
-        f"--tool python_repl --api-key KEY"
-    )
-    console.print(f"MLflow run: {result.run_id}\n  {result.run_url}")
-    print_ui_hints()
+    overrides = {"steps": steps, "updates": updates, "seed": seed, "resume": resume or None, "algorithm": algo}
+    spec = checked_spec(env_id, config, groups=True, **overrides)
+    print_result(run_training(spec, verbose))
 
 
 @app.command()
@@ -167,13 +156,13 @@ def release(
     console.print(f"{model_name} v{result.version}: {result.decision}")
 
 
-def _deployment_params(env_id: str, config: Path | None, steps: int | None, cron: str | None, algo, verbose: bool):
-    from opentinker.flows.validate import check_deployment, checked_train_params
+def _deployment_spec(env_id: str, config: Path | None, steps: int | None, cron: str | None, algo, verbose: bool):
+    from opentinker.flows.validate import check_deployment, checked_spec
 
-    params = checked_train_params(env_id, config, steps=steps, algorithm=algo)
+    spec = checked_spec(env_id, config, steps=steps, algorithm=algo)
     prepare_prefect(verbose)  # reads prefect_api_url, which check_deployment needs
     check_deployment(cron)
-    return params
+    return spec
 
 
 @app.command()
@@ -188,20 +177,20 @@ def schedule(
     verbose: Verbose = False,
 ) -> None:
     """Create a scheduled train_flow deployment and serve it from this process (Ctrl-C stops it)."""
-    params = _deployment_params(env_id, config, steps, cron, algo, verbose)
+    spec = _deployment_spec(env_id, config, steps, cron, algo, verbose)
     from opentinker.flows.work_pool import serve_train_flow
 
-    deployment = name or f"nightly-{params.resolved_run_name}"
+    deployment = name or f"nightly-{spec.resolved_run_name}"
     console.print(
         f"Serving deployment [bold]train/{deployment}[/] on cron {cron!r}; trigger now with "
         f"`prefect deployment run train/{deployment}`. Ctrl-C stops."
     )
-    serve_train_flow(deployment, cron, {"params": params.model_dump(mode="json")}, verbose)
+    serve_train_flow(deployment, cron, spec, verbose)
 
 
 @app.command()
 @cli_errors
-def deploy(
+def publish(
     env_id: Annotated[str, typer.Argument(help="Gymnasium id (CartPole-v1) or package.module:Class.")],
     pool: Annotated[str, typer.Option(help="Process work pool (created if missing).")],
     cron: Annotated[str | None, typer.Option(help='Optional cron schedule, e.g. "0 3 * * *".')] = None,
@@ -211,14 +200,18 @@ def deploy(
     algo: Algo = None,
     verbose: Verbose = False,
 ) -> None:
-    """Deploy train_flow to a work pool; a `prefect worker start --pool POOL --type process` runs it."""
-    params = _deployment_params(env_id, config, steps, cron, algo, verbose)
+    """Publish train_flow as a Prefect deployment on a work pool; `prefect worker start --pool POOL --type process`
+    runs it (``deploy``, the earlier name, still works; a model is served with `opentinker serve`)."""
+    spec = _deployment_spec(env_id, config, steps, cron, algo, verbose)
     from opentinker.flows.work_pool import deploy_train_flow
 
-    deployment = name or params.resolved_run_name
-    deploy_train_flow(pool, deployment, {"params": params.model_dump(mode="json")}, cron=cron)
+    deployment = name or spec.resolved_run_name
+    deploy_train_flow(pool, deployment, spec, cron=cron)
     console.print(
-        f"Deployed [bold]train/{deployment}[/] to pool [bold]{pool}[/]. Start a worker with "
+        f"Published [bold]train/{deployment}[/] to pool [bold]{pool}[/]. Start a worker with "
         f"`prefect worker start --pool {pool} --type process`; run now with "
         f"`prefect deployment run train/{deployment}`."
     )
+
+
+app.command("deploy", hidden=True)(publish)  # the earlier name, as scripts type it

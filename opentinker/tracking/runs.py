@@ -87,11 +87,17 @@ def start_system_metrics(run_id: str) -> None:
 
 
 def stop_system_metrics(run_id: str) -> None:
-    """Stop the run's monitor and flush its last samples (they wait in a batch) if this process started it. One
-    started elsewhere stops by itself once the run has ended, losing only that last batch."""
+    """Stop the run's monitor (if this process started it) and log its final sample: the samples of the interval
+    the stop cuts short, and one taken now, so every tracked run has at least one (a run shorter than the 2 s
+    interval would otherwise show an empty System metrics tab). One started elsewhere stops by itself once the run
+    has ended, losing only that last batch."""
     monitor = _SYSTEM_MONITORS.pop(run_id, None)
-    if monitor is not None:
-        monitor.finish()
+    if monitor is None:
+        return
+    monitor.finish()  # stops its thread (which drops the unfinished interval's samples) and flushes its batch
+    monitor.collect_metrics()
+    monitor.publish_metrics(monitor.aggregate_metrics())
+    monitor.mlflow_logger.flush()
 
 
 def export_s3_environment() -> None:

@@ -1,10 +1,11 @@
-"""The training stage's engine side: env copies and trainer from an engine config, the loop, and the same loop in a
-child process that reports each iteration over a pipe.
+"""Training in a child process that reports each iteration over a pipe: what ``opentinker train`` starts while
+Prefect's server and the MLflow run are still starting (``tasks.train.EarlyTraining``).
 
 Why a child process: the engine loop is Python-bound, so as a thread beside a flow's start-up (Prefect's client, the
 MLflow run, the probe) it ran at 60–80 % of its speed for its first hundreds of iterations; a child has its own
 interpreter and core. The parent keeps the tracking: each iteration's metrics come back to its callback, and the
-child exports the policy once the parent names the MLflow run.
+child exports the policy once the parent names the MLflow run. The child gets the run's spec as one JSON argument
+(``RunSpec.model_dump_json``) and builds the trainer from its typed config.
 
 Protocol, JSON lines. Child → parent (the child's stdout): ``{"step": int, "metrics": {...}}`` per iteration, then one
 ``{"done": {...}}`` or ``{"error": "traceback"}``. Parent → child (stdin): ``{"run_id": str}`` to export and finish;
@@ -18,65 +19,26 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opentinker.tasks.spec import RunSpec
+
 Callback = Callable[[dict[str, float], int], "bool | None"]
 
 
-def env_copies(
-    env_id: str, seed: int, engine: dict[str, Any], ray_options: dict[str, Any] | None = None, validate: bool = True
-) -> Any:
-    """The env copies the engine config describes (its ``num_envs``, ``workers``, ``backend``, ``state_diff``)."""
-    from opentinker.envs import RemoteEnv
-
-    return RemoteEnv(
-        env_id,
-        parallel=engine["num_envs"],
-        workers=engine.get("workers"),
-        backend=engine["backend"],
-        state_diff=engine.get("state_diff", False),
-        seed=seed,
-        ray_options=ray_options,
-        validate=validate,
-    )
-
-
-def build_trainer(env: Any, seed: int, root: Path, engine: dict[str, Any], device: str, resume: bool) -> Any:
-    """The engine trainer of ``engine["algorithm"]`` (the class the SDK's ``PPOTrainer``/``DQNTrainer`` extend) built
-    from the engine config; with ``resume`` the one in the run's last checkpoint."""
-    from opentinker.agents import trainer_class
-    from opentinker.agents.checkpoint import CHECKPOINT_NAME
-
-    config = dict(engine)
-    trainer_cls = trainer_class(config.pop("algorithm"))
-    checkpoint = root / "checkpoints" / CHECKPOINT_NAME
-    if resume and checkpoint.exists():
-        return trainer_cls.load(checkpoint, env=env, device=device)
-    (root / "history.jsonl").unlink(missing_ok=True)  # a fresh start begins a fresh curve
-    return trainer_cls(env, policy="MLP", seed=seed, device=device, **config)
-
-
-def run_loop(trainer: Any, steps: int, root: Path, checkpoint_every: int | None, callback: Callback) -> float:
-    """The engine's ``train`` to ``steps`` with checkpoints under ``root/checkpoints``; its seconds."""
-    checkpoints = root / "checkpoints"
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    trainer.train(steps, callback=callback, checkpoint_dir=checkpoints, checkpoint_every=checkpoint_every)
-    return time.perf_counter() - started
-
-
 class TrainingProcess:
-    """The parent's handle on a child training with env copies in its own process and a CPU learner.
+    """The parent's handle on a child training ``spec`` (env copies in its own process, CPU learner) under
+    ``directory`` (checkpoints, export)."""
 
-    ``job``: ``env_id``, ``steps``, ``seed``, ``directory``, ``engine``, ``resume``, ``checkpoint_every``."""
-
-    def __init__(self, job: dict[str, Any]) -> None:
+    def __init__(self, spec: RunSpec, directory: str | os.PathLike) -> None:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", __name__, json.dumps(job)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-m", __name__, spec.model_dump_json(), str(directory)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         self.pid = self._process.pid
         self._result: dict[str, Any] | None = None
@@ -108,7 +70,7 @@ class TrainingProcess:
         try:
             self._process.stdin.write(json.dumps({"run_id": run_id}) + "\n")
             self._process.stdin.flush()
-        except BrokenPipeError:  # the child already exited; its result (or its absence) says why
+        except (BrokenPipeError, ValueError):  # the child already exited (or was cancelled): its result says why
             pass
         self._close()
         if self._callback_error is not None:
@@ -119,7 +81,8 @@ class TrainingProcess:
         return self._result["done"]
 
     def cancel(self) -> None:
-        """Stop the child after its current iteration (its last checkpoint stays) and wait for it."""
+        """Stop the child after its current iteration (its last checkpoint stays) and wait for it; nothing once it
+        has finished."""
         self._close()
 
     def _close(self) -> None:
@@ -132,8 +95,9 @@ class TrainingProcess:
         self._process.wait()
 
 
-def _child(job: dict[str, Any], report: Any) -> None:
+def _child(spec: RunSpec, directory: str, report: Any) -> None:
     """The child's whole life: build, train while the parent lets it, wait for the run's id, export, report."""
+    from opentinker.agents.build import build_trainer, env_copies, run_loop
     from opentinker.agents.export import export_policy
 
     answer: dict[str, Any] = {}
@@ -154,16 +118,17 @@ def _child(job: dict[str, Any], report: Any) -> None:
         report.write(json.dumps({"step": int(step), "metrics": {k: float(v) for k, v in metrics.items()}}) + "\n")
         return not cancelled()
 
-    root = Path(job["directory"])
-    env = env_copies(job["env_id"], job["seed"], job["engine"], validate=False)  # the flow's probe validates it
+    root = Path(directory)
+    config = spec.engine.config()
+    env = env_copies(spec.env_id, spec.seed, config, validate=False)  # the flow's probe validates it
     try:
-        trainer = build_trainer(env, job["seed"], root, job["engine"], "cpu", job["resume"])
+        trainer = build_trainer(env, spec.algorithm, config, spec.seed, root, "cpu", spec.resume)
         start_step = int(trainer.global_step)
-        seconds = run_loop(trainer, job["steps"], root, job["checkpoint_every"], send)
+        seconds = run_loop(trainer, spec.steps, root, spec.checkpoint_every, send)
         answered.wait()
         if cancelled():
             return
-        metadata = {"env_id": job["env_id"], "run_id": answer["run_id"]}
+        metadata = {"env_id": spec.env_id, "run_id": answer["run_id"]}
         export_dir = export_policy(trainer, root / "export", metadata=metadata)
     finally:
         env.close()
@@ -178,7 +143,7 @@ def main(argv: list[str]) -> None:
     os.dup2(2, 1)  # stray prints (libraries, warnings) go to stderr, never into the protocol
     code = 0
     try:
-        _child(json.loads(argv[1]), report)
+        _child(RunSpec.model_validate_json(argv[1]), argv[2], report)
     except BaseException:
         report.write(json.dumps({"error": traceback.format_exc()}) + "\n")
         code = 1
