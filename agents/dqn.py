@@ -14,6 +14,7 @@ from opentinker.agents.buffers import ReplayBuffer
 from opentinker.agents.config import DQNConfig
 from opentinker.agents.policies import QNetwork, policy_spec
 from opentinker.agents.trainer import Trainer
+from opentinker.envs.observations import index_obs, map_obs
 from opentinker.envs.rollout import Rollout
 
 
@@ -57,11 +58,11 @@ class DQNTrainer(Trainer):
         epsilon = self.epsilon()
         self.global_step += rollout.num_steps
         # 2. Store real transitions; the observation after step t is obs[t + 1] (final obs at episode ends).
-        next_obs = np.concatenate([rollout.obs[1:], rollout.last_obs[None]], axis=0)
+        next_obs = map_obs(lambda obs, last: np.concatenate([obs[1:], last[None]]), rollout.obs, rollout.last_obs)
         keep = rollout.valid
         self.buffer.add(
-            rollout.obs[keep],
-            next_obs[keep],
+            index_obs(rollout.obs, keep),
+            index_obs(next_obs, keep),
             rollout.actions[keep],
             rollout.rewards[keep],
             rollout.terminated[keep].astype(np.float32),
@@ -74,12 +75,12 @@ class DQNTrainer(Trainer):
             num_updates = int(self.pending_updates)
             self.pending_updates -= num_updates
             part = self.sync.shard(c.batch_size)  # this learner's rows of each sample (all when it is alone)
+            to_device = lambda rows: torch.as_tensor(rows[:, part], device=self.device)  # noqa: E731
             batches = {
-                k: torch.as_tensor(v[:, part], device=self.device)
-                for k, v in self.buffer.sample((num_updates, c.batch_size), self.rng).items()
+                k: map_obs(to_device, v) for k, v in self.buffer.sample((num_updates, c.batch_size), self.rng).items()
             }
             for i in range(num_updates):
-                batch = {k: v[i] for k, v in batches.items()}
+                batch = {k: index_obs(v, i) for k, v in batches.items()}
                 with torch.no_grad():
                     target_max = self.target(self.target.preprocess(batch["next_obs"])).float().max(dim=1).values
                     td_target = batch["rewards"] + c.gamma * target_max * (1.0 - batch["terminated"])

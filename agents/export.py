@@ -14,16 +14,28 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from opentinker.envs.numpy_policy import NumpyPolicy
+from opentinker.envs.numpy_policy import ACTOR_ONLY, NumpyPolicy
+from opentinker.envs.observations import stack_obs
 from opentinker.infra.files import atomic_write
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: structured observations (``architecture["obs"]``) and every action kind; version 1 exports still load."""
+READABLE_VERSIONS = (1, 2)
 SPEC_FILE, WEIGHTS_FILE = "policy.json", "weights.npz"
 
 
 def space_to_json(space: gym.Space) -> dict[str, Any]:
+    """A space as JSON (the export's and the service's description of what the policy takes and returns)."""
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(), "start": np.asarray(space.start).tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
+    if isinstance(space, gym.spaces.Dict):
+        return {"type": "Dict", "spaces": {key: space_to_json(sub) for key, sub in space.spaces.items()}}
+    if isinstance(space, gym.spaces.Tuple):
+        return {"type": "Tuple", "spaces": [space_to_json(sub) for sub in space.spaces]}
     if isinstance(space, gym.spaces.Box):
         return {
             "type": "Box",
@@ -32,16 +44,75 @@ def space_to_json(space: gym.Space) -> dict[str, Any]:
             "shape": list(space.shape),
             "dtype": str(space.dtype),
         }
-    raise ValueError(f"cannot export space {space}: only Box and Discrete are supported")
+    raise ValueError(f"cannot export space {space}: expected Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple")
 
 
 def space_from_json(data: dict[str, Any]) -> gym.Space:
-    if data["type"] == "Discrete":
+    kind = data["type"]
+    if kind == "Discrete":
         return gym.spaces.Discrete(data["n"], start=data.get("start", 0))
+    if kind == "MultiDiscrete":
+        return gym.spaces.MultiDiscrete(np.array(data["nvec"]), start=np.array(data["start"]))
+    if kind == "MultiBinary":
+        return gym.spaces.MultiBinary(data["n"])
+    if kind == "Dict":
+        return gym.spaces.Dict({key: space_from_json(sub) for key, sub in data["spaces"].items()})
+    if kind == "Tuple":
+        return gym.spaces.Tuple([space_from_json(sub) for sub in data["spaces"]])
     if data["type"] == "Box":
         dtype = np.dtype(data["dtype"])
         return gym.spaces.Box(np.array(data["low"], dtype), np.array(data["high"], dtype), tuple(data["shape"]), dtype)
     raise ValueError(f"unknown space type {data['type']!r} in policy.json")
+
+
+def _leaf_batch(space: gym.Space, value: Any, where: str) -> np.ndarray:
+    dtype = np.int64 if isinstance(space, gym.spaces.Discrete) else space.dtype
+    obs = np.asarray(value, dtype=dtype)
+    if obs.ndim == 0 or obs.shape[1:] != space.shape:
+        expected = f"(batch, {', '.join(map(str, space.shape))})" if space.shape else "(batch,)"
+        raise ValueError(f"{where} batch has shape {obs.shape}; expected {expected}")
+    return obs
+
+
+def observation_batch(space: gym.Space, value: Any) -> Any:
+    """A batch of observations as the numpy policy takes it, checked against ``space`` (a ``ValueError`` names the
+    part at fault). Dict/Tuple spaces take a dict/tuple of batched arrays, or a list of single observations."""
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        container = dict if isinstance(space, gym.spaces.Dict) else tuple
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("observation batch is empty")
+            value = stack_obs([_as_container(space, item, f"observation [{i}]") for i, item in enumerate(value)])
+        value = _as_container(space, value, "observation batch")
+        keys = space.spaces.keys() if container is dict else range(len(space.spaces))
+        batch = [_leaf_batch(space.spaces[k], value[k], f"observation[{k!r}]") for k in keys]
+        if len({len(leaf) for leaf in batch}) != 1:
+            raise ValueError(f"observation batch parts have different lengths: {[len(leaf) for leaf in batch]}")
+        return dict(zip(keys, batch)) if container is dict else tuple(batch)
+    return _leaf_batch(space, value, "observation")
+
+
+def _as_container(space: gym.Space, value: Any, where: str) -> Any:
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(value, dict) or set(value) != set(space.spaces):
+            got = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise ValueError(f"{where} is {got!r}; expected a dict with keys {sorted(space.spaces)}")
+        return value
+    if not isinstance(value, (tuple, list)) or len(value) != len(space.spaces):
+        raise ValueError(f"{where} is {type(value).__name__}; expected a tuple of {len(space.spaces)} parts")
+    return tuple(value)
+
+
+def actions_inside(space: gym.Space, actions: np.ndarray) -> bool:
+    """Vectorised ``space.contains`` over a batch of actions (the serving hot path)."""
+    if isinstance(space, gym.spaces.Box):
+        return actions.shape[1:] == space.shape and bool(np.all((actions >= space.low) & (actions <= space.high)))
+    if isinstance(space, gym.spaces.Discrete):
+        return bool(np.all((actions >= space.start) & (actions < space.start + space.n)))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        inside = (actions >= space.start) & (actions < space.start + space.nvec)
+        return actions.shape[1:] == space.shape and bool(np.all(inside))
+    return actions.shape[1:] == space.shape and bool(np.all((actions == 0) | (actions == 1)))  # MultiBinary
 
 
 class InferencePolicy:
@@ -53,42 +124,26 @@ class InferencePolicy:
         self.action_space = space_from_json(spec["action_space"])
         self._net = NumpyPolicy(spec["architecture"], weights)
 
-    def _batch(self, obs_batch: Any) -> np.ndarray:
-        obs = np.asarray(obs_batch, dtype=self.observation_space.dtype)
-        shape = self.observation_space.shape
-        if obs.shape[1:] != shape:
-            raise ValueError(
-                f"observation batch has shape {obs.shape}; expected (batch, {', '.join(map(str, shape))})"
-                if shape
-                else f"observation batch has shape {obs.shape}; expected (batch,)"
-            )
-        return obs
-
     def act(self, obs_batch: Any) -> np.ndarray:
-        """Env-ready actions, one per row of ``obs_batch`` (shape (batch, *observation_space.shape)): continuous
-        actions are clipped to the action space, and every action is checked to lie in it."""
-        actions = self._net.act(self._batch(obs_batch), deterministic=True)
+        """Env-ready actions, one per observation of ``obs_batch`` (arrays shaped (batch, *space shape); for
+        Dict/Tuple spaces a dict/tuple of them or a list of observations): continuous actions are clipped or scaled to
+        the action space, and every action is checked to lie in it."""
+        actions = self._net.act(observation_batch(self.observation_space, obs_batch), deterministic=True)
         self._check_actions(actions)
         return actions
 
     def _check_actions(self, actions: np.ndarray) -> None:
-        """Vectorised ``action_space.contains`` over the batch (the serving hot path)."""
-        space = self.action_space
-        if isinstance(space, gym.spaces.Box):
-            inside = actions.shape[1:] == space.shape and (actions >= space.low) & (actions <= space.high)
-        else:
-            inside = (actions >= space.start) & (actions < space.start + space.n)
-        if not np.all(inside):
-            raise ValueError(f"policy produced actions outside {space}: {np.asarray(actions).tolist()!r:.200}")
+        if not actions_inside(self.action_space, actions):
+            raise ValueError(f"policy produced actions outside {self.action_space}: {actions.tolist()!r:.200}")
 
     def act_with_info(self, obs_batch: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Actions plus action probabilities (discrete actor-critic) and state values (actor-critic)."""
-        obs = self._batch(obs_batch)
+        obs = observation_batch(self.observation_space, obs_batch)
         actions, _, values = self._net.sample(obs, None, deterministic=True)
         actions = self._net.env_actions(actions)
         self._check_actions(actions)
-        has_critic = self._net.spec["kind"] in ("categorical", "gaussian")  # a Q network or an off-policy actor: none
-        return actions, self._net.probs(obs), values if has_critic else None
+        has_values = self._net.kind not in ("q", *ACTOR_ONLY)
+        return actions, self._net.probs(obs), values if has_values else None
 
 
 def _policy_parts(trainer_or_policy: Any) -> tuple[Any, str, str | None, gym.Space, gym.Space]:
@@ -133,8 +188,10 @@ def load_policy(directory: str | os.PathLike) -> InferencePolicy:
     if not spec_path.is_file():
         raise FileNotFoundError(f"no {SPEC_FILE} in {directory}: not a policy export")
     spec = json.loads(spec_path.read_text())
-    if spec.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{spec_path}: format_version {spec.get('format_version')!r}, expected {FORMAT_VERSION}")
+    if spec.get("format_version") not in READABLE_VERSIONS:
+        raise ValueError(
+            f"{spec_path}: format_version {spec.get('format_version')!r}, expected one of {READABLE_VERSIONS}"
+        )
     with np.load(directory / WEIGHTS_FILE) as data:
         weights = {k: data[k] for k in data.files}
     return InferencePolicy(spec, weights)

@@ -14,8 +14,10 @@ import torch
 
 from opentinker.agents.buffers import ReplayBuffer
 from opentinker.agents.config import OffPolicyConfig
-from opentinker.agents.continuous import TwinQ, actor_spec
+from opentinker.agents.critics import TwinQ
+from opentinker.agents.policies import policy_spec
 from opentinker.agents.trainer import Trainer
+from opentinker.envs.observations import index_obs, map_obs
 from opentinker.envs.rollout import Rollout
 
 
@@ -30,12 +32,14 @@ class OffPolicyTrainer(Trainer):
 
     def _build(self) -> None:
         c = self.config
-        self.spec = actor_spec(self.observation_space, self.action_space, self.actor_kind, c.hidden_sizes, c.activation)
+        self.spec = policy_spec(
+            self.observation_space, self.action_space, False, c.hidden_sizes, c.activation, actor=self.actor_kind
+        )
         self.policy = self.actor_cls(self.spec).to(self.device)
         self.params = list(self.policy.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=c.learning_rate, fused=True)
         # Twin critics as one module: one optimiser step for both; the target is its Polyak average.
-        self.critic = TwinQ(self.spec["obs_dim"], self.spec["action_dim"], c.hidden_sizes, c.activation).to(self.device)
+        self.critic = TwinQ(self.spec).to(self.device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_params, self.target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
         self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=c.learning_rate, fused=True)
@@ -61,20 +65,20 @@ class OffPolicyTrainer(Trainer):
         ``obs[t + 1]`` (the final observation at an episode's end), so truncated episodes bootstrap from it;
         only ``terminated`` stops the bootstrap."""
         self.global_step += rollout.num_steps
-        next_obs = np.concatenate([rollout.obs[1:], rollout.last_obs[None]], axis=0)
+        next_obs = map_obs(lambda obs, last: np.concatenate([obs[1:], last[None]]), rollout.obs, rollout.last_obs)
         keep = rollout.valid
         self.buffer.add(
-            rollout.obs[keep],
-            next_obs[keep],
+            index_obs(rollout.obs, keep),
+            index_obs(next_obs, keep),
             rollout.actions[keep],
             rollout.rewards[keep],
             rollout.terminated[keep].astype(np.float32),
         )
 
-    def replay_batches(self, num_env_steps: int) -> dict[str, torch.Tensor] | None:
+    def replay_batches(self, num_env_steps: int) -> dict[str, Any] | None:
         """The gradient steps due for ``num_env_steps`` new env steps (one per ``train_frequency``), their batches
-        drawn at once, shaped ``(steps, rows, ...)``: this learner's rows of each batch (all of them when it is
-        alone); observations preprocessed. None while warming up or when no step is due."""
+        drawn at once, shaped ``(steps, rows, ...)`` (observations as trees of the space's structure): this
+        learner's rows of each batch (all of them when it is alone). None while warming up or when no step is due."""
         c = self.config
         if self.warming_up:
             return None
@@ -84,14 +88,8 @@ class OffPolicyTrainer(Trainer):
         if steps == 0:
             return None
         part = self.sync.shard(c.batch_size)
-        batch = {
-            k: torch.as_tensor(v[:, part], device=self.device)
-            for k, v in self.buffer.sample((steps, c.batch_size), self.rng).items()
-        }
-        for key in ("obs", "next_obs"):
-            obs = batch[key]
-            batch[key] = self.policy.preprocess(obs.flatten(0, 1)).unflatten(0, obs.shape[:2])
-        return batch
+        to_device = lambda rows: torch.as_tensor(rows[:, part], device=self.device)  # noqa: E731
+        return {k: map_obs(to_device, v) for k, v in self.buffer.sample((steps, c.batch_size), self.rng).items()}
 
     def standard_normal(self, *shape: int) -> torch.Tensor:
         """Noise for whole batches from the trainer's generator (in every checkpoint); learners take their rows

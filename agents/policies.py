@@ -1,9 +1,14 @@
-"""Torch MLP policies, built from the same JSON-able spec as their numpy twins in ``numpy_policy``."""
+"""Torch policies (feature extractor + heads), built from the same JSON-able spec as their numpy twins.
+
+``policy_spec`` describes the network for a pair of spaces (``envs/spaces.py`` says which spaces and how each is
+read); ``ActorCritic`` (PPO) and ``QNetwork`` (DQN) build it. The extractor follows the observation (nothing to learn
+for vectors, a CNN per image, SB3's combined extractor for Dict/Tuple), shared by the actor and critic MLPs as in
+SB3's on-policy policies; the actor's head follows the action space (``agents/distributions.py``). The SAC/TD3
+actors and critic live in ``agents/actors.py`` on the same base.
+"""
 
 from __future__ import annotations
 
-import itertools
-import math
 from typing import Any
 
 import gymnasium as gym
@@ -11,9 +16,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from opentinker.envs.errors import EnvSpecError
-
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+from opentinker.agents.distributions import ACTOR_CRITIC_HEADS
+from opentinker.agents.extractors import FeatureExtractor, ObservationReader, mlp
+from opentinker.envs.numpy_policy import env_actions
+from opentinker.envs.observations import map_obs, obs_leaves
+from opentinker.envs.spaces import action_spec, observation_spec
 
 
 def policy_spec(
@@ -23,83 +30,66 @@ def policy_spec(
     hidden: tuple[int, ...],
     activation: str,
     obs_norm_clip: float | None = None,
+    actor: str | None = None,
 ) -> dict[str, Any]:
     """Describe the network for these spaces; unsupported spaces raise ``EnvSpecError`` naming the field.
 
-    ``obs_norm_clip``: normalise Box observations by the policy's running statistics, clipped to this bound.
+    ``obs_norm_clip``: normalise the Box-vector parts of observations by the policy's running statistics, clipped to
+    this bound (images are scaled by 1/255 instead). ``actor``: "squashed_gaussian" (SAC) or "deterministic" (TD3)
+    for a Box action space; None gives PPO's heads (or DQN's Q head with ``value_based``).
     """
-    spec: dict[str, Any] = {"hidden": list(hidden), "activation": activation}
-    if obs_norm_clip is not None and isinstance(obs_space, gym.spaces.Box):
+    spec: dict[str, Any] = {"hidden": list(hidden), "activation": activation, "obs": observation_spec(obs_space)}
+    if obs_norm_clip is not None and any(part["kind"] == "box" for part in spec["obs"]["parts"]):
         spec["obs_norm"] = {"clip": float(obs_norm_clip)}
-    if isinstance(obs_space, gym.spaces.Box):
-        spec.update(obs_kind="box", obs_shape=list(obs_space.shape), obs_dim=int(np.prod(obs_space.shape)))
-    elif isinstance(obs_space, gym.spaces.Discrete):
-        spec.update(obs_kind="discrete", obs_shape=[], obs_dim=int(obs_space.n))
-    else:
-        raise EnvSpecError(
-            f"observation_space {obs_space} is not supported by the MLP policies: expected Box or Discrete"
-        )
-    if isinstance(action_space, gym.spaces.Discrete):
-        if int(action_space.start) != 0:
-            raise EnvSpecError(f"action_space {action_space}: Discrete actions must start at 0")
-        spec.update(kind="q" if value_based else "categorical", action_dim=int(action_space.n))
-    elif isinstance(action_space, gym.spaces.Box) and not value_based and len(action_space.shape) == 1:
-        if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
-            raise EnvSpecError(f"action_space {action_space}: continuous actions need finite low/high bounds")
-        spec.update(
-            kind="gaussian",
-            action_dim=int(action_space.shape[0]),
-            action_low=action_space.low.tolist(),
-            action_high=action_space.high.tolist(),
-        )
-    else:
-        expected = "Discrete" if value_based else "Discrete or a 1-D Box"
-        raise EnvSpecError(f"action_space {action_space} is not supported by this algorithm: expected {expected}")
+    spec.update(action_spec(action_space, value_based, actor))
     return spec
 
 
-def _mlp(sizes: list[int], activation: str, last_std: float) -> nn.Sequential:
-    act = {"tanh": nn.Tanh, "relu": nn.ReLU}[activation]
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
-        linear = nn.Linear(a, b)
-        last = i == len(sizes) - 2
-        nn.init.orthogonal_(linear.weight, last_std if last else math.sqrt(2))
-        nn.init.zeros_(linear.bias)
-        layers += [linear] if last else [linear, act()]
-    return nn.Sequential(*layers)
-
-
 class SpecPolicy(nn.Module):
-    """Shared plumbing: observation preprocessing, numpy weight export and numpy-in/numpy-out ``act``."""
+    """Shared plumbing: the feature extractor, observation statistics, numpy weight export and numpy ``act``.
+
+    ``preprocess(obs)`` prepares a raw batch once (``ObservationReader``); ``extract(prepared)`` runs the learned
+    extractor (per minibatch, so gradients reach the CNN); heads read the features.
+    """
 
     spec: dict[str, Any]
 
-    def _add_obs_norm(self) -> None:
-        """Running observation statistics as buffers: saved with the weights, sent to workers, exported."""
-        if "obs_norm" in self.spec:
-            dim = self.spec["obs_dim"]
+    def _build_features(self, spec: dict[str, Any]) -> int:
+        """Set ``spec``, the reader, the extractor and the observation statistics; returns the features' width."""
+        self.spec = spec
+        self.reader = ObservationReader(spec)
+        self.features = FeatureExtractor(self.reader)
+        if "obs_norm" in spec:  # buffers: saved with the weights, sent to workers, exported
+            dim = self.reader.norm_dim
             self.register_buffer("obs_mean", torch.zeros(dim))
             self.register_buffer("obs_var", torch.ones(dim))
             self.register_buffer("obs_count", torch.full((), 1e-4))
+        return self.reader.dim
 
-    def preprocess(self, obs: torch.Tensor) -> torch.Tensor:
-        if self.spec["obs_kind"] == "discrete":
-            return nn.functional.one_hot(obs.long().reshape(-1), self.spec["obs_dim"]).float()
-        x = obs.reshape(-1, self.spec["obs_dim"]).float()
-        if "obs_norm" in self.spec:
-            clip = self.spec["obs_norm"]["clip"]
-            x = ((x - self.obs_mean) / torch.sqrt(self.obs_var + 1e-8)).clamp(-clip, clip)
-        return x
+    def _normalise(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        if "obs_norm" not in self.spec:
+            return x
+        clip, end = self.spec["obs_norm"]["clip"], start + x.shape[1]
+        return ((x - self.obs_mean[start:end]) / torch.sqrt(self.obs_var[start:end] + 1e-8)).clamp(-clip, clip)
+
+    def preprocess(self, obs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Raw observation tensors (a batch) -> the prepared batch ``extract`` and the heads take."""
+        return self.reader.prepare(obs, self._normalise)
+
+    def extract(self, prepared: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.features(prepared) if self.reader.has_images else prepared
 
     @torch.no_grad()
-    def update_obs_norm(self, obs: np.ndarray) -> None:
-        """Fold a batch of raw observations into the running statistics (no-op without ``obs_norm``)."""
-        if "obs_norm" not in self.spec or len(obs) == 0:
+    def update_obs_norm(self, obs: Any) -> None:
+        """Fold a batch of raw observations (numpy) into the running statistics of the Box parts (no-op without
+        ``obs_norm``)."""
+        if "obs_norm" not in self.spec or len(obs_leaves(obs)[0]) == 0:
             return
         from opentinker.agents.normalize import update_moments
 
-        batch = np.asarray(obs, np.float64).reshape(-1, self.spec["obs_dim"])
+        leaves = [obs] if self.reader.container is None else [obs[part["key"]] for part in self.reader.parts]
+        boxes = [leaf for part, leaf in zip(self.reader.parts, leaves) if part["kind"] == "box"]
+        batch = np.concatenate([np.asarray(b, np.float64).reshape(len(b), -1) for b in boxes], axis=1)
         mean, var, count = update_moments(
             self.obs_mean.double().cpu().numpy(), self.obs_var.double().cpu().numpy(), float(self.obs_count), batch
         )
@@ -110,68 +100,64 @@ class SpecPolicy(nn.Module):
     def numpy_weights(self) -> dict[str, np.ndarray]:
         return {k: v.detach().to("cpu", torch.float32).numpy().copy() for k, v in self.state_dict().items()}
 
+    def is_single(self, obs: Any) -> bool:
+        """Whether ``obs`` is one observation (not a batch): its leaves have the space's shapes."""
+        parts = self.reader.parts
+        leaves = [obs[part["key"]] for part in parts] if self.reader.container else [obs]
+        return all(np.shape(leaf) == tuple(part["shape"]) for part, leaf in zip(parts, leaves))
+
     @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool = True) -> np.ndarray:
+    def act(self, obs: Any, deterministic: bool = True) -> np.ndarray:
         """Actions for a batch (or one) observation; numpy in, numpy out, env-ready."""
         device = next(self.parameters()).device
-        x = torch.as_tensor(np.asarray(obs), device=device)
-        actions = self._act(self.preprocess(x), deterministic).cpu().numpy()
-        if self.spec["kind"] == "gaussian":
-            actions = np.clip(actions, self.spec["action_low"], self.spec["action_high"]).astype(np.float32)
-        single = np.asarray(obs).shape == tuple(self.spec["obs_shape"])
+        single = self.is_single(obs)
+        x = map_obs(lambda leaf: torch.as_tensor(np.asarray(leaf)[None] if single else leaf, device=device), obs)
+        actions = env_actions(self.spec, self._act(self.preprocess(x), deterministic).cpu().numpy())
         return actions[0] if single else actions
+
+    @property
+    def kind(self) -> str:
+        return self.spec["kind"]
 
 
 class ActorCritic(SpecPolicy):
-    """Separate actor and critic MLPs (CleanRL layout); Gaussian heads use a state-independent log std."""
+    """Shared feature extractor, separate actor and critic MLPs (CleanRL layout); Gaussian heads use a
+    state-independent log std."""
 
     def __init__(self, spec: dict[str, Any]):
         super().__init__()
-        self.spec = spec
-        hidden = [spec["obs_dim"], *spec["hidden"]]
-        self.critic = _mlp([*hidden, 1], spec["activation"], 1.0)
-        self.actor = _mlp([*hidden, spec["action_dim"]], spec["activation"], 0.01)
-        if spec["kind"] == "gaussian":
-            self.log_std = nn.Parameter(torch.zeros(spec["action_dim"]))
-        self._add_obs_norm()
+        features = self._build_features(spec)
+        self.head = ACTOR_CRITIC_HEADS[spec["kind"]](spec)
+        hidden = [features, *spec["hidden"]]
+        self.critic = mlp([*hidden, 1], spec["activation"], 1.0)
+        self.actor = mlp([*hidden, self.head.param_dim], spec["activation"], 0.01)
+        self.log_std = nn.Parameter(torch.zeros(spec["action_dim"])) if spec["kind"] == "gaussian" else None
 
-    def value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.critic(x).squeeze(-1)
+    def value(self, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.critic(self.extract(x)).squeeze(-1)
 
-    def evaluate_actions(self, x: torch.Tensor, actions: torch.Tensor):
-        """Log-probabilities and entropies of ``actions`` under the current policy, and state values.
+    def evaluate_actions(self, x: torch.Tensor | tuple[torch.Tensor, ...], actions: torch.Tensor):
+        """Log-probabilities and entropies of ``actions`` under the current policy, and state values."""
+        features = self.extract(x)
+        out = self.actor(features).float()
+        value = self.critic(features).squeeze(-1).float()
+        logp, entropy = self.head.log_prob_entropy(out, actions, self.log_std)
+        return logp, entropy, value
 
-        Written out instead of torch.distributions: the distribution objects' argument checks cost more than
-        the maths for these small networks.
-        """
-        out = self.actor(x).float()
-        value = self.value(x).float()
-        if self.spec["kind"] == "categorical":
-            logp_all = out.log_softmax(-1)
-            logp = logp_all.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-            return logp, -(logp_all.exp() * logp_all).sum(-1), value
-        log_std = self.log_std.expand_as(out)
-        logp = (-0.5 * ((actions - out) / log_std.exp()) ** 2 - log_std - _HALF_LOG_2PI).sum(-1)
-        return logp, (log_std + 0.5 + _HALF_LOG_2PI).sum(-1), value
-
-    def _act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        out = self.actor(x).float()
-        if self.spec["kind"] == "categorical":
-            return out.argmax(-1) if deterministic else torch.multinomial(out.softmax(-1), 1).squeeze(-1)
-        return out if deterministic else out + self.log_std.exp() * torch.randn_like(out)
+    def _act(self, x: torch.Tensor | tuple[torch.Tensor, ...], deterministic: bool) -> torch.Tensor:
+        return self.head.sample(self.actor(self.extract(x)).float(), deterministic, self.log_std)
 
 
 class QNetwork(SpecPolicy):
-    """Q-value MLP; ``act`` is greedy."""
+    """Feature extractor + Q-value MLP; ``act`` is greedy."""
 
     def __init__(self, spec: dict[str, Any]):
         super().__init__()
-        self.spec = spec
-        self.q = _mlp([spec["obs_dim"], *spec["hidden"], spec["action_dim"]], spec["activation"], 1.0)
-        self._add_obs_norm()
+        features = self._build_features(spec)
+        self.q = mlp([features, *spec["hidden"], spec["action_dim"]], spec["activation"], 1.0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.q(x)
+    def forward(self, x: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.q(self.extract(x))
 
-    def _act(self, x: torch.Tensor, deterministic: bool) -> torch.Tensor:
-        return self.q(x).argmax(-1)
+    def _act(self, x: torch.Tensor | tuple[torch.Tensor, ...], deterministic: bool) -> torch.Tensor:
+        return self(x).argmax(-1)

@@ -13,6 +13,7 @@ from opentinker.agents.config import PPOConfig
 from opentinker.agents.normalize import ReturnNormalizer
 from opentinker.agents.policies import ActorCritic, policy_spec
 from opentinker.agents.trainer import Trainer
+from opentinker.envs.observations import index_obs, map_obs
 from opentinker.envs.rollout import Rollout
 
 
@@ -87,11 +88,15 @@ class PPOTrainer(Trainer):
         )
         keep = rollout.valid
         as_tensor = lambda a: torch.as_tensor(a[keep], device=self.device)  # noqa: E731
-        b_obs, b_actions, b_logprobs = as_tensor(rollout.obs), as_tensor(rollout.actions), as_tensor(rollout.logprobs)
+        b_obs, b_actions, b_logprobs = (
+            map_obs(as_tensor, rollout.obs),
+            as_tensor(rollout.actions),
+            as_tensor(rollout.logprobs),
+        )
         b_advantages, b_returns, b_values = as_tensor(advantages), as_tensor(returns), as_tensor(rollout.values)
-        b_x = self.policy.preprocess(b_obs)
+        b_x = self.policy.preprocess(b_obs)  # images stay uint8 here; the CNN runs per minibatch
         # 4. Clipped-objective update over shuffled minibatches.
-        batch = b_x.shape[0]
+        batch = len(b_actions)
         minibatch = -(-batch // c.num_minibatches)  # ceil: exactly num_minibatches per epoch
         stats: dict[str, list[torch.Tensor]] = {k: [] for k in ("policy", "value", "entropy", "approx_kl", "clipfrac")}
         for _epoch in range(c.update_epochs):
@@ -102,7 +107,7 @@ class PPOTrainer(Trainer):
                 part = self.sync.shard(len(mb))  # this learner's rows (all of them when it is alone)
                 mb, mb_adv = mb[part], mb_adv[part]
                 with self.amp.autocast():
-                    newlogprob, entropy, newvalue = self.policy.evaluate_actions(b_x[mb], b_actions[mb])
+                    newlogprob, entropy, newvalue = self.policy.evaluate_actions(index_obs(b_x, mb), b_actions[mb])
                 logratio = newlogprob - b_logprobs[mb]
                 ratio = logratio.exp()
                 with torch.no_grad():
@@ -121,7 +126,7 @@ class PPOTrainer(Trainer):
             if c.target_kl is not None and stats["approx_kl"][-1].item() > c.target_kl:
                 break
         # 5. Observation statistics for the next rollout (this one was collected and trained with the old ones).
-        self.policy.update_obs_norm(rollout.obs[keep])
+        self.policy.update_obs_norm(index_obs(rollout.obs, keep))
         # 6. Metrics for the dashboard.
         metrics = {f"losses/{k}": torch.stack(v).mean().item() for k, v in stats.items()}
         metrics["losses/explained_variance"] = explained_variance(rollout.values[keep], returns[keep])

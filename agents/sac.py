@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import torch
 
+from opentinker.agents.actors import SquashedGaussianActor
 from opentinker.agents.config import SACConfig
-from opentinker.agents.continuous import SquashedGaussianActor
 from opentinker.agents.off_policy import OffPolicyTrainer
+from opentinker.envs.observations import index_obs
 from opentinker.envs.rollout import Rollout
 
 STATS = ("losses/critic", "losses/actor", "charts/alpha", "losses/q_values", "losses/entropy", "losses/alpha")
@@ -39,16 +41,16 @@ class SACTrainer(OffPolicyTrainer):
         stats = []
         batch = self.replay_batches(rollout.num_steps)
         if batch is not None:
-            noise = self.standard_normal(len(batch["obs"]), 2)
-            for i in range(len(batch["obs"])):
-                step = {k: v[i] for k, v in batch.items()}
+            noise = self.standard_normal(len(batch["rewards"]), 2)
+            for i in range(len(batch["rewards"])):
+                step = {k: index_obs(v, i) for k, v in batch.items()}
                 stats.append(self.gradient_step(**step, noise=noise[i]))
         return self.finish_update(rollout, started, stats, STATS)
 
     def gradient_step(
         self,
-        obs: torch.Tensor,
-        next_obs: torch.Tensor,
+        obs: Any,
+        next_obs: Any,
         actions: torch.Tensor,
         rewards: torch.Tensor,
         terminated: torch.Tensor,
@@ -56,10 +58,11 @@ class SACTrainer(OffPolicyTrainer):
     ) -> torch.Tensor:
         """One step of Algorithm 1 on a batch; its statistics as one tensor (no host sync)."""
         c = self.config
+        obs, next_obs = self.policy.preprocess(obs), self.policy.preprocess(next_obs)
         alpha = self.log_alpha.detach().exp()
         # Soft Q target (eq. 2-3): r + gamma (1 - d) (min_j Qtarget_j(s', a') - alpha log pi(a'|s')), a' ~ pi(.|s').
         with torch.no_grad(), self.amp.autocast():
-            next_actions, next_logp = self.policy.sample(next_obs, noise[1])
+            next_actions, next_logp = self.policy.sample_with_log_prob(next_obs, noise[1])
             next_q = self.critic_target(next_obs, next_actions).float().min(0).values - alpha * next_logp
             target = rewards + c.gamma * (1.0 - terminated) * next_q
         # Both critics regress on it (eq. 5): J_Q = E[0.5 (Q_j(s, a) - target)^2], summed over j.
@@ -69,7 +72,7 @@ class SACTrainer(OffPolicyTrainer):
         self.amp.step(critic_loss, self.critic_optimizer, self.critic_params, None, reduce=self.sync.reduce)
         # Policy (eq. 7, reparameterised): J_pi = E[alpha log pi(a|s) - min_j Q_j(s, a)], a = tanh(mean + std * noise).
         with self.amp.autocast():
-            pi, logp = self.policy.sample(obs, noise[0])
+            pi, logp = self.policy.sample_with_log_prob(obs, noise[0])
             q_pi = self.critic(obs, pi, frozen=True).float().min(0).values
         actor_loss = (alpha * logp - q_pi).mean()
         self.amp.step(actor_loss, self.optimizer, self.params, None, reduce=self.sync.reduce)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import time
+from typing import Any
 
 import torch
 
+from opentinker.agents.actors import DeterministicActor
 from opentinker.agents.config import TD3Config
-from opentinker.agents.continuous import DeterministicActor
 from opentinker.agents.off_policy import OffPolicyTrainer
+from opentinker.envs.observations import index_obs
 from opentinker.envs.rollout import Rollout
 
 STATS = ("losses/critic", "losses/actor", "losses/q_values")
@@ -42,16 +44,16 @@ class TD3Trainer(OffPolicyTrainer):
         stats = []
         batch = self.replay_batches(rollout.num_steps)
         if batch is not None:
-            noise = self.standard_normal(len(batch["obs"]))
-            for i in range(len(batch["obs"])):
-                step = {k: v[i] for k, v in batch.items()}
+            noise = self.standard_normal(len(batch["rewards"]))
+            for i in range(len(batch["rewards"])):
+                step = {k: index_obs(v, i) for k, v in batch.items()}
                 stats.append(self.gradient_step(**step, noise=noise[i]))
         return self.finish_update(rollout, started, stats, STATS)
 
     def gradient_step(
         self,
-        obs: torch.Tensor,
-        next_obs: torch.Tensor,
+        obs: Any,
+        next_obs: Any,
         actions: torch.Tensor,
         rewards: torch.Tensor,
         terminated: torch.Tensor,
@@ -59,6 +61,7 @@ class TD3Trainer(OffPolicyTrainer):
     ) -> torch.Tensor:
         """One step of Algorithm 1 on a batch; its statistics as one tensor (no host sync)."""
         c = self.config
+        obs, next_obs = self.policy.preprocess(obs), self.policy.preprocess(next_obs)
         # Target policy smoothing: a' = clip(mu_target(s') + clip(noise, -c, c), -1, 1); clipped double-Q target.
         with torch.no_grad(), self.amp.autocast():
             smoothing = (noise * c.policy_noise).clamp(-c.noise_clip, c.noise_clip)

@@ -33,7 +33,7 @@ import torch
 import zstandard
 from rich.progress import Progress
 
-from opentinker.agents.continuous import SquashedGaussianActor, actor_spec
+from opentinker.agents.actors import SquashedGaussianActor
 from opentinker.agents.policies import ActorCritic, policy_spec
 from opentinker.envs import RemoteEnv, decode_observations, encode_observations
 
@@ -64,7 +64,7 @@ def vector_rollout(env_id: str, envs: int, steps: int, state_diff: bool):
         obs_space, act_space = env.single_observation_space, env.single_action_space
         torch.manual_seed(0)  # the same fresh policy for both runs, so they see the same trajectories
         if isinstance(act_space, gym.spaces.Box):
-            spec = actor_spec(obs_space, act_space, "squashed_gaussian", (256, 256), "relu")
+            spec = policy_spec(obs_space, act_space, False, (256, 256), "relu", actor="squashed_gaussian")
             policy = SquashedGaussianActor(spec)
         else:
             spec = policy_spec(obs_space, act_space, False, (64, 64), "tanh")

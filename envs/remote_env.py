@@ -21,6 +21,7 @@ import numpy as np
 
 from opentinker.envs.base import EnvLike, after_init, check_spaces, env_name, make_env
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
+from opentinker.envs.observations import concat_obs
 from opentinker.envs.remote import RemoteFunction, ship_by_value
 from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed, has_native_vector_env
 
@@ -325,7 +326,7 @@ class RemoteEnv:
 
     def reset(self, seed: int | None = None) -> tuple[np.ndarray, dict]:
         seeds = [(None if seed is None else derive_seed(seed, i),) for i in range(self.num_workers)]
-        return np.concatenate(self._pool.call("reset", seeds)), {}
+        return concat_obs(self._pool.call("reset", seeds)), {}
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
         """Step every copy once (NEXT_STEP autoreset); infos are not gathered across workers."""
@@ -334,7 +335,8 @@ class RemoteEnv:
             raise ValueError(f"RemoteEnv.step: actions has {actions.shape[0]} rows, expected num_envs={self.num_envs}")
         bounds = np.cumsum([0, *self.sizes])
         parts = self._pool.call("step", [(actions[a:b],) for a, b in itertools.pairwise(bounds)])
-        obs, rew, term, trunc = (np.concatenate([p[k] for p in parts]) for k in range(4))
+        obs = concat_obs([p[0] for p in parts])
+        rew, term, trunc = (np.concatenate([p[k] for p in parts]) for k in range(1, 4))
         return obs, rew, term, trunc, {}
 
     def collect(self, weights: dict[str, np.ndarray], policy_spec: dict, n_steps: int, iteration: int) -> Rollout:

@@ -23,14 +23,19 @@ from opentinker.envs.atari import is_atari
 from opentinker.envs.base import EnvLike, make_env
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
 from opentinker.envs.numpy_policy import NumpyPolicy
+from opentinker.envs.observations import Obs, concat_obs, empty_steps, map_obs, obs_nbytes, write_step
 from opentinker.envs.state_diff import decode_observations, encode_observations
 
 
 @dataclasses.dataclass
 class Rollout:
-    """``n_steps`` x ``num_envs`` transitions, all numpy; time is axis 0, env copy axis 1."""
+    """``n_steps`` x ``num_envs`` transitions, all numpy; time is axis 0, env copy axis 1.
 
-    obs: np.ndarray
+    ``obs`` and ``last_obs`` have the structure of the observation space: an array, or a dict / tuple of arrays (each
+    leaf in its own dtype: images stay uint8).
+    """
+
+    obs: Obs
     actions: np.ndarray
     logprobs: np.ndarray
     values: np.ndarray
@@ -38,7 +43,7 @@ class Rollout:
     terminated: np.ndarray
     truncated: np.ndarray
     valid: np.ndarray
-    last_obs: np.ndarray
+    last_obs: Obs
     last_values: np.ndarray
     episode_returns: np.ndarray
     episode_lengths: np.ndarray
@@ -63,10 +68,10 @@ class Rollout:
         """Join the workers' rollouts along the env axis; timings and byte counts add up."""
         if len(parts) == 1:
             return parts[0]
-        along_envs = {f: np.concatenate([getattr(p, f) for p in parts], axis=1) for f in _STEP_FIELDS}
+        along_envs = {f: concat_obs([getattr(p, f) for p in parts], axis=1) for f in _STEP_FIELDS}
         return cls(
             **along_envs,
-            last_obs=np.concatenate([p.last_obs for p in parts]),
+            last_obs=concat_obs([p.last_obs for p in parts]),
             last_values=np.concatenate([p.last_values for p in parts]),
             episode_returns=np.concatenate([p.episode_returns for p in parts]),
             episode_lengths=np.concatenate([p.episode_lengths for p in parts]),
@@ -84,8 +89,8 @@ class Rollout:
         Observations are most of the bytes; actions, rewards and done flags are nearly free once compressed.
         """
         payloads = {f: encode_observations(getattr(self, f)) for f in _STEP_FIELDS}
-        sent = self.bytes_sent + sum(len(p) - getattr(self, f).nbytes for f, p in payloads.items())
-        empty = {f: np.empty((0,), getattr(self, f).dtype) for f in _STEP_FIELDS}
+        sent = self.bytes_sent + sum(len(p) - obs_nbytes(getattr(self, f)) for f, p in payloads.items())
+        empty = {f: map_obs(lambda a: np.empty((0,), a.dtype), getattr(self, f)) for f in _STEP_FIELDS}
         return dataclasses.replace(self, **empty, payloads=payloads, bytes_sent=sent)
 
     def decode(self) -> Rollout:
@@ -211,14 +216,18 @@ class RolloutWorker:
         policy = NumpyPolicy(policy_spec, weights)
         rng = np.random.default_rng([self.seed, iteration, self.index])
         n = self.num_envs
-        obs = np.empty((n_steps, *self.obs.shape), dtype=self.obs.dtype)
+        obs = empty_steps(self.obs, n_steps)
+        structured = not isinstance(obs, np.ndarray)  # a Dict/Tuple observation: one buffer per part
         rewards, values, logprobs = (np.empty((n_steps, n), np.float32) for _ in range(3))
         terminated, truncated, valid = (np.empty((n_steps, n), bool) for _ in range(3))
         actions = None
         returns, lengths = [], []
         env_s = policy_s = 0.0
         for t in range(n_steps):
-            obs[t] = self.obs
+            if structured:
+                write_step(obs, t, self.obs)
+            else:
+                obs[t] = self.obs
             t0 = time.perf_counter()
             action, logp, value = policy.sample(self.obs, rng)
             t1 = time.perf_counter()
@@ -250,7 +259,7 @@ class RolloutWorker:
             terminated=terminated,
             truncated=truncated,
             valid=valid,
-            last_obs=self.obs.copy(),
+            last_obs=map_obs(np.copy, self.obs),
             last_values=last_values,
             episode_returns=np.asarray(returns, np.float64),
             episode_lengths=np.asarray(lengths, np.int64),
@@ -259,9 +268,9 @@ class RolloutWorker:
             started_at=started_at,
         )
         rollout.bytes_raw = rollout.bytes_sent = sum(
-            getattr(rollout, f.name).nbytes
+            obs_nbytes(getattr(rollout, f.name))
             for f in dataclasses.fields(Rollout)
-            if isinstance(getattr(rollout, f.name), np.ndarray)
+            if isinstance(getattr(rollout, f.name), (np.ndarray, dict, tuple))
         )
         if state_diff:
             rollout = rollout.encode()

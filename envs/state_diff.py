@@ -7,7 +7,9 @@ shuffled (all first bytes, then all second bytes, ...) so zstd sees long runs, a
 is compressed too and the smaller frame is sent: on rendered frames zstd's own long matches against the
 previous frame beat the deltas (measured in ``bench/state_diff_bytes.py``), on float state vectors the deltas win.
 
-Layout: ``b"OTSD" | u8 version | u32 header length | JSON header | zstd frame``.
+Layout: ``b"OTSD" | u8 version | u32 header length | JSON header | zstd frame``. A structured observation (a dict or
+tuple of arrays: gymnasium's Dict/Tuple spaces) is one frame per leaf, each leaf in its own dtype (uint8 images stay
+uint8): the header names the structure and each leaf frame's length, the leaf frames follow.
 """
 
 from __future__ import annotations
@@ -23,8 +25,16 @@ _VERSION = 1
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
-def encode_observations(arr: np.ndarray, level: int = 3) -> bytes:
-    """Encode an array (time first) into compressed bit-level deltas; ``decode_observations`` inverts it."""
+def encode_observations(arr: np.ndarray | dict | tuple, level: int = 3) -> bytes:
+    """Encode an array (time first), or a dict / tuple of them, into compressed bit-level deltas;
+    ``decode_observations`` inverts it."""
+    if isinstance(arr, (dict, tuple)):
+        keys = list(arr) if isinstance(arr, dict) else None
+        frames = [encode_observations(leaf, level) for leaf in (arr.values() if keys is not None else arr)]
+        return _frame(
+            {"tree": "dict" if keys is not None else "tuple", "keys": keys, "sizes": list(map(len, frames))},
+            b"".join(frames),
+        )
     arr = np.asarray(arr)
     arr = arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
     if arr.dtype.hasobject:
@@ -41,12 +51,16 @@ def encode_observations(arr: np.ndarray, level: int = 3) -> bytes:
         delta_body = compress(diffs.view(np.uint8).reshape(-1, itemsize).T.tobytes())
         if len(delta_body) < len(body):
             body, delta = delta_body, True
-    header = json.dumps({"dtype": arr.dtype.str, "shape": list(arr.shape), "delta": delta}).encode()
-    return _MAGIC + struct.pack("<BI", _VERSION, len(header)) + header + body
+    return _frame({"dtype": arr.dtype.str, "shape": list(arr.shape), "delta": delta}, body)
 
 
-def decode_observations(data: bytes) -> np.ndarray:
-    """Inverse of ``encode_observations``: the original array, bit for bit."""
+def _frame(header: dict, body: bytes) -> bytes:
+    encoded = json.dumps(header).encode()
+    return _MAGIC + struct.pack("<BI", _VERSION, len(encoded)) + encoded + body
+
+
+def decode_observations(data: bytes) -> np.ndarray | dict | tuple:
+    """Inverse of ``encode_observations``: the original array (or dict / tuple of arrays), bit for bit."""
     if data[:4] != _MAGIC:
         raise ValueError("decode_observations: not a state_diff payload (bad magic bytes)")
     version, header_len = struct.unpack_from("<BI", data, 4)
@@ -54,6 +68,12 @@ def decode_observations(data: bytes) -> np.ndarray:
         raise ValueError(f"decode_observations: unsupported version {version}, expected {_VERSION}")
     start = 4 + struct.calcsize("<BI")
     header = json.loads(data[start : start + header_len])
+    if "tree" in header:
+        leaves, offset = [], start + header_len
+        for size in header["sizes"]:
+            leaves.append(decode_observations(data[offset : offset + size]))
+            offset += size
+        return dict(zip(header["keys"], leaves)) if header["tree"] == "dict" else tuple(leaves)
     dtype, shape = np.dtype(header["dtype"]), tuple(header["shape"])
     raw = zstandard.ZstdDecompressor().decompress(data[start + header_len :])
     if not header["delta"]:

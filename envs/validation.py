@@ -11,6 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 from opentinker.envs.base import EnvLike, env_name, make_env
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError, EnvValidationError
+from opentinker.envs.spaces import unsupported_spaces
 
 _STEPS = 64  # long enough to cross a few resets on quick-failing envs, short enough to run before every job
 _SEED = 12345
@@ -19,6 +20,15 @@ _ADVICE = ("infinity", "symmetric and normalized", "render", "different from the
 
 
 def _space_problems(where: str, obs: object, space: gym.Space) -> list[str]:
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(obs, dict) or set(obs) != set(space.spaces):
+            got = sorted(obs) if isinstance(obs, dict) else type(obs).__name__
+            return [f"{where}: observation is {got!r}, expected a dict with keys {sorted(space.spaces)}"]
+        return [p for key, sub in space.spaces.items() for p in _space_problems(f"{where}[{key!r}]", obs[key], sub)]
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(obs, tuple) or len(obs) != len(space.spaces):
+            return [f"{where}: observation is {type(obs).__name__}, expected a tuple of {len(space.spaces)}"]
+        return [p for i, sub in enumerate(space.spaces) for p in _space_problems(f"{where}[{i}]", obs[i], sub)]
     problems = []
     if isinstance(space, gym.spaces.Box):
         arr = np.asarray(obs)
@@ -76,20 +86,27 @@ def _plain(message: object) -> str:
     return str(message).replace("\x1b[33m", "").replace("\x1b[0m", "").removeprefix("WARN: ")
 
 
-def _same(a: list, b: list) -> bool:
-    return len(a) == len(b) and all(
-        all(
-            np.array_equal(np.asarray(x), np.asarray(y))
-            for x, y in zip(ta if isinstance(ta, tuple) else (ta,), tb if isinstance(tb, tuple) else (tb,))
+def _same(a: object, b: object) -> bool:
+    """Equal trajectories: lists of observations / step tuples, compared leaf by leaf (Dict observations too)."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        return (
+            isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
         )
-        for ta, tb in zip(a, b)
-    )
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return (
+            isinstance(a, (list, tuple))
+            and isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(_same(x, y) for x, y in zip(a, b))
+        )
+    return np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def validate_env(env: EnvLike) -> None:
     """Check an env (instance, id, class or factory); raise ``EnvValidationError`` listing every problem.
 
-    Checks: both spaces declared; gymnasium's ``check_env`` (errors and warnings); ``reset``/``step``
+    Checks: both spaces declared and of a kind the engine trains on (``envs/spaces.py``: else that one line is the only
+    problem reported); gymnasium's ``check_env`` (errors and warnings); ``reset``/``step``
     signatures and return shapes; observation dtype/shape against the space and inside it; reward and flag
     types; the same seed and actions giving the same trajectory.
     """
@@ -102,8 +119,9 @@ def validate_env(env: EnvLike) -> None:
     for field in ("observation_space", "action_space"):
         if not isinstance(getattr(instance, field, None), gym.spaces.Space):
             problems.append(f"{field} is missing or not a gymnasium.spaces.Space")
-    if problems:
-        raise EnvValidationError(name, problems)
+    unsupported = None if problems else unsupported_spaces(instance.observation_space, instance.action_space)
+    if problems or unsupported:
+        raise EnvValidationError(name, problems or [unsupported])
     params = inspect.signature(instance.unwrapped.reset).parameters
     for kw in ("seed", "options"):
         if kw not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):

@@ -140,7 +140,7 @@ class ProblemKind:
     """What the preset depends on, read from the env and its registry spec."""
 
     actions: str
-    """"discrete" or "continuous"."""
+    """"discrete", "multi-discrete" (MultiDiscrete / MultiBinary: PPO's discrete presets, no DQN) or "continuous"."""
     obs_dim: int
     episode_steps: int | None
     """The spec's ``max_episode_steps`` (None when unlimited or unknown)."""
@@ -170,6 +170,17 @@ def env_suite(env: Any) -> str | None:
     return None
 
 
+def action_kind(space) -> str:
+    """The presets' kind of action space: one index (Discrete), several (MultiDiscrete, MultiBinary), or continuous."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Discrete):
+        return "discrete"
+    if isinstance(space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        return "multi-discrete"
+    return "continuous"
+
+
 @functools.lru_cache(maxsize=64)
 def problem_kind(env_ref: str) -> ProblemKind:
     """Build one copy of the env (id or ``module:Class``) and describe it; once per process (the CLI's checks and the
@@ -177,11 +188,15 @@ def problem_kind(env_ref: str) -> ProblemKind:
     import gymnasium as gym
 
     from opentinker.envs import make_env
+    from opentinker.envs.spaces import unsupported_spaces
 
     env = make_env(env_ref)
     try:
         spec = env.spec
-        actions = "discrete" if isinstance(env.action_space, gym.spaces.Discrete) else "continuous"
+        problem = unsupported_spaces(env.observation_space, env.action_space)
+        if problem is not None or isinstance(env.action_space, gym.spaces.Text):
+            raise ValueError(problem or f"action_space {env.action_space}: a text env trains with algorithm 'grpo'")
+        actions = action_kind(env.action_space)
         obs_dim = int(gym.spaces.flatdim(env.observation_space))
         return ProblemKind(
             actions,
@@ -197,6 +212,8 @@ def problem_kind(env_ref: str) -> ProblemKind:
 FAMILIES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("ppo", "discrete"): PPO_DISCRETE,
     ("ppo", "discrete-long"): PPO_DISCRETE_LONG,
+    ("ppo", "multi-discrete"): PPO_DISCRETE,
+    ("ppo", "multi-discrete-long"): PPO_DISCRETE_LONG,
     ("ppo", "continuous"): PPO_CONTINUOUS,
     ("ppo", "atari"): PPO_ATARI,
     ("dqn", "discrete"): DQN_DISCRETE,

@@ -21,6 +21,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from opentinker.envs.observations import batch_len, index_obs, to_jsonable
 from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, start_http
 
 from .auth import API_KEY_ENV, HASH_ENV, hash_api_key, resolve_api_key
@@ -132,13 +133,17 @@ class Deployment(Served):
         return self._client
 
     def predict(self, obs: Any, return_info: bool = False) -> Any:
-        """The action for one observation (an int for discrete actions); with ``return_info`` the full response dict."""
-        result = self.client.act(obs=np.asarray(obs).tolist(), return_info=return_info)
+        """The action for one observation (an int for discrete actions; a dict of arrays for a Dict space); with
+        ``return_info`` the full response dict."""
+        result = self.client.act(obs=to_jsonable(obs), return_info=return_info)
         return result if return_info else result["action"]
 
     def predict_batch(self, obs_batch: Any) -> np.ndarray:
-        """Actions for a batch of observations (one request; the server may merge it with others)."""
-        return np.asarray(self.client.act_batch(obs=np.asarray(obs_batch).tolist()))
+        """Actions for a batch of observations (one request; the server may merge it with others). Dict/Tuple
+        observations: a list of them, or a dict/tuple of batched arrays."""
+        if isinstance(obs_batch, (dict, tuple)):
+            obs_batch = [index_obs(obs_batch, i) for i in range(batch_len(obs_batch))]
+        return np.asarray(self.client.act_batch(obs=to_jsonable(obs_batch)))
 
     def metadata(self) -> dict[str, Any]:
         return self.client.metadata()

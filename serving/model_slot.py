@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .observation import ObservationSchema
+from .observation import ObservationSchema, StructSchema
 
 logger = logging.getLogger("opentinker.serving")
 BUNDLED_PREFIX = "bentoml:"
@@ -28,7 +28,7 @@ class ServedModel:
     """``tracking.registry.ModelRef``: name, exact version, run id, the URI as configured."""
     policy: Any
     """The engine's numpy ``InferencePolicy`` (``act``, ``act_with_info``, spaces, ``spec``)."""
-    schema: ObservationSchema
+    schema: ObservationSchema | StructSchema
     loaded_at: float = field(default_factory=time.time)
 
     @property

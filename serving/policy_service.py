@@ -9,7 +9,9 @@ many observations -> actions, merged across concurrent requests by BentoML's ada
 ``/metadata``; ``/reload`` re-resolves the alias now. Every response carries ``X-Model-Version``.
 
 Observations are validated against the served policy's observation space before any batching, so
-one bad request gets its own 400 and never fails the requests it would have been merged with.
+one bad request gets its own 400 and never fails the requests it would have been merged with. A Dict observation is
+a JSON object (one entry per key), a Tuple one a JSON array of its parts, an image nested lists of integers; a policy
+whose single observation could not fit in the request body limit is refused at start.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import numpy as np
 from pydantic import AfterValidator, BaseModel, Field, WithJsonSchema
 
 from opentinker.agents.export import space_to_json
+from opentinker.envs.observations import map_obs
 
 from .auth import ApiKeyMiddleware
 from .config import get_serve_settings
 from .middleware import BodyLimitMiddleware, JsonBodyMiddleware, ResponseHeaderMiddleware
 from .model_slot import AliasWatcher, ModelSlot, load_served_model
+from .observation import check_request_limit
 
 logger = logging.getLogger("opentinker.serving")
 SETTINGS = get_serve_settings()
@@ -85,8 +89,9 @@ class PolicyService:
     """Loads the configured policy version at start and follows its alias while running."""
 
     def __init__(self) -> None:
-        SLOT.current = load_served_model(SETTINGS.model)
-        served = SLOT.current
+        served = load_served_model(SETTINGS.model)
+        check_request_limit(served.schema, SETTINGS.max_body_bytes)
+        SLOT.current = served
         logger.info("serving %s version %s from %s", served.ref.name, served.version, SETTINGS.model)
         self.watcher = AliasWatcher(SLOT, SETTINGS.model, SETTINGS.reload_interval_s)
         self.watcher.start()
@@ -103,7 +108,7 @@ class PolicyService:
         """The action for one observation (deterministic)."""
         served = SLOT.require()
         ctx.response.headers[VERSION_HEADER] = served.version
-        batch = obs[None]
+        batch = map_obs(lambda leaf: leaf[None], obs)
         if not return_info:
             return ActResponse(action=served.policy.act(batch)[0].tolist(), model_version=served.version)
         actions, probs, values = served.policy.act_with_info(batch)
@@ -116,7 +121,8 @@ class PolicyService:
 
     @bentoml.api(batchable=True, max_batch_size=SETTINGS.max_batch_size, max_latency_ms=SETTINGS.max_latency_ms)
     async def act_batch(self, obs: ObservationBatch) -> np.ndarray:
-        """Actions for a list of observations; concurrent requests are merged into one forward pass."""
+        """Actions for a list of observations; concurrent requests are merged into one forward pass (Dict/Tuple
+        observations arrive as a list of them, which the policy stacks)."""
         return SLOT.require().policy.act(obs)
 
     @bentoml.api
@@ -138,6 +144,7 @@ class PolicyService:
             "reload_interval_s": SETTINGS.reload_interval_s,
             "last_reload_error": SLOT.last_error,
             "max_batch_size": SETTINGS.max_batch_size,
+            "max_body_bytes": SETTINGS.max_body_bytes,
         }
 
     @bentoml.api

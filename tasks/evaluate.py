@@ -17,6 +17,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import TaskRunContext
 
 from opentinker.agents.evaluation import EvalResult, evaluate_episodes
+from opentinker.envs.observations import batch_len
 from opentinker.tasks.retry import io_task
 from opentinker.tracking.registry import ModelRef, load_registered_policy, resolve_policy
 
@@ -63,7 +64,9 @@ def evaluate_random_policy(env_id: str, episodes: int = 10, seed: int = 10_000) 
 
     space = make_env(env_id).action_space
     space.seed(seed)
-    result = evaluate_episodes(env_id, lambda obs: np.stack([space.sample() for _ in obs]), episodes, seed)
+    result = evaluate_episodes(
+        env_id, lambda obs: np.stack([space.sample() for _ in range(batch_len(obs))]), episodes, seed
+    )
     return dataclasses.replace(result, model_key=f"random/{env_id}")
 
 

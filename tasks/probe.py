@@ -8,6 +8,7 @@ rollouts inside the engine loop (see ``tasks/train.py`` for why that loop is one
 
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -52,13 +53,13 @@ def probe_env(spec: RunSpec, run_id: str | None = None, n_steps: int = 64) -> Pr
     )
     capacity_wait_s = time.perf_counter() - started  # placing the actors, autoscaler launches included
     try:
-        rng = np.random.default_rng(seed)
         env.reset(seed=seed)
-        space = env.single_action_space
+        space = copy.deepcopy(env.single_action_space)  # any kind of space samples uniformly with its own RNG,
+        space.seed(seed)  # here tied to the run's seed
         running = np.zeros(env.num_envs)
         finished: list[float] = []
         for _ in range(n_steps):
-            actions = np.stack([_sample(space, rng) for _ in range(env.num_envs)])
+            actions = np.stack([space.sample() for _ in range(env.num_envs)])
             _, rewards, terminated, truncated, _ = env.step(actions)
             done = np.logical_or(terminated, truncated)
             running += rewards
@@ -85,10 +86,3 @@ def probe_env(spec: RunSpec, run_id: str | None = None, n_steps: int = 64) -> Pr
         mean_return=mean_return,
         seconds=time.perf_counter() - started,
     )
-
-
-def _sample(space, rng: np.random.Generator) -> np.ndarray:
-    """A seeded uniform action (gymnasium's own space RNG is not tied to our seed)."""
-    if hasattr(space, "n"):
-        return np.asarray(int(space.start) + int(rng.integers(space.n)))
-    return rng.uniform(space.low, space.high).astype(space.dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -10,6 +11,7 @@ from opentinker.agents import PPOConfig, PPOTrainer
 from opentinker.agents.export import export_policy, load_policy
 from opentinker.agents.ppo import clipped_policy_loss, explained_variance, normalize, value_loss
 from opentinker.envs import EnvSpecError
+from opentinker.envs.base import EnvSpaces
 
 DASHBOARD_METRICS = {
     "charts/episodic_return_mean",
@@ -58,8 +60,9 @@ def test_config_errors_name_the_field():
         PPOConfig(gae_lambda=1.5)
     with pytest.raises(ValueError, match="amp_mode must be one of"):
         PPOTrainer("CartPole-v1", amp_mode="fp8")
-    with pytest.raises(EnvSpecError, match=r"observation_space .* is not supported"):
-        PPOTrainer("Blackjack-v1")  # Tuple observations
+    graph = gym.spaces.Graph(gym.spaces.Box(0.0, 1.0, (3,)), gym.spaces.Discrete(2))
+    with pytest.raises(EnvSpecError, match=r"observation_space Graph\(.* is not supported: expected Box"):
+        PPOTrainer(EnvSpaces("graph", graph, gym.spaces.Discrete(2)))
 
 
 def test_every_config_field_is_documented():

@@ -90,15 +90,28 @@ def _load_export(directory: str | Path) -> InferencePolicy:
     return load_policy(Path(directory))
 
 
-def _tensor_spec(space) -> Any:
+def _parts(space) -> list[tuple[str | None, Any]]:
+    """(name, leaf space) pairs: a Dict/Tuple observation is one named tensor per part (tuple parts "0", "1", ...)."""
+    from gymnasium import spaces
+
+    if isinstance(space, spaces.Dict):
+        return list(space.spaces.items())
+    if isinstance(space, spaces.Tuple):
+        return [(str(i), sub) for i, sub in enumerate(space.spaces)]
+    return [(None, space)]
+
+
+def _tensor_spec(space, name: str | None = None) -> Any:
     from gymnasium import spaces
     from mlflow.types.schema import TensorSpec
 
     if isinstance(space, spaces.Discrete):
-        return TensorSpec(np.dtype(np.int64), (-1,))
+        return TensorSpec(np.dtype(np.int64), (-1,), name)
     if isinstance(space, (spaces.Box, spaces.MultiDiscrete, spaces.MultiBinary)):
-        return TensorSpec(np.dtype(space.dtype), (-1, *space.shape))
-    raise PolicyStoreError(f"space: expected Box, Discrete, MultiDiscrete or MultiBinary, got {type(space).__name__}")
+        return TensorSpec(np.dtype(space.dtype), (-1, *space.shape), name)
+    raise PolicyStoreError(
+        f"space: expected Box, Discrete, MultiDiscrete, MultiBinary or a Dict/Tuple of them; got {type(space).__name__}"
+    )
 
 
 def _policy_signature(policy: InferencePolicy):
@@ -106,16 +119,21 @@ def _policy_signature(policy: InferencePolicy):
     from mlflow.types.schema import Schema
 
     return ModelSignature(
-        inputs=Schema([_tensor_spec(policy.observation_space)]),
+        inputs=Schema([_tensor_spec(sub, name) for name, sub in _parts(policy.observation_space)]),
         outputs=Schema([_tensor_spec(policy.action_space)]),
     )
 
 
-def _input_example(policy: InferencePolicy) -> np.ndarray:
+def _input_example(policy: InferencePolicy) -> np.ndarray | dict[str, np.ndarray]:
     """One observation drawn (seeded) from the policy's space: shown in the MLflow UI next to the signature."""
     space = policy.observation_space
     space.seed(0)
-    return np.asarray([space.sample()], dtype=space.dtype)
+    sample = space.sample()
+    parts = _parts(space)
+    if parts[0][0] is None:
+        return np.asarray([sample], dtype=space.dtype)
+    leaves = sample.values() if isinstance(sample, dict) else sample
+    return {name: np.asarray([leaf], dtype=sub.dtype) for (name, sub), leaf in zip(parts, leaves)}
 
 
 def _pip_requirements() -> list[str]:
@@ -144,7 +162,11 @@ class _PolicyPyfunc:
         self.policy = policy
 
     def predict(self, model_input, params=None):
-        return self.policy.act(np.asarray(model_input))
+        from gymnasium import spaces
+
+        if isinstance(model_input, dict) and isinstance(self.policy.observation_space, spaces.Tuple):
+            model_input = tuple(model_input[str(i)] for i in range(len(model_input)))
+        return self.policy.act(model_input if isinstance(model_input, (dict, tuple)) else np.asarray(model_input))
 
 
 def _load_pyfunc(data_path: str) -> _PolicyPyfunc:
