@@ -20,7 +20,7 @@ STATS = ("losses/critic", "losses/actor", "charts/alpha", "losses/q_values", "lo
 
 
 class SACTrainer(OffPolicyTrainer):
-    """``SACTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **SACConfig fields)``."""
+    """``SACTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **SACConfig fields)``."""
 
     algorithm, config_cls = "sac", SACConfig
     actor_kind, actor_cls = "squashed_gaussian", SquashedGaussianActor

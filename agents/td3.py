@@ -20,7 +20,7 @@ STATS = ("losses/critic", "losses/actor", "losses/q_values")
 
 
 class TD3Trainer(OffPolicyTrainer):
-    """``TD3Trainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **TD3Config fields)``."""
+    """``TD3Trainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **TD3Config fields)``."""
 
     algorithm, config_cls = "td3", TD3Config
     actor_kind, actor_cls = "deterministic", DeterministicActor

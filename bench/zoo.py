@@ -2,7 +2,7 @@
 threads, both sides in one command:
 
     .venv/bin/python bench/zoo.py [--seeds N] [--threads 1] [--cases cartpole-ppo,halfcheetah-sac,...] [--to-budget]
-        [--max-steps N]  # caps every budget: smoke tests only
+        [--max-steps N] [--sides ours]  # caps every budget (smoke tests); one side only (a learning check)
 
 Ours: the public trainers (``PPOTrainer``, ``DQNTrainer``, ``SACTrainer``) given the env id, so with the shipped
 preset (what ``opentinker train ENV`` uses), and the pipeline's default horizon (``RunSpec.steps``) for schedules; no
@@ -340,12 +340,16 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     parser.add_argument("--to-budget", action="store_true", help="train on to the budget after the target")
     parser.add_argument("--max-steps", type=int, default=None, help="cap every budget (smoke tests)")
+    parser.add_argument("--sides", default="ours,sb3", help="ours,sb3 (default) or one of them: a learning check")
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
 
     console = Console(stderr=True, width=160)
     names = args.cases.split(",")
+    sides = args.sides.split(",")
+    if not sides or any(side not in ("ours", "sb3") for side in sides):
+        parser.error(f"--sides: expected ours, sb3 or both, got {args.sides!r}")
     unknown = [name for name in names if name not in CASES]
     if unknown:
         parser.error(f"--cases: unknown {unknown}; expected some of {', '.join(CASES)}")
@@ -364,12 +368,17 @@ def main() -> None:
         if args.max_steps:
             case = dataclasses.replace(case, budget_steps=min(case.budget_steps, args.max_steps))
         for seed in range(args.seeds or case.seeds):
-            ours.append(run_ours(case, seed, args.threads, args.to_budget))
-            equal_time = None if case.target is not None else ours[-1]["train_s"]
-            sb3.append(run_sb3(case, seed, args.threads, args.to_budget, equal_time))
+            if "ours" in sides:
+                ours.append(run_ours(case, seed, args.threads, args.to_budget))
+            if "sb3" in sides:
+                equal_time = None if case.target is not None or not ours else ours[-1]["train_s"]
+                sb3.append(run_sb3(case, seed, args.threads, args.to_budget, equal_time))
             for side, runs in (("ours", ours), ("sb3", sb3)):
-                shown = {k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()}
-                console.print(f"{name} {side} seed {seed}: {json.dumps(shown)}")
+                if side in sides:
+                    shown = {k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()}
+                    console.print(f"{name} {side} seed {seed}: {json.dumps(shown)}")
+        if len(sides) == 1:  # a learning check of one side: its runs are the output
+            continue
         rows[name] = summary(case, ours, sb3)
     table = Table(title=f"zoo: {args.threads} torch thread(s); medians over seeds (per-seed range)")
     for column in ("case", "target", "ours s", "SB3 s", "ratio", "final eval ours / SB3", "steps/s ours / SB3"):
@@ -390,6 +399,7 @@ def main() -> None:
     rerun = f"python bench/zoo.py --threads {args.threads} --cases {args.cases}"
     rerun += (f" --seeds {args.seeds}" if args.seeds else "") + (" --to-budget" if args.to_budget else "")
     rerun += f" --max-steps {args.max_steps}" if args.max_steps else ""
+    rerun += f" --sides {args.sides}" if len(sides) == 1 else ""
     print(
         json.dumps(
             {

@@ -38,7 +38,7 @@ class _Preset:
         policy: str = "MLP",
         seed: int = 0,
         device: str = "auto",
-        amp_mode: str = "off",
+        amp_mode: str | None = None,
         config: Any = None,
         **fields: Any,
     ):

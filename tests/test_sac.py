@@ -82,7 +82,12 @@ def test_refusals_name_the_field():
         SACTrainer(IDENTITY, epsilon_decay=0.9)
 
 
-def test_bf16_autocast_trains():
-    trainer = SACTrainer(IDENTITY, seed=0, backend="local", amp_mode="bf16", **dict(SMALL, learning_starts=64))
+def test_amp_auto_is_bf16_where_native_and_checkpoints_keep_auto(tmp_path):
+    from opentinker.agents.amp import native_bf16
+
+    trainer = SACTrainer(IDENTITY, seed=0, backend="local", **dict(SMALL, learning_starts=64))
     metrics = trainer.train(256)
-    assert metrics["perf/amp_active"] == 1.0 and np.isfinite(metrics["losses/critic"])
+    assert trainer.amp.requested == "auto" and np.isfinite(metrics["losses/critic"])
+    assert metrics["perf/amp_active"] == float(native_bf16(trainer.device))
+    assert SACTrainer.load(trainer.save(tmp_path / "ckpt.pt")).amp.requested == "auto"
+    assert TD3Trainer(IDENTITY, backend="local", amp_mode="off").amp.mode == "off"
