@@ -164,7 +164,7 @@ CASES = {
         None,
         "equal wall time",
         100_000,
-        25_600,
+        100_000,
         1,
         dict(  # CleanRL's ppo_atari.py
             n_steps=128,
@@ -180,7 +180,7 @@ CASES = {
         ),
         8,
         "CnnPolicy",
-        dict(max_episode_steps=10_000),
+        dict(max_episode_steps=4_500),  # 5 minutes of play (18,000 frames)
     ),
 }
 

@@ -77,11 +77,11 @@ PPO_ATARI: dict[str, Any] = {
     "ent_coef": 0.01,
     "vf_coef": 0.5,
     "max_grad_norm": 0.5,
-    "hidden_sizes": (512,),
-    "activation": "relu",
+    "hidden_sizes": (),
 }
 """CleanRL's ppo_atari.py: 8 envs x 128 steps, lr 2.5e-4 annealed, 4 epochs x 4 minibatches, clip 0.1, entropy 0.01;
-its Nature CNN's one 512-unit ReLU layer after the convolutions."""
+its network exactly: the Nature CNN (ending in 512 ReLU units) shared by the actor's and critic's linear heads (no
+hidden layers after the extractor)."""
 SAC_CONTINUOUS: dict[str, Any] = {"num_envs": 1, "learning_rate": 1e-3, "learning_starts": 1_000}
 """SB3's SAC defaults (256x256 ReLU, batch 256, buffer 1M, tau 0.005, one gradient step per env step, learned
 temperature) with RL-Zoo's Pendulum learning rate and a 1k-step random warm-up."""
