@@ -118,7 +118,7 @@ class OffPolicyTrainer(Trainer):
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "buffer": self.buffer.state_dict(),
             "pending_updates": self.pending_updates,
-            "noise_rng": self.noise_rng.get_state(),
+            "noise_rng": (self.noise_rng.device.type, self.noise_rng.get_state()),
         }
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
@@ -127,4 +127,6 @@ class OffPolicyTrainer(Trainer):
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.buffer.load_state_dict(state["buffer"])
         self.pending_updates = state["pending_updates"]
-        self.noise_rng.set_state(state["noise_rng"])
+        device_type, rng_state = state["noise_rng"]
+        if device_type == self.noise_rng.device.type:  # CPU and CUDA generators differ: a moved run keeps its seed
+            self.noise_rng.set_state(rng_state)

@@ -31,7 +31,7 @@ def test_learns_the_continuous_identity(cls):
     "cls, kw",
     [
         (SACTrainer, dict(SMALL, learning_starts=64, n_steps=8, num_envs=2)),
-        (SACTrainer, dict(SMALL, learning_starts=64, alpha=0.2, train_frequency=2)),
+        (SACTrainer, dict(SMALL, learning_starts=64, alpha=0.2, train_frequency=2, state_diff=True)),
         (TD3Trainer, dict(SMALL, learning_starts=64, n_steps=4, num_envs=2, policy_delay=3)),
     ],
 )
