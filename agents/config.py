@@ -263,6 +263,7 @@ class GRPOConfig:
     group_size: int = 8
     """Completions per prompt; the group's rewards are each other's baseline."""
     prompts_per_step: int = 4
+    """Train prompts drawn per update (without replacement, epoch after epoch)."""
     max_new_tokens: int = 24
     """Per reply (per turn)."""
     temperature: float = 0.7
@@ -270,9 +271,11 @@ class GRPOConfig:
     learning_rate: float = 5e-4
     """AdamW (no weight decay), adapter parameters only."""
     clip_range: float = 0.2
+    """PPO-style ratio clipping range of the surrogate."""
     kl_coef: float = 0.0
     """beta: weight of the KL penalty towards the base model (0, as in DAPO and TRL's default, skips its pass)."""
     loss_norm: Literal["token", "sequence"] = "token"
+    """How tokens are averaged: over the whole batch ("token", DAPO) or within each completion first ("sequence")."""
     scale_rewards: bool = True
     """Divide advantages by the group's reward std (Dr. GRPO argues for False)."""
     update_epochs: int = 1
@@ -280,13 +283,17 @@ class GRPOConfig:
     micro_batch: int = 8
     """Completions per forward/backward (gradients accumulate: memory, not maths)."""
     max_grad_norm: float = 1.0
+    """Global gradient-norm clip of the adapter's parameters."""
     lora_rank: int = 16
+    """Rank of the LoRA adapter (the only weights trained)."""
     lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_rank``)."""
     task_seed: int = 0
     """Generates the task's examples and its train / held-out split."""
     eval_prompts: int = 64
     """Held-out prompts evaluated (greedy), the first ones of the split."""
     eval_batch: int = 16
+    """Held-out episodes played together (one batched ``generate`` per turn)."""
     cache_dir: str | None = None
     """Where the de-quantised base model is cached (default ``<data_dir>/llm-cache``)."""
 

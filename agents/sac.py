@@ -19,8 +19,8 @@ from opentinker.envs.rollout import Rollout
 STATS = ("losses/critic", "losses/actor", "charts/alpha", "losses/q_values", "losses/entropy", "losses/alpha")
 
 
-class SACTrainer(OffPolicyTrainer):
-    """``SACTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **SACConfig fields)``."""
+class SAC(OffPolicyTrainer):
+    """``SAC(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **SACConfig fields)``."""
 
     algorithm, config_cls = "sac", SACConfig
     actor_kind, actor_cls = "squashed_gaussian", SquashedGaussianActor

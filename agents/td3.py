@@ -19,8 +19,8 @@ from opentinker.envs.rollout import Rollout
 STATS = ("losses/critic", "losses/actor", "losses/q_values")
 
 
-class TD3Trainer(OffPolicyTrainer):
-    """``TD3Trainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **TD3Config fields)``."""
+class TD3(OffPolicyTrainer):
+    """``TD3(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **TD3Config fields)``."""
 
     algorithm, config_cls = "td3", TD3Config
     actor_kind, actor_cls = "deterministic", DeterministicActor

@@ -77,7 +77,7 @@ def dashboard_remedies(history: list[dict[str, float]]) -> list[str]:
 
 
 class Loopable(Protocol):
-    """What ``train_loop`` needs of its owner (an engine ``Trainer``, a ``GroupTrainer``, GRPO's trainer)."""
+    """What ``train_loop`` needs of its owner (an RL-core ``Trainer``, a ``GroupTrainer``, GRPO's trainer)."""
 
     iteration: int
 

@@ -186,7 +186,7 @@ CASES = {
 
 
 def evaluate(case: Case, act: Callable[[np.ndarray], np.ndarray]) -> float:
-    """Mean return of EVAL_EPISODES deterministic episodes side by side (the engine's evaluation, for both sides);
+    """Mean return of EVAL_EPISODES deterministic episodes side by side (the RL core's evaluation, for both sides);
     ``act(obs_batch) -> actions``."""
     from opentinker.agents.evaluation import evaluate_episodes
 

@@ -1,6 +1,6 @@
 """``RemoteEnv``: N env copies behind one batched, numpy-only API, stepped in-process or on Ray actors.
 
-Two ways to use it (docs/engine.md, "RemoteEnv"): wrap an env (``RemoteEnv("CartPole-v1", parallel=8)``), or
+Two ways to use it (docs/rl_core.md, "RemoteEnv"): wrap an env (``RemoteEnv("CartPole-v1", parallel=8)``), or
 subclass it and write the env in the subclass (``super().__init__(parallel=4)``, spaces set in ``__init__``,
 ``step``/``reset`` as for one env). A subclass instance is then both the driver-side handle and the template
 of its copies: when its ``__init__`` returns, the instance (driver state left out) is cloudpickled, its class by
@@ -227,7 +227,7 @@ class LocalPool(LocalActorPool):
 
 
 class RemoteEnv:
-    """``parallel`` copies of ``env`` split over ``workers``; see docs/engine.md.
+    """``parallel`` copies of ``env`` split over ``workers``; see docs/rl_core.md.
 
     ``backend="local"`` keeps the copies in this process, ``"ray"`` runs one Ray actor per worker, ``"auto"``
     uses Ray only for 16+ copies of an env without a vectorised implementation whose step takes >= 1 ms (and for

@@ -5,6 +5,8 @@
     trainer.train(steps=200_000)
     service = trainer.deploy(api_key="...")
 
+After ``opentinker.connect(url, api_key=...)`` the same code trains as a job on that OpenTinker server.
+
 Names are resolved lazily so that ``import opentinker`` stays cheap and the CLI starts fast.
 """
 
@@ -30,6 +32,7 @@ _EXPORTS = {
     "SACConfig": "opentinker.agents",
     "TD3Config": "opentinker.agents",
     "get_settings": "opentinker.infra.settings",
+    "connect": "opentinker.server.client",
 }
 
 __all__ = sorted(_EXPORTS)

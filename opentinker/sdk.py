@@ -1,8 +1,8 @@
-"""The SDK's trainers: the engine's trainers (PPO, DQN, SAC, TD3) plus what sits above the RL core: the CLI's preset
+"""The SDK's trainers: the RL core's trainers (PPO, DQN, SAC, TD3) plus what sits above the RL core: the CLI's preset
 for an env id, ``train(track=True)`` (the pipeline's MLflow layout) and ``deploy()`` (an authenticated HTTP service);
 and ``GRPOTrainer`` for a language model on a text env.
 
-The engine (``opentinker.agents``) stays free of presets, tracking and serving code.
+The RL core (``opentinker.agents``) stays free of presets, tracking and serving code.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opentinker.agents.dqn import DQNTrainer as _EngineDQNTrainer
-from opentinker.agents.grpo_trainer import GRPOTrainer as _EngineGRPOTrainer
-from opentinker.agents.ppo import PPOTrainer as _EnginePPOTrainer
-from opentinker.agents.sac import SACTrainer as _EngineSACTrainer
-from opentinker.agents.td3 import TD3Trainer as _EngineTD3Trainer
+from opentinker.agents.dqn import DQN
+from opentinker.agents.grpo_trainer import GRPO
+from opentinker.agents.ppo import PPO
+from opentinker.agents.sac import SAC
+from opentinker.agents.td3 import TD3
 
 
 def preset_config(algorithm: str, env_id: str, fields: dict[str, Any]) -> Any:
@@ -80,7 +80,7 @@ class _Tracked:
         track: bool = False,
         **track_options: Any,
     ) -> dict[str, float]:
-        """The engine's ``train`` (returns the last iteration's metrics); with ``track=True`` (returns the evaluation)
+        """The RL core's ``train`` (returns the last iteration's metrics); with ``track=True`` (returns the evaluation)
         also params, per-iteration metrics, plots, config, model card,
         checkpoint and the registered model (alias ``candidate``) in MLflow, the same layout as a flow run.
 
@@ -99,23 +99,65 @@ class _Tracked:
         return train_tracked(self, steps, callback, checkpoint_every, **track_options)
 
 
-class PPOTrainer(_Preset, _Tracked, _Deployable, _EnginePPOTrainer):
-    __doc__ = _EnginePPOTrainer.__doc__
+class _Served:
+    """Mixin: after ``opentinker.connect()`` ``train`` runs as a job on the server, and ``evaluate``/``deploy`` act on
+    the job's registered model (``opentinker.server.remote``). Without a server, the local trainer as before."""
+
+    remote_job = None
+
+    def train(self, steps, callback=None, checkpoint_dir=None, checkpoint_every=None, track=False, **options):
+        from opentinker.server.client import current
+
+        client = current()
+        if client is None:
+            return super().train(steps, callback, checkpoint_dir, checkpoint_every, track=track, **options)
+        if callback is not None or checkpoint_dir is not None or track or options:
+            raise ValueError("callback, checkpoint_dir, track and run options apply to local training only")
+        from opentinker.agents.trainer import check_train_args
+        from opentinker.server.remote import train_remote
+
+        return train_remote(self, client, check_train_args(steps, None, None))
+
+    def evaluate(self, episodes: int = 10, seed: int = 10_000):
+        if self.remote_job is None:
+            return super().evaluate(episodes, seed)
+        from opentinker.server.remote import evaluate_remote
+
+        return evaluate_remote(self, episodes, seed)
+
+    def deploy(self, api_key: str, **options: Any):
+        if self.remote_job is None:
+            return super().deploy(api_key, **options)
+        from opentinker.server.remote import deploy_remote
+
+        return deploy_remote(self, api_key)
 
 
-class DQNTrainer(_Preset, _Tracked, _Deployable, _EngineDQNTrainer):
-    __doc__ = _EngineDQNTrainer.__doc__
+class PPOTrainer(_Served, _Preset, _Tracked, _Deployable, PPO):
+    """``PPOTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **PPOConfig fields)``: the RL core's
+    ``PPO`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
 
 
-class SACTrainer(_Preset, _Tracked, _Deployable, _EngineSACTrainer):
-    __doc__ = _EngineSACTrainer.__doc__
+class DQNTrainer(_Served, _Preset, _Tracked, _Deployable, DQN):
+    """``DQNTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``: the RL core's
+    ``DQN`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
 
 
-class TD3Trainer(_Preset, _Tracked, _Deployable, _EngineTD3Trainer):
-    __doc__ = _EngineTD3Trainer.__doc__
+class SACTrainer(_Served, _Preset, _Tracked, _Deployable, SAC):
+    """``SACTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **SACConfig fields)``: the RL core's
+    ``SAC`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
 
 
-class GRPOTrainer(_EngineGRPOTrainer):
+class TD3Trainer(_Served, _Preset, _Tracked, _Deployable, TD3):
+    """``TD3Trainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **TD3Config fields)``: the RL core's
+    ``TD3`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
+
+
+class GRPOTrainer(GRPO):
     """``GRPOTrainer(env, base_model="smollm2", seed=0, workers=1, backend="local", **GRPOConfig fields)``: GRPO on
     a text env — a shipped task's name, ``"package.module:factory"``, or your own ``TextEnv`` factory (called with
     ``split``: "train" or "heldout") or instance. ``train(updates)`` counts optimiser updates; ``evaluate()`` plays

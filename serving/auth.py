@@ -101,16 +101,21 @@ def key_hash_from_env() -> str:
         key_hash = Path(settings.api_key_hash_file).read_text().strip()
     if not key_hash:
         raise ApiKeyError(f"no API key hash: set {HASH_ENV} or {HASH_FILE_ENV} (see serving.auth.hash_api_key)")
-    _parse_hash(key_hash)
+    for one in key_hash.split():
+        _parse_hash(one)
     return key_hash
 
 
 class ApiKeyVerifier:
-    """Checks presented keys against one hash, caching outcomes by a keyed digest of the key."""
+    """Checks presented keys against a hash (or several, whitespace-separated: any matches), caching outcomes by a
+    keyed digest of the key."""
 
     def __init__(self, key_hash: str, negative_cache_size: int = 1024):
-        _parse_hash(key_hash)
-        self._key_hash = key_hash
+        self._key_hashes = key_hash.split()
+        if not self._key_hashes:
+            raise ApiKeyError("api key hash: expected at least one 'scrypt$N$r$p$salt_hex$digest_hex'")
+        for one in self._key_hashes:
+            _parse_hash(one)
         self._secret = secrets.token_bytes(32)
         self._accepted: set[bytes] = set()
         self._rejected: OrderedDict[bytes, None] = OrderedDict()
@@ -131,7 +136,7 @@ class ApiKeyVerifier:
         """Slow path (scrypt); serialised so bad keys use at most one core."""
         fp = self._fingerprint(api_key)
         with self._lock:
-            ok = verify_api_key(api_key, self._key_hash)
+            ok = any(verify_api_key(api_key, one) for one in self._key_hashes)
             if ok:
                 self._accepted.add(fp)
             else:

@@ -27,7 +27,7 @@ class ServedModel:
     ref: Any
     """``tracking.registry.ModelRef``: name, exact version, run id, the URI as configured."""
     policy: Any
-    """The engine's numpy ``InferencePolicy`` (``act``, ``act_with_info``, spaces, ``spec``)."""
+    """The RL core's numpy ``InferencePolicy`` (``act``, ``act_with_info``, spaces, ``spec``)."""
     schema: ObservationSchema | StructSchema
     loaded_at: float = field(default_factory=time.time)
 

@@ -15,7 +15,7 @@ IDENTITY = "opentinker.envs.identity:BoxIdentityEnv"
 
 
 def test_sac_flow_registers_and_serves_the_actor():
-    from opentinker.agents import SACTrainer
+    from opentinker.agents import SAC
     from opentinker.flows.params import TrainParams
     from opentinker.flows.train import train_flow
     from opentinker.serving.deploy import deploy
@@ -39,7 +39,7 @@ def test_sac_flow_registers_and_serves_the_actor():
     assert result.eval_mean > 15.0  # learned: an untrained actor scores about 12 of the best 16
     assert "champion" in result.aliases  # the gate: beats a random policy by a clear margin
 
-    trainer = SACTrainer.load(result.checkpoint_path, device="cpu")
+    trainer = SAC.load(result.checkpoint_path, device="cpu")
     obs = np.array([[-0.9], [-0.2], [0.0], [0.4], [0.95]], np.float32)
     in_process = trainer.policy.act(obs)
     trainer.env.close()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from opentinker.agents import SACTrainer, TD3Trainer
+from opentinker.agents import SAC, TD3
 from opentinker.agents.export import export_policy, load_policy
 from opentinker.envs import EnvSpecError
 
@@ -15,7 +15,7 @@ IDENTITY = "opentinker.envs.identity:BoxIdentityEnv"
 SMALL = dict(hidden_sizes=(32, 32), batch_size=64, learning_starts=256, buffer_size=5000, learning_rate=3e-3)
 
 
-@pytest.mark.parametrize("cls", [SACTrainer, TD3Trainer])
+@pytest.mark.parametrize("cls", [SAC, TD3])
 def test_learns_the_continuous_identity(cls):
     trainer = cls(IDENTITY, seed=0, backend="local", **SMALL)
     before = trainer.evaluate(5).mean  # an untrained actor answers ~0: about 12 of the best 16 per episode
@@ -30,9 +30,9 @@ def test_learns_the_continuous_identity(cls):
 @pytest.mark.parametrize(
     "cls, kw",
     [
-        (SACTrainer, dict(SMALL, learning_starts=64, n_steps=8, num_envs=2)),
-        (SACTrainer, dict(SMALL, learning_starts=64, alpha=0.2, train_frequency=2, state_diff=True)),
-        (TD3Trainer, dict(SMALL, learning_starts=64, n_steps=4, num_envs=2, policy_delay=3)),
+        (SAC, dict(SMALL, learning_starts=64, n_steps=8, num_envs=2)),
+        (SAC, dict(SMALL, learning_starts=64, alpha=0.2, train_frequency=2, state_diff=True)),
+        (TD3, dict(SMALL, learning_starts=64, n_steps=4, num_envs=2, policy_delay=3)),
     ],
 )
 def test_resume_is_bit_exact(tmp_path, cls, kw):
@@ -45,20 +45,20 @@ def test_resume_is_bit_exact(tmp_path, cls, kw):
     del first
     resumed.train(steps)
     assert resumed.global_step == straight.global_step == steps
-    for name in ("policy", "critic", "critic_target", *(["actor_target"] if cls is TD3Trainer else [])):
+    for name in ("policy", "critic", "critic_target", *(["actor_target"] if cls is TD3 else [])):
         a, b = getattr(straight, name).state_dict(), getattr(resumed, name).state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a), name
-    for name in ("optimizer", "critic_optimizer", *(["alpha_optimizer"] if cls is SACTrainer else [])):
+    for name in ("optimizer", "critic_optimizer", *(["alpha_optimizer"] if cls is SAC else [])):
         a, b = getattr(straight, name).state_dict()["state"], getattr(resumed, name).state_dict()["state"]
         assert all(torch.equal(a[i]["exp_avg_sq"], b[i]["exp_avg_sq"]) for i in a), name
-    if cls is SACTrainer:
+    if cls is SAC:
         assert torch.equal(straight.log_alpha, resumed.log_alpha)
     assert np.array_equal(straight.buffer.data["obs"], resumed.buffer.data["obs"])
     assert straight.evaluate(2).returns == resumed.evaluate(2).returns
 
 
 def test_exported_actor_is_the_deterministic_scaled_tanh(tmp_path):
-    trainer = SACTrainer("Pendulum-v1", seed=1, backend="local", **dict(SMALL, learning_starts=64))
+    trainer = SAC("Pendulum-v1", seed=1, backend="local", **dict(SMALL, learning_starts=64))
     trainer.train(128)
     served = load_policy(export_policy(trainer, tmp_path / "export"))
     obs = np.random.default_rng(0).uniform(-8, 8, (16, 3)).astype(np.float32)
@@ -73,21 +73,21 @@ def test_exported_actor_is_the_deterministic_scaled_tanh(tmp_path):
 
 def test_refusals_name_the_field():
     with pytest.raises(EnvSpecError, match=r"action_space Discrete.*expected a Box"):
-        SACTrainer("CartPole-v1")
+        SAC("CartPole-v1")
     with pytest.raises(ValueError, match=r"alpha must be None \(learned\) or > 0"):
-        SACTrainer(IDENTITY, alpha=0.0)
+        SAC(IDENTITY, alpha=0.0)
     with pytest.raises(ValueError, match="policy_delay must be an int >= 1"):
-        TD3Trainer(IDENTITY, policy_delay=0)
+        TD3(IDENTITY, policy_delay=0)
     with pytest.raises(ValueError, match="'epsilon_decay' does not apply to algorithm 'sac'"):
-        SACTrainer(IDENTITY, epsilon_decay=0.9)
+        SAC(IDENTITY, epsilon_decay=0.9)
 
 
 def test_amp_auto_is_bf16_where_native_and_checkpoints_keep_auto(tmp_path):
     from opentinker.agents.amp import native_bf16
 
-    trainer = SACTrainer(IDENTITY, seed=0, backend="local", **dict(SMALL, learning_starts=64))
+    trainer = SAC(IDENTITY, seed=0, backend="local", **dict(SMALL, learning_starts=64))
     metrics = trainer.train(256)
     assert trainer.amp.requested == "auto" and np.isfinite(metrics["losses/critic"])
     assert metrics["perf/amp_active"] == float(native_bf16(trainer.device))
-    assert SACTrainer.load(trainer.save(tmp_path / "ckpt.pt")).amp.requested == "auto"
-    assert TD3Trainer(IDENTITY, backend="local", amp_mode="off").amp.mode == "off"
+    assert SAC.load(trainer.save(tmp_path / "ckpt.pt")).amp.requested == "auto"
+    assert TD3(IDENTITY, backend="local", amp_mode="off").amp.mode == "off"

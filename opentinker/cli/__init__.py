@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from opentinker.cli import agent, cluster, federated, quickstart, serve, server, stack, train
+from opentinker.cli import agent, client, cluster, federated, quickstart, serve, server, stack, train
 
 app = typer.Typer(
     help="OpenTinker: train, track, federate and serve RL agents.",
@@ -23,5 +23,7 @@ app.add_typer(cluster.app, name="cluster")
 app.add_typer(federated.app, name="federated")
 app.add_typer(agent.app, name="agent")
 app.add_typer(server.app, name="server")
+app.add_typer(client.app)
+app.add_typer(client.jobs_app, name="jobs")
 
 __all__ = ["app"]

@@ -41,7 +41,9 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     from opentinker.infra.processes import ServiceError
     from opentinker.infra.s3 import S3Error
     from opentinker.infra.stack import StackError
+    from opentinker.server.client import NotConnected, ServerError
     from opentinker.server.keys import KeyRequestError
+    from opentinker.server.packaging import UploadError
     from opentinker.server.tenants import TenantError
     from opentinker.serving.auth import ApiKeyError
     from opentinker.serving.deploy import DeploymentError
@@ -64,6 +66,9 @@ def _known_errors() -> tuple[type[BaseException], ...]:
         S3Error,  # unreachable storage or refused credentials
         KeyRequestError,
         TenantError,
+        ServerError,  # the server's answer names the field or the limit
+        NotConnected,
+        UploadError,
     )
 
 

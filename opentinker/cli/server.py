@@ -7,6 +7,7 @@ default), so the first admin key can be made before any key exists; over HTTP an
 from __future__ import annotations
 
 import datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -47,12 +48,37 @@ def up(
     serve(host, port, jobs=jobs, on_ready=lambda url: console.print(f"OpenTinker server on {url}", highlight=False))
 
 
+@app.command()
+@cli_errors
+def down() -> None:
+    """Stop the embedded Prefect server and worker a killed `server up` left running."""
+    from opentinker.server.launcher import stop_services
+
+    stopped = stop_services()
+    console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@app.command()
+@cli_errors
+def worker(
+    server: Annotated[str, typer.Option(help="The OpenTinker server's URL (launches and progress go there).")],
+    key_file: Annotated[Path, typer.Option(help="File holding a key with the `worker` scope.")],
+    name: Annotated[str | None, typer.Option(help="Worker name in Prefect (default: generated).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Most jobs this worker runs at once.")] = None,
+) -> None:
+    """Run jobs of the server's work pool on this machine, each in its sandbox (PREFECT_API_URL names Prefect)."""
+    from opentinker.server.worker import run_worker
+
+    run_worker(server, key_file.read_text().strip(), name=name, limit=limit)
+
+
 @keys_app.command("create")
 @cli_errors
 def keys_create(
     tenant: Annotated[str, typer.Option(help="Tenant the key acts for (created with default quotas if new).")],
     scope: Annotated[
-        list[str] | None, typer.Option(help="admin, jobs, read, models, tinker (repeat; default: all but admin).")
+        list[str] | None,
+        typer.Option(help="admin, jobs, read, models, tinker, worker (repeat; default: jobs, read, models, tinker)."),
     ] = None,
     label: Annotated[str, typer.Option(help="A note shown in listings.")] = "",
 ) -> None:

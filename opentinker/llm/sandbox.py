@@ -166,12 +166,12 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
             return _execute(argv, code, limits, cwd=workdir, info_r=None, pass_fds=())
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-    bwrap = _bwrap_path()
-    _probe(bwrap)
-    bpf, pids_root = _seccomp_bpf(), _pids_cgroup()
+    bwrap = bwrap_path()
+    probe(bwrap)
+    bpf, pids_root = seccomp_program(), _pids_cgroup()
     cgroup = pids_root / f"opentinker-sandbox-{uuid.uuid4().hex}" if pids_root else None
     info_r, info_w = os.pipe()
-    seccomp = _pipe_with(bpf)
+    seccomp = pipe_with(bpf)
     try:
         argv = [
             bwrap,
@@ -356,7 +356,7 @@ def _boot_source() -> str:
     return _BOOTSTRAP.read_text()
 
 
-def _bwrap_path() -> str:
+def bwrap_path() -> str:
     exe = shutil.which("bwrap")
     if exe is None:
         raise SandboxUnavailable(
@@ -370,11 +370,11 @@ def _bwrap_path() -> str:
 _PROBED: set[str] = set()
 
 
-def _probe(bwrap: str) -> None:
+def probe(bwrap: str) -> None:
     """Start one empty sandbox, once per process: fail closed, naming what is missing, when the kernel refuses."""
     if bwrap in _PROBED:
         return
-    seccomp = _pipe_with(_seccomp_bpf())
+    seccomp = pipe_with(seccomp_program())
     try:
         done = subprocess.run(
             [bwrap, *_layout(), "--seccomp", str(seccomp), "--", _interpreter(), "-I", "-S", "-c", "pass"],
@@ -446,7 +446,7 @@ def _interpreter() -> str:
 
 
 @lru_cache(maxsize=1)
-def _seccomp_bpf() -> bytes:
+def seccomp_program() -> bytes:
     """The compiled seccomp program (allow by default; the calls above fail with EPERM)."""
     try:
         import pyseccomp
@@ -464,7 +464,7 @@ def _seccomp_bpf() -> bytes:
         return bpf.read()
 
 
-def _pipe_with(data: bytes) -> int:
+def pipe_with(data: bytes) -> int:
     """A pipe's read end holding ``data`` (bwrap reads the seccomp program from an fd)."""
     read, write = os.pipe()
     os.write(write, data)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from fastapi import FastAPI, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -21,11 +22,14 @@ from opentinker.serving.middleware import BodyLimitMiddleware
 
 from .db import Store
 from .keys import KeyRing
-from .routers import health, keys, tenants
+from .models import Services
+from .routers import health, internal, keys, services, tenants, uploads
+from .routers import jobs as jobs_router
 
 
 def create_app(settings: Settings | None = None, jobs: bool = True) -> FastAPI:
-    """The server's app on the settings' database; ``jobs=False`` serves keys and tenants only (no Prefect)."""
+    """The server's app on the settings' database. With ``jobs`` it runs training jobs on Prefect (the settings'
+    ``prefect_api_url`` must name a Prefect server); without, it serves keys, tenants and what needs no Prefect."""
     settings = settings or get_settings()
 
     @asynccontextmanager
@@ -34,9 +38,18 @@ def create_app(settings: Settings | None = None, jobs: bool = True) -> FastAPI:
         app.state.keyring = KeyRing(app.state.store)
         app.state.settings = settings
         app.state.jobs = None
+        app.state.services = Services(app.state.store, settings)
+        sync = None
+        if jobs:
+            # In a thread: Prefect's sync-or-async calls (Flow.from_source, ...) would return coroutines in the loop.
+            app.state.jobs, sync = await anyio.to_thread.run_sync(_job_machinery, app.state.store, settings)
+            sync.start()
         try:
             yield
         finally:
+            if sync is not None:
+                sync.stop()
+                app.state.jobs.orchestrator.close()
             app.state.store.close()
 
     app = FastAPI(
@@ -49,9 +62,25 @@ def create_app(settings: Settings | None = None, jobs: bool = True) -> FastAPI:
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=int(settings.server_max_upload_mb * 1024 * 1024), error_field="detail"
     )
-    for module in (health, keys, tenants):
+    for module in (health, keys, tenants, jobs_router, uploads, services, internal):
         app.include_router(module.router)
     return app
+
+
+def _job_machinery(store: Store, settings: Settings):
+    """The Prefect side (pool, deployment, one queue per tenant with its running-jobs quota) and the sync loop."""
+    from .env_check import EnvCheck
+    from .jobs import JobService
+    from .orchestration import Orchestrator
+    from .sync import JobSync
+
+    if not settings.prefect_api_url:
+        raise RuntimeError(
+            "prefect_api_url: a server that runs jobs needs a Prefect server (opentinker server up starts one)"
+        )
+    orchestrator = Orchestrator(settings.prefect_api_url)
+    orchestrator.setup()
+    return JobService(store, orchestrator, EnvCheck(settings)), JobSync(store, orchestrator, settings)
 
 
 async def _one_line_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -54,6 +54,7 @@ class Upload(Base):
     sha256: Mapped[str] = mapped_column(sa.String(64))
     size: Mapped[int] = mapped_column(sa.BigInteger)
     filename: Mapped[str] = mapped_column(sa.String(255))
+    packages: Mapped[list[str]] = mapped_column(default=list)
     created_at: Mapped[float] = mapped_column(default=time.time)
 
 
@@ -71,14 +72,33 @@ class Job(Base):
     upload_id: Mapped[str | None] = mapped_column(sa.ForeignKey("uploads.id"), default=None)
     flow_run_id: Mapped[str | None] = mapped_column(sa.String(40), default=None, index=True)
     created_at: Mapped[float] = mapped_column(default=time.time)
+    queued_at: Mapped[float] = mapped_column(default=time.time)
     started_at: Mapped[float | None] = mapped_column(default=None)
     ended_at: Mapped[float | None] = mapped_column(default=None)
     reason: Mapped[str] = mapped_column(sa.Text, default="")
+    phase: Mapped[str] = mapped_column(sa.String(16), default="")
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)
     result: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, default=None)
-    attempts: Mapped[int] = mapped_column(default=0)
+    attempts: Mapped[int] = mapped_column(default=1)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
     token_hash: Mapped[str] = mapped_column(sa.String(200), default="")
     updated_at: Mapped[float] = mapped_column(default=time.time, onupdate=time.time)
+
+
+class Service(Base):
+    """A policy service the server started for a tenant's registered model version."""
+
+    __tablename__ = "services"
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(sa.ForeignKey("tenants.name"), index=True)
+    job_id: Mapped[str | None] = mapped_column(sa.String(40), default=None)
+    model_name: Mapped[str] = mapped_column(sa.String(255))
+    model_version: Mapped[str] = mapped_column(sa.String(32))
+    url: Mapped[str] = mapped_column(sa.String(255))
+    process: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    proxy_key: Mapped[str] = mapped_column(sa.String(200))
+    created_at: Mapped[float] = mapped_column(default=time.time)
+    stopped_at: Mapped[float | None] = mapped_column(default=None)
 
 
 class Store:

@@ -32,6 +32,7 @@ SCOPES = {
     "read": "list jobs, status, logs, events, results and models of the tenant",
     "models": "evaluate and serve the tenant's registered models",
     "tinker": "the Tinker API (/api/v1) as the tenant",
+    "worker": "fetch what a worker machine needs to start any tenant's job in its sandbox (operators only)",
 }
 DEFAULT_SCOPES = ("jobs", "read", "models", "tinker")
 

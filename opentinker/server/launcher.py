@@ -1,37 +1,74 @@
-"""``opentinker server up``: the API (uvicorn serving ``create_app``) in the foreground of this process."""
+"""``opentinker server up|down|worker``: the API in the foreground, with the embedded stack behind it.
+
+With nothing configured ``up`` starts what the jobs need on this machine: a Prefect server (unless
+``prefect_api_url`` names one) and one worker of the server's pool. Their pids are recorded in
+``<data_dir>/server/services.json``: a server that was killed finds them still running and adopts them (a job that
+was running keeps running), and ``down`` stops them. The worker gets a key with the ``worker`` scope, kept in
+``<data_dir>/server/worker.key`` (mode 0600), and an environment with nothing of the server's but Prefect's URL.
+The same code runs against a Prefect server with workers on many machines (``opentinker server worker``),
+PostgreSQL (``server_database_url``) and a Ray cluster (``ray_address``), configured instead of started.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from opentinker.infra.processes import ServiceProcess, free_ports, start_http, venv_bin
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceProcess, free_ports, spawn, start_http, venv_bin
+from opentinker.infra.settings import Settings, get_settings
+
+WORKER_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OPENTINKER_SANDBOX")
+"""What the worker inherits from ``server up``'s environment (no keys, no database URL, no store credentials)."""
 
 
-def serve(host: str, port: int, jobs: bool = True, on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve the API on ``host:port`` until interrupted."""
+def server_dir(settings: Settings) -> Path:
+    return settings.resolved_data_dir / "server"
+
+
+def serve(
+    host: str, port: int, jobs: bool = True, worker: bool = True, on_ready: Callable[[str], None] | None = None
+) -> None:
+    """Serve the API on ``host:port`` until interrupted; with ``jobs`` also the embedded Prefect server and worker
+    (started, or adopted when a killed ``up`` left them running), stopped again when the API stops."""
     import uvicorn
 
     from .app import create_app
 
-    app = create_app(jobs=jobs)
+    settings = get_settings()
+    url = f"http://{host}:{port}"
+    services = _Services(server_dir(settings))
+    if jobs and not settings.prefect_api_url:
+        prefect = services.ensure("prefect", lambda log: _start_prefect(server_dir(settings), log))
+        settings = settings.model_copy(update={"prefect_api_url": f"{prefect.url}/api"})
+    app = create_app(settings, jobs=jobs)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
-    if on_ready is not None:
-        _announce_when_started(server, f"http://{host}:{port}", on_ready)
+
+    def ready() -> None:
+        if jobs and worker:
+            key_file = _worker_key(settings)
+            services.ensure("worker", lambda log: start_worker(log, url, key_file, settings.prefect_api_url))
+        if on_ready is not None:
+            on_ready(url)
+
+    _around_uvicorn(server, after_startup=ready, after_shutdown=services.stop_all)
     server.run()
 
 
-def _announce_when_started(server, url: str, on_ready: Callable[[str], None]) -> None:
-    """Call ``on_ready(url)`` once uvicorn listens (its ``startup`` has bound the socket and run the lifespan)."""
-    startup = server.startup
+def stop_services(settings: Settings | None = None) -> list[str]:
+    """Stop the embedded Prefect server and worker that ``up`` recorded (``opentinker server down``)."""
+    return _Services(server_dir(settings or get_settings())).stop_all()
 
-    async def startup_then_announce(sockets=None):
-        await startup(sockets=sockets)
-        if server.started:
-            on_ready(url)
 
-    server.startup = startup_then_announce
+def start_worker(log: Path, server_url: str, key_file: Path, prefect_api_url: str) -> ServiceProcess:
+    """``opentinker server worker`` as a background process with a curated environment."""
+    env = {key: os.environ[key] for key in WORKER_ENV if key in os.environ}
+    env.update(PREFECT_API_URL=prefect_api_url, PREFECT_WORKER_QUERY_SECONDS="1", PYTHONUNBUFFERED="1")
+    cmd = [venv_bin("opentinker"), "server", "worker", "--server", server_url, "--key-file", str(key_file)]
+    return spawn("worker", cmd, log, url="", ports={}, env=env)
 
 
 def start_server(
@@ -48,3 +85,82 @@ def start_server(
     if not jobs:
         cmd.append("--no-jobs")
     return start_http("opentinker-server", cmd, log, port=port, health="/healthz", timeout=timeout, env=env)
+
+
+def _start_prefect(root: Path, log: Path) -> ServiceProcess:
+    from opentinker.infra.services import start_prefect
+
+    return start_prefect(root / "prefect", log, ui=True)
+
+
+def _worker_key(settings: Settings) -> Path:
+    """The embedded worker's key file: reused while its key is valid, else a new key of tenant ``ops``."""
+    from .db import Store
+    from .keys import KeyRing
+
+    path = server_dir(settings) / "worker.key"
+    store = Store(settings.server_database)
+    try:
+        keyring = KeyRing(store)
+        if path.exists() and keyring.authenticate(path.read_text().strip()) is not None:
+            return path
+        _, key = keyring.create("ops", ("worker",), label="embedded worker of `opentinker server up`")
+    finally:
+        store.close()
+    atomic_write(path, key + "\n", mode=0o600)
+    return path
+
+
+def _around_uvicorn(server, after_startup: Callable[[], None], after_shutdown: Callable[[], object]) -> None:
+    """Run ``after_startup`` once uvicorn listens, ``after_shutdown`` once it has shut down gracefully (Ctrl-C,
+    SIGTERM; uvicorn then re-raises the signal, so code after ``server.run()`` would never run). Killed, it runs
+    neither: the embedded stack stays up for the next ``up`` to adopt."""
+    startup, shutdown = server.startup, server.shutdown
+
+    async def startup_then(sockets=None):
+        await startup(sockets=sockets)
+        if server.started:
+            after_startup()
+
+    async def shutdown_then(sockets=None):
+        await shutdown(sockets=sockets)
+        after_shutdown()
+
+    server.startup, server.shutdown = startup_then, shutdown_then
+
+
+class _Services:
+    """The embedded services of one data dir, recorded by pid and start time so a later ``up`` adopts them."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.state = root / "services.json"
+
+    def _read(self) -> dict[str, dict]:
+        return json.loads(self.state.read_text()) if self.state.exists() else {}
+
+    def ensure(self, name: str, start: Callable[[Path], ServiceProcess]) -> ServiceProcess:
+        recorded = self._read().get(name)
+        if recorded is not None:
+            service = ServiceProcess.from_dict(recorded)
+            if service.alive():
+                return service
+        service = start(self.root / "logs" / f"{name}.log")
+        self._write({**self._read(), name: service.to_dict()})
+        return service
+
+    def stop_all(self) -> list[str]:
+        stopped = []
+        for name, recorded in self._read().items():
+            service = ServiceProcess.from_dict(recorded)
+            if service.alive():
+                service.stop()
+                stopped.append(name)
+        self.state.unlink(missing_ok=True)
+        return stopped
+
+    def _write(self, data: dict) -> None:
+        atomic_write(self.state, json.dumps(data, indent=1), mode=0o600)
+
+
+__all__ = ["serve", "start_server", "start_worker", "stop_services"]

@@ -57,7 +57,7 @@ class QuotasUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_running_jobs: int | None = Field(None, ge=1)
+    max_running_jobs: int | None = Field(None, ge=0)
     max_queued_jobs: int | None = Field(None, ge=0)
     max_steps_per_job: int | None = Field(None, ge=1)
     max_gpus: float | None = Field(None, ge=0)
@@ -65,3 +65,111 @@ class QuotasUpdate(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: Any = Field(description="One line naming the field or the limit, and what was expected.")
+
+
+JobState = Literal["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED"]
+FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+class JobSubmit(BaseModel):
+    """A training job: the run spec in the form a config file writes it, plus how to queue it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    spec: dict[str, Any] = Field(
+        description="RunSpec fields as a config file writes them: env_id, algorithm, steps, seed, the "
+        "algorithm's table ([ppo], [dqn]), ... (docs/pipeline.md). run_name, experiment and resume are the server's."
+    )
+    priority: int = Field(0, ge=0, le=10, description="Higher runs sooner among the tenant's queued jobs (0-10).")
+    idempotency_key: str | None = Field(
+        None, min_length=1, max_length=200, description="The same key again returns the job it made, not a new one."
+    )
+    upload_id: str | None = Field(None, description="Env code uploaded with POST /v1/uploads (for module:Class ids).")
+
+
+class QueueInfo(BaseModel):
+    position: int = Field(description="1 = next of the tenant's queued jobs to start.")
+    queued: int = Field(description="The tenant's jobs waiting now.")
+    waiting_for: str = Field(description="What the job waits for: a running slot of the tenant, a worker, capacity.")
+
+
+class Progress(BaseModel):
+    phase: str = Field(description="starting, running, training, retrying, cancelling.")
+    step: int = 0
+    total: int = 0
+    steps_per_s: float | None = None
+    mean_return: float | None = None
+    eta_s: float | None = None
+    updated_at: datetime | None = None
+
+
+class JobOut(BaseModel):
+    id: str
+    state: JobState
+    env_id: str
+    algorithm: str
+    steps: int
+    priority: int
+    attempts: int
+    model_name: str
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    reason: str = Field("", description="Why it failed or was cancelled, or what happened to it last.")
+    queue: QueueInfo | None = None
+    progress: Progress | None = None
+    flow_run_id: str | None = None
+    flow_run_url: str | None = None
+
+
+class JobResult(BaseModel):
+    run_id: str
+    experiment_id: str
+    model_name: str
+    model_version: str
+    aliases: list[str]
+    decision: str
+    eval_mean: float | None = None
+    eval_std: float | None = None
+    global_step: int | None = None
+
+
+class LogLine(BaseModel):
+    timestamp: datetime
+    level: int
+    name: str
+    message: str
+
+
+class UploadOut(BaseModel):
+    id: str
+    filename: str
+    size: int
+    sha256: str
+    packages: list[str] = Field(description="Top-level packages (and modules) the archive holds.")
+    created_at: datetime
+
+
+class LaunchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    flow_run_id: str
+
+
+class LaunchInfo(BaseModel):
+    """What a worker needs to start one attempt of a job in its sandbox."""
+
+    job_id: str
+    tenant: str
+    token: str = Field(description="The attempt's own credential (progress reports); never the tenant's key.")
+    writable: list[str]
+    readonly: list[str]
+    env: dict[str, str]
+
+
+class ProgressReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(ge=0)
+    total: int = Field(ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)

@@ -38,7 +38,7 @@ class Quotas(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_running_jobs: int | None = Field(
-        2, ge=1, description="Jobs of the tenant running at once (its work queue's concurrency limit)."
+        2, ge=0, description="Jobs of the tenant running at once (its work queue's concurrency limit; 0 holds them)."
     )
     max_queued_jobs: int | None = Field(100, ge=0, description="Jobs waiting in the tenant's queue at once.")
     max_steps_per_job: int | None = Field(10_000_000, ge=1, description="Largest `steps` of one job.")

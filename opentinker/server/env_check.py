@@ -1,0 +1,101 @@
+"""The submit-time env check: ``validate_env`` and the preset lookup, run on the user's code inside a sandbox.
+
+What ``opentinker train`` checks before it starts anything (``flows.validate``), run here in a throw-away sandbox with
+no network and nothing writable but its ``/tmp``: importing an uploaded env runs the tenant's code, which must not
+run in the server's process. A result is remembered per (env id, upload, algorithm), so only the first job of an env
+pays the sandbox's start (a fresh interpreter importing gymnasium and the engine, a few seconds).
+
+``python -m opentinker.server.env_check`` is the sandbox side: the spec as JSON on stdin, one JSON line out.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from opentinker.infra.settings import Settings
+
+from . import tenants
+from .db import Upload
+from .sandbox import Sandbox
+
+TIMEOUT_S = 120.0
+
+
+class EnvCheck:
+    """Runs the check in a sandbox (or, with ``sandbox = "none"``, a plain child process) and caches results."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._results: dict[tuple[str, str, str], str | None] = {}
+        self._lock = threading.Lock()
+
+    def check(self, spec, upload: Upload | None) -> str | None:
+        """Why the env cannot run (one line naming ``env_id``: it fails ``validate_env`` or has no preset), or None."""
+        key = (spec.env_id, upload.sha256 if upload else "", spec.algorithm)
+        with self._lock:
+            if key not in self._results:
+                self._results[key] = self._run(spec, upload)
+            return self._results[key]
+
+    def _run(self, spec, upload: Upload | None) -> str | None:
+        code_dir = tenants.uploads_dir(upload.tenant, self.settings) / upload.id if upload else None
+        env = {"OPENTINKER_DATA_DIR": "/tmp/data", "MPLCONFIGDIR": "/tmp", "OPENTINKER_SANDBOX": "none"}
+        if code_dir is not None:
+            env["PYTHONPATH"] = str(code_dir)
+        command = [sys.executable, "-m", "opentinker.server.env_check"]
+        text = spec.model_dump_json()
+        if self.settings.sandbox == "none":
+            from .sandbox import base_env
+
+            done = subprocess.run(
+                command,
+                input=text,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+                env={**base_env(), **env, "OPENTINKER_DATA_DIR": str(Path("/tmp") / "opentinker-env-check")},
+                check=False,
+            )
+        else:
+            box = Sandbox(readonly=(code_dir,) if code_dir else (), env=env, network=False)
+            done = box.run(command, input=text, timeout=TIMEOUT_S)
+        lines = done.stdout.strip().splitlines()
+        try:
+            return json.loads(lines[-1])["error"]
+        except (IndexError, ValueError, KeyError):
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+            return f"env_id: {spec.env_id!r} could not be checked: {tail[0]}"
+
+
+def main() -> None:
+    """Sandbox side: check the spec on stdin as ``opentinker train`` does (``flows.validate``), resolving its preset;
+    print ``{"error": null | "..."}``."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from opentinker.agents.config import CONFIGS
+    from opentinker.flows.params import ConfigError
+    from opentinker.flows.validate import check_env_id, check_text_env, resolved
+    from opentinker.tasks.spec import RunSpec
+
+    spec = RunSpec.model_validate_json(sys.stdin.read())
+    try:
+        if spec.algorithm in CONFIGS:
+            check_env_id(spec.env_id)
+        elif spec.algorithm == "grpo" and ":" in spec.env_id:
+            check_text_env(spec.env_id)
+        resolved(spec)
+        error = None
+    except ConfigError as exc:
+        error = str(exc)
+    except Exception as exc:  # the user's code may raise anything while it is imported or built
+        error = f"env_id: {spec.env_id!r} failed to load: {type(exc).__name__}: {exc}"
+    print(json.dumps({"error": error}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""Jobs: a run spec checked and stored as the job record, one Prefect flow run per attempt, the job's state read back.
+
+The spec is the same typed object ``opentinker train`` resolves (``RunSpec``, any algorithm), checked at submit
+with the same one-line errors; the server fills the fields that are its own: ``run_name`` (the job id: the run's
+directory and resume key), ``experiment`` and the ``model_name`` prefix (the tenant's), and ``resume=True`` (a retried
+or resumed attempt continues from the job's last checkpoint; a first attempt has none). Quotas are checked before
+anything is made; the running-jobs quota is the tenant's Prefect work queue limit, so over it a job waits in the
+queue.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from opentinker.flows.params import ConfigError, load_spec
+from opentinker.tasks.spec import RunSpec
+
+from . import tenants
+from .db import Job, Store, Tenant, Upload
+from .env_check import EnvCheck
+from .orchestration import PRIORITY_STEP, Orchestrator
+from .packaging import top_package
+from .schemas import FINAL_STATES, JobOut, JobSubmit, Progress, QueueInfo
+
+SERVER_FIELDS = {
+    "run_name": "the job id names the run",
+    "experiment": "the tenant's experiment",
+    "resume": "every attempt resumes from the job's last checkpoint; use POST /v1/jobs/{id}/resume",
+}
+RETRY_AFTER_S = 30
+
+
+class NotFound(LookupError):
+    """No such job of this tenant (another tenant's jobs are not found either)."""
+
+
+class Invalid(ValueError):
+    """Bad input: the message names the field and what was expected (422)."""
+
+
+class Conflict(ValueError):
+    """The request does not fit the job's state (409)."""
+
+
+@dataclass
+class OverQuota(Exception):
+    """Over one of the tenant's limits (429 with ``Retry-After``)."""
+
+    message: str
+    retry_after_s: int = RETRY_AFTER_S
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class JobService:
+    """Submit, read, cancel and resume the jobs of a ``Store`` through an ``Orchestrator``."""
+
+    def __init__(self, store: Store, orchestrator: Orchestrator, env_check: EnvCheck):
+        self.store = store
+        self.orchestrator = orchestrator
+        self.env_check = env_check
+        self._submit_lock = threading.Lock()
+        self._workers_seen: tuple[float, int] = (0.0, 0)
+
+    # -- submit -------------------------------------------------------------------------------------------------
+
+    def submit(self, tenant: str, request: JobSubmit) -> tuple[Job, bool]:
+        """The job for this request and whether it is new (an idempotency key already used returns its job)."""
+        existing = self._by_idempotency_key(tenant, request.idempotency_key)
+        if existing is not None:
+            return existing, False
+        upload = self._upload(tenant, request.upload_id)
+        job_id = f"job-{secrets.token_hex(6)}"
+        params = self._spec(tenant, job_id, request.spec, upload)
+        with self.store.session() as session:
+            quotas = session.get(Tenant, tenant)
+            self._check_quotas(quotas, params)
+        problem = self.env_check.check(params, upload)
+        if problem:
+            raise Invalid(problem)
+        with self._submit_lock, self.store.session() as session:
+            existing = self._by_idempotency_key(tenant, request.idempotency_key, session)
+            if existing is not None:
+                return existing, False
+            quotas = session.scalars(sa.select(Tenant).where(Tenant.name == tenant).with_for_update()).one()
+            self._check_queued(session, quotas)
+            job = Job(
+                id=job_id,
+                tenant=tenant,
+                state="QUEUED",
+                spec=params.model_dump(mode="json"),
+                priority=request.priority,
+                idempotency_key=request.idempotency_key,
+                upload_id=upload.id if upload else None,
+            )
+            session.add(job)
+        try:
+            self._enqueue(job)
+        except Exception:
+            with self.store.session() as session:
+                session.delete(session.get(Job, job.id))
+            raise
+        return job, True
+
+    def _by_idempotency_key(self, tenant: str, key: str | None, session=None) -> Job | None:
+        if key is None:
+            return None
+        query = sa.select(Job).where(Job.tenant == tenant, Job.idempotency_key == key)
+        if session is not None:
+            return session.scalars(query).first()
+        with self.store.session() as session:
+            return session.scalars(query).first()
+
+    def _upload(self, tenant: str, upload_id: str | None) -> Upload | None:
+        if upload_id is None:
+            return None
+        with self.store.session() as session:
+            upload = session.get(Upload, upload_id)
+            if upload is None or upload.tenant != tenant:
+                raise Invalid(f"upload_id: no upload {upload_id!r} (upload the env code first: POST /v1/uploads)")
+            return upload
+
+    def _spec(self, tenant: str, job_id: str, spec: dict[str, Any], upload: Upload | None) -> RunSpec:
+        """The request's spec as a ``RunSpec``, with the server's fields filled in."""
+        for field, why in SERVER_FIELDS.items():
+            if spec.get(field) not in (None, False):
+                raise Invalid(f"spec.{field}: set by the server ({why})")
+        try:
+            params = load_spec(None, **{k: v for k, v in spec.items() if k not in (*SERVER_FIELDS, "resolved")})
+        except ConfigError as exc:
+            raise Invalid(str(exc)) from None
+        package = top_package(params.env_id)
+        if package is None:
+            if params.algorithm not in ("grpo", "group"):  # shipped text tasks and group envs: the spec checked them
+                _check_gymnasium_id(params.env_id)
+        elif upload is None:
+            raise Invalid(
+                f"upload_id: env_id {params.env_id!r} is your own code: upload its package {package!r} first "
+                "(the CLI and SDK do it for you)"
+            )
+        elif package not in upload.packages:
+            raise Invalid(
+                f"upload_id: upload {upload.id} holds {', '.join(upload.packages) or 'nothing importable'}, "
+                f"not {package!r} (the top-level package of env_id)"
+            )
+        return params.model_copy(
+            update={
+                "run_name": job_id,
+                "experiment": tenants.experiment(tenant),
+                "model_name": tenants.model_name(tenant, params.resolved_model_name),
+                "resume": True,
+            }
+        )
+
+    @staticmethod
+    def _check_quotas(quotas: Tenant, spec: RunSpec) -> None:
+        if quotas.max_steps_per_job is not None and spec.budget > quotas.max_steps_per_job:
+            unit = "updates" if spec.algorithm == "grpo" else "steps"
+            raise OverQuota(
+                f"max_steps_per_job: {unit} {spec.budget} is over the tenant's limit of {quotas.max_steps_per_job}"
+            )
+        workers = getattr(spec.engine, "workers", None) or 0
+        gpus = spec.num_gpus + workers * spec.rollout_num_gpus
+        if quotas.max_gpus is not None and gpus > quotas.max_gpus:
+            raise OverQuota(f"max_gpus: the job asks for {gpus:g} GPUs, over the tenant's limit of {quotas.max_gpus:g}")
+
+    @staticmethod
+    def _check_queued(session, quotas: Tenant) -> None:
+        if quotas.max_queued_jobs is None:
+            return
+        queued = session.scalar(sa.select(sa.func.count()).where(Job.tenant == quotas.name, Job.state == "QUEUED"))
+        if queued >= quotas.max_queued_jobs:
+            raise OverQuota(
+                f"max_queued_jobs: the tenant has {queued} jobs queued, its limit is {quotas.max_queued_jobs}"
+            )
+
+    def _enqueue(self, job: Job) -> None:
+        enqueue(self.store, self.orchestrator, job)
+
+    def apply_quotas(self, tenant: str) -> None:
+        """Carry a changed running-jobs quota to the tenant's work queue."""
+        with self.store.session() as session:
+            limit = session.get(Tenant, tenant).max_running_jobs
+        self.orchestrator.ensure_queue(tenant, limit)
+
+    # -- read ---------------------------------------------------------------------------------------------------
+
+    def get(self, tenant: str, job_id: str) -> Job:
+        with self.store.session() as session:
+            job = session.get(Job, job_id)
+            if job is None or job.tenant != tenant:
+                raise NotFound(f"job {job_id!r} not found")
+            return job
+
+    def list(self, tenant: str, state: str | None = None, limit: int = 100) -> list[Job]:
+        with self.store.session() as session:
+            query = sa.select(Job).where(Job.tenant == tenant).order_by(Job.created_at.desc()).limit(limit)
+            if state is not None:
+                query = query.where(Job.state == state)
+            return list(session.scalars(query))
+
+    def view(self, job: Job) -> JobOut:
+        """The job as the API shows it: queue position and what it waits for while queued, progress while running."""
+        spec = job.spec
+        return JobOut(
+            id=job.id,
+            state=job.state,
+            env_id=spec["env_id"],
+            algorithm=spec["engine"]["algorithm"],
+            steps=spec["steps"] or spec["engine"].get("updates") or 0,
+            priority=job.priority,
+            attempts=job.attempts,
+            model_name=spec["model_name"],
+            created_at=job.created_at,
+            started_at=job.started_at,
+            ended_at=job.ended_at,
+            reason=job.reason,
+            queue=self._queue_info(job) if job.state == "QUEUED" else None,
+            progress=self._progress(job) if job.state == "RUNNING" else None,
+            flow_run_id=job.flow_run_id,
+            flow_run_url=self.orchestrator.flow_run_url(job.flow_run_id) if job.flow_run_id else None,
+        )
+
+    @staticmethod
+    def _progress(job: Job) -> Progress:
+        numbers = job.progress or {"total": job.spec["steps"] or job.spec["engine"].get("updates") or 0}
+        phase = "training" if job.phase == "running" and numbers.get("step") else job.phase or "starting"
+        return Progress(phase=phase, **numbers)
+
+    def _queue_info(self, job: Job) -> QueueInfo:
+        """Where the job stands among its tenant's queued jobs (Prefect's order: earliest scheduled time first), and
+        what holds it back."""
+        step = PRIORITY_STEP.total_seconds()
+        with self.store.session() as session:
+            rows = session.execute(
+                sa.select(Job.id, Job.queued_at, Job.priority).where(Job.tenant == job.tenant, Job.state == "QUEUED")
+            ).all()
+            running = session.scalar(sa.select(sa.func.count()).where(Job.tenant == job.tenant, Job.state == "RUNNING"))
+            limit = session.get(Tenant, job.tenant).max_running_jobs
+            pool_running = session.scalar(sa.select(sa.func.count()).where(Job.state == "RUNNING"))
+        order = sorted(rows, key=lambda row: (row.queued_at - row.priority * step, row.id))
+        position = next((i for i, row in enumerate(order, 1) if row.id == job.id), len(order))
+        return QueueInfo(
+            position=position, queued=len(order), waiting_for=self._waiting_for(running, limit, pool_running)
+        )
+
+    def _waiting_for(self, running: int, limit: int | None, pool_running: int) -> str:
+        if limit is not None and running >= limit:
+            return f"a running slot: the tenant runs {running} of its {limit} jobs (max_running_jobs)"
+        if self._workers_online() == 0:
+            return "a worker: none is online (start one with `opentinker server worker`)"
+        pool_limit = self.orchestrator.pool_limit()
+        if pool_limit is not None and pool_running >= pool_limit:
+            return f"cluster capacity: {pool_running} of {pool_limit} jobs run in the pool"
+        return "a worker to pick it up (workers look every second)"
+
+    def _workers_online(self) -> int:
+        seen_at, count = self._workers_seen
+        if time.monotonic() - seen_at > 2.0:
+            count = self.orchestrator.workers_online()
+            self._workers_seen = (time.monotonic(), count)
+        return count
+
+    # -- act ----------------------------------------------------------------------------------------------------
+
+    def cancel(self, tenant: str, job_id: str) -> Job:
+        """Cancel a queued or running job: its process stops (and its Ray work with it); its checkpoints stay."""
+        job = self.get(tenant, job_id)
+        if job.state in FINAL_STATES:
+            raise Conflict(f"job {job_id} is already {job.state}")
+        with self.store.session() as session:
+            row = session.get(Job, job_id)
+            row.cancel_requested = True
+            row.reason = "cancel requested"
+        if job.flow_run_id is not None:
+            self.orchestrator.cancel(job.flow_run_id)
+        return self.get(tenant, job_id)
+
+    def resume(self, tenant: str, job_id: str) -> Job:
+        """Queue a new attempt of a cancelled or failed job: it continues from the job's last checkpoint."""
+        job = self.get(tenant, job_id)
+        if job.state not in ("CANCELLED", "FAILED"):
+            raise Conflict(f"job {job_id} is {job.state}: only a CANCELLED or FAILED job can be resumed")
+        with self._submit_lock, self.store.session() as session:
+            quotas = session.scalars(sa.select(Tenant).where(Tenant.name == tenant).with_for_update()).one()
+            self._check_queued(session, quotas)
+            row = session.get(Job, job_id)
+            row.state, row.attempts, row.queued_at = "QUEUED", row.attempts + 1, time.time()
+            row.cancel_requested, row.ended_at, row.reason, row.phase = False, None, "resumed", ""
+            row.flow_run_id = None
+        self._enqueue(self.get(tenant, job_id))
+        return self.get(tenant, job_id)
+
+
+def enqueue(store: Store, orchestrator: Orchestrator, job: Job) -> None:
+    """The flow run of the job's current attempt, in its tenant's queue (limit = running-jobs quota)."""
+    with store.session() as session:
+        limit = session.get(Tenant, job.tenant).max_running_jobs
+    orchestrator.ensure_queue(job.tenant, limit)
+    flow_run_id = orchestrator.submit(job.id, job.attempts, job.tenant, job.spec, job.priority, job.queued_at)
+    with store.session() as session:
+        session.get(Job, job.id).flow_run_id = flow_run_id
+    job.flow_run_id = flow_run_id
+
+
+def _check_gymnasium_id(env_id: str) -> None:
+    import gymnasium
+
+    if env_id not in gymnasium.envs.registry:
+        raise Invalid(
+            f"env_id: {env_id!r} is not a registered gymnasium id (expected e.g. 'CartPole-v1', or your own env as "
+            "'package.module:Class' with its package uploaded)"
+        )

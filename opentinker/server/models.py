@@ -1,0 +1,125 @@
+"""A tenant's registered models: downloaded for the SDK, served behind the tenant's keys.
+
+MLflow keeps one tracking and registry location per process, so reads of a tenant's store go through
+``tenant_mlflow`` (a lock while MLflow points at that tenant). A policy service is the project's own BentoML service
+(``serving/policy_service.py``: numpy forward pass, no user code) started for one registered version; it accepts the
+key the user chose (only its hash reaches the server) and a key of the server's own, with which the server forwards
+``POST /v1/services/{id}/act`` from any key of the tenant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import secrets
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from opentinker.infra.processes import ServiceProcess
+from opentinker.infra.settings import Settings
+
+from . import tenants
+from .db import Job, Service, Store
+
+_mlflow_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def tenant_mlflow(tenant: str, settings: Settings) -> Iterator[object]:
+    """``mlflow`` pointed at the tenant's tracking store and registry for the duration of the block."""
+    import mlflow
+
+    uri = tenants.tracking_uri(tenant, settings)
+    with _mlflow_lock:
+        before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        try:
+            yield mlflow
+        finally:
+            mlflow.set_tracking_uri(before[0])
+            mlflow.set_registry_uri(before[1])
+
+
+def policy_archive(job: Job, settings: Settings) -> bytes:
+    """The finished job's registered policy (``policy.json`` + ``weights.npz``) as a ``.tar.gz``."""
+    from opentinker.tracking.registry import POLICY_FILE
+
+    uri = f"models:/{job.result['model_name']}/{job.result['model_version']}"
+    with tempfile.TemporaryDirectory() as tmp, tenant_mlflow(job.tenant, settings) as mlflow:
+        model_dir = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
+        export = sorted(model_dir.glob(f"**/{POLICY_FILE}"))[0].parent
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            for path in sorted(export.iterdir()):
+                archive.add(path, arcname=path.name)
+    return buffer.getvalue()
+
+
+class Services:
+    """Starts, finds and stops the tenants' policy services; their processes are recorded in the database, so a
+    restarted server still knows (and can stop) the services it started before."""
+
+    def __init__(self, store: Store, settings: Settings):
+        self.store, self.settings = store, settings
+
+    def start(self, tenant: str, job: Job, api_key_hash: str | None) -> Service:
+        from opentinker.serving.auth import hash_api_key
+        from opentinker.serving.deploy import SERVICE_IMPORT, start_bento
+
+        proxy_key = f"svc-{secrets.token_urlsafe(32)}"
+        hashes = " ".join(filter(None, (api_key_hash, hash_api_key(proxy_key))))
+        name, version = job.result["model_name"], job.result["model_version"]
+        service_id = f"svc-{secrets.token_hex(6)}"
+        env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
+        env.update(
+            OPENTINKER_DATA_DIR=str(tenants.data_dir(tenant, self.settings)),
+            OPENTINKER_MLFLOW_TRACKING_URI=tenants.tracking_uri(tenant, self.settings),
+            OPENTINKER_SERVE_MODEL=f"models:/{name}/{version}",
+            OPENTINKER_SERVE_API_KEY_HASH=hashes,
+            OPENTINKER_SERVE_RELOAD_INTERVAL_S="0",
+            BENTOML_DO_NOT_TRACK="True",
+        )
+        log = self.settings.resolved_data_dir / "server" / "logs" / f"{service_id}.log"
+        process = start_bento(f"policy {name}/{version}", SERVICE_IMPORT, env, log=log)
+        row = Service(
+            id=service_id,
+            tenant=tenant,
+            job_id=job.id,
+            model_name=name,
+            model_version=version,
+            url=process.url,
+            process=process.to_dict(),
+            proxy_key=proxy_key,
+        )
+        with self.store.session() as session:
+            session.add(row)
+        return row
+
+    def get(self, tenant: str, service_id: str) -> Service | None:
+        with self.store.session() as session:
+            row = session.get(Service, service_id)
+            return row if row is not None and row.tenant == tenant else None
+
+    def list(self, tenant: str) -> list[Service]:
+        with self.store.session() as session:
+            query = sa.select(Service).where(Service.tenant == tenant, Service.stopped_at.is_(None))
+            return list(session.scalars(query.order_by(Service.created_at)))
+
+    def stop(self, service: Service) -> None:
+        ServiceProcess.from_dict(service.process).stop()
+        with self.store.session() as session:
+            session.get(Service, service.id).stopped_at = time.time()
+
+    def stop_all(self) -> None:
+        with self.store.session() as session:
+            running = list(session.scalars(sa.select(Service).where(Service.stopped_at.is_(None))))
+        for service in running:
+            self.stop(service)

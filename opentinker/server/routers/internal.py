@@ -1,0 +1,37 @@
+"""``/v1/internal``: workers fetch launches (``worker`` scope), running jobs report progress (their attempt token)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..auth import Caller, require_scope
+from ..launches import launch, report_progress
+from ..schemas import LaunchInfo, LaunchRequest, ProgressReport
+
+router = APIRouter(prefix="/v1/internal", tags=["internal"])
+_job_token = HTTPBearer(auto_error=False, description="The job attempt's token (given to its sandbox at launch).")
+
+
+@router.post("/launches", response_model=LaunchInfo)
+def create_launch(
+    body: LaunchRequest, request: Request, caller: Caller = Depends(require_scope("worker"))
+) -> LaunchInfo:
+    """The sandbox layout, environment and token of the job attempt behind a flow run; 404 when no unfinished job
+    has that flow run (the worker then refuses to start it)."""
+    info = launch(request.app.state.store, request.app.state.settings, body.flow_run_id)
+    if info is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"flow run {body.flow_run_id}: no unfinished job")
+    return info
+
+
+@router.post("/jobs/{job_id}/progress", status_code=status.HTTP_204_NO_CONTENT)
+def post_progress(
+    job_id: str,
+    body: ProgressReport,
+    request: Request,
+    token: HTTPAuthorizationCredentials | None = Depends(_job_token),
+) -> None:
+    """A running attempt's step, total and latest metrics (steps/s, mean return)."""
+    if token is None or not report_progress(request.app.state.store, job_id, token.credentials, body):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id!r} not found")

@@ -1,0 +1,131 @@
+"""The boundary around a job's processes: bubblewrap namespaces, a read-only system and the tenant's own directory.
+
+Each job attempt runs in a fresh sandbox (``bwrap``, the tool ``opentinker/llm/sandbox.py`` already uses for model-
+written code): new user, PID, IPC, UTS and cgroup namespaces, no capabilities, no nested user namespaces, the seccomp
+filter of the LLM sandbox, its own session, and a filesystem of read-only binds of what Python needs (the system's
+``/usr``, the interpreter, the virtualenv, the project's package folders) plus, writable, only the tenant's
+directory (its MLflow store with the embedded stack, its runs); the tenant's uploaded code read-only on top; a fresh
+``/tmp`` and ``/dev/shm``. The environment is cleared and set to the job's alone. So the server's data dir (its key
+store), other tenants' directories, ``/etc``, the homes and the server's and worker's environments do not exist in
+there. The whole PID namespace, local Ray included, dies with the sandbox: cancelling a job stops its work at once.
+
+``network=False`` also gives the sandbox its own network namespace (only its own loopback): for the submit-time env
+check, which needs none. A job shares the host's network (Prefect's API, a Ray cluster): docs/service.md says what
+that leaves open.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from opentinker.flows.work_pool import SOURCE_ROOT
+from opentinker.llm.sandbox import SandboxUnavailable, bwrap_path, pipe_with, probe, seccomp_program
+
+UID = 65534
+SYSTEM_SYMLINKS = ("/lib", "/lib64", "/lib32", "/bin", "/sbin")
+SECCOMP_FD = 9
+"""The descriptor bwrap reads the seccomp program from (``sh -c 'exec "$@" 9<FILE'``)."""
+
+__all__ = ["SECCOMP_FD", "Sandbox", "SandboxUnavailable", "check_available"]
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """One sandbox's layout: what it may write, what it reads on top of the system, its environment."""
+
+    writable: tuple[Path, ...] = ()
+    readonly: tuple[Path, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    network: bool = True
+    chdir: Path = SOURCE_ROOT
+
+    def argv(self, command: Sequence[str], seccomp_fd: int = SECCOMP_FD) -> list[str]:
+        """bwrap's command line running ``command`` inside (the seccomp program must be readable on ``seccomp_fd``)."""
+        args = [bwrap_path(), "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        args += ["--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session"]
+        if not self.network:
+            args.append("--unshare-net")
+        args += ["--uid", str(UID), "--gid", str(UID), "--hostname", "job", "--clearenv"]
+        for key, value in {**base_env(), **self.env}.items():
+            args += ["--setenv", key, value]
+        # The fresh /tmp first: binds may lie under /tmp and must land on top of it, not under it.
+        args += ["--tmpfs", "/tmp", "--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc"]
+        args += list(_system_layout())
+        for path in self.writable:
+            args += ["--bind", str(path), str(path)]
+        for path in self.readonly:
+            args += ["--ro-bind", str(path), str(path)]
+        args += ["--chdir", str(self.chdir), "--seccomp", str(seccomp_fd), "--", *command]
+        return args
+
+    def shell_command(self, command: Sequence[str], seccomp_file: Path) -> list[str]:
+        """``argv`` behind a ``sh`` that opens the seccomp program on ``SECCOMP_FD`` (for launchers that cannot pass
+        descriptors, such as Prefect's process runner)."""
+        return ["/bin/sh", "-c", f'exec "$@" {SECCOMP_FD}<"$0"', str(seccomp_file), *self.argv(command)]
+
+    def run(self, command: Sequence[str], input: str = "", timeout: float = 120.0) -> subprocess.CompletedProcess:
+        """Run ``command`` in this sandbox and wait (output captured as text)."""
+        seccomp = pipe_with(seccomp_program())
+        try:
+            return subprocess.run(
+                self.argv(command, seccomp_fd=seccomp),
+                input=input,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                pass_fds=(seccomp,),
+                env={},
+                check=False,
+            )
+        finally:
+            os.close(seccomp)
+
+
+def base_env() -> dict[str, str]:
+    """What every sandboxed Python needs; nothing from the caller's environment."""
+    return {
+        "HOME": "/tmp",
+        "USER": "job",
+        "LANG": "C.UTF-8",
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def write_seccomp_program(path: Path) -> Path:
+    """The seccomp program as a file, for ``Sandbox.shell_command``."""
+    path.write_bytes(seccomp_program())
+    return path
+
+
+def check_available() -> None:
+    """Fail closed, naming what is missing, when bubblewrap cannot make a sandbox here."""
+    probe(bwrap_path())
+
+
+@lru_cache(maxsize=1)
+def _system_layout() -> tuple[str, ...]:
+    """Read-only binds: ``/usr`` (and the usual symlinks into it), the interpreter's installation, the virtualenv and
+    the project's package folders (the editable install imports ``opentinker.*`` from them); not the repository
+    itself, which may hold a data dir."""
+    args = ["--ro-bind", "/usr", "/usr", "--ro-bind-try", "/etc/fonts", "/etc/fonts"]
+    for path in SYSTEM_SYMLINKS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for prefix in dict.fromkeys((sys.base_prefix, sys.prefix, sysconfig.get_paths()["stdlib"])):
+        if not prefix.startswith("/usr/"):
+            args += ["--ro-bind", prefix, prefix]
+    for folder in sorted(SOURCE_ROOT.iterdir()):
+        if (folder / "__init__.py").is_file() and folder.name != "tests":
+            args += ["--ro-bind", str(folder), str(folder)]
+    return tuple(args)

@@ -1,0 +1,144 @@
+"""Job states follow their flow runs: a thread reads the unfinished jobs' flow runs from Prefect every half second.
+
+Prefect state → job state: Scheduled → QUEUED (AwaitingRetry, a flow retry in progress, stays RUNNING); Pending (a
+worker took it, its process starts) and Running → RUNNING; Completed → SUCCEEDED, with the result read from the
+tenant's MLflow store; Failed → FAILED with Prefect's message; Cancelled → CANCELLED. Crashed (the flow-run process
+died: killed, out of memory, its worker gone) puts the run back in its queue, up to ``MAX_ATTEMPTS`` attempts of the
+job: the next one resumes from the last checkpoint. Every server process may run this loop; each change is a
+compare-and-set on the job's row, so two of them never apply the same change twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+
+from . import tenants
+from .db import Job, Store
+from .orchestration import Orchestrator
+from .schemas import FINAL_STATES
+
+MAX_ATTEMPTS = 3
+INTERVAL_S = 0.5
+logger = logging.getLogger("opentinker.server")
+
+
+class JobSync:
+    def __init__(self, store: Store, orchestrator: Orchestrator, settings, interval_s: float = INTERVAL_S):
+        self.store = store
+        self.orchestrator = orchestrator
+        self.settings = settings
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="job-sync", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.run_once()
+            except Exception:  # Prefect or the database briefly unreachable: try again next round
+                logger.exception("job sync failed; retrying")
+
+    def run_once(self) -> None:
+        with self.store.session() as session:
+            jobs = list(session.scalars(sa.select(Job).where(Job.state.in_(("QUEUED", "RUNNING")))))
+        orphans = [job for job in jobs if job.flow_run_id is None and time.time() - job.queued_at > 5]
+        for job in orphans:  # the server died between storing the job and making its flow run
+            self._enqueue_orphan(job)
+        runs = self.orchestrator.flow_runs([job.flow_run_id for job in jobs if job.flow_run_id])
+        for job in jobs:
+            run = runs.get(job.flow_run_id) if job.flow_run_id else None
+            if run is not None and run.state is not None:
+                self._follow(job, run)
+
+    def _enqueue_orphan(self, job: Job) -> None:
+        from .jobs import enqueue
+
+        enqueue(self.store, self.orchestrator, job)
+
+    def _follow(self, job: Job, run: Any) -> None:
+        state, name, message = run.state.type.value, run.state.name, run.state.message or ""
+        changes: dict[str, Any] = {}
+        if state == "SCHEDULED" and name != "AwaitingRetry":
+            if job.state != "QUEUED":
+                changes = {"state": "QUEUED", "phase": ""}
+        elif state in ("PENDING", "RUNNING", "CANCELLING") or (state == "SCHEDULED" and name == "AwaitingRetry"):
+            phase = {"PENDING": "starting", "CANCELLING": "cancelling", "SCHEDULED": "retrying"}.get(state, "running")
+            changes = {"state": "RUNNING", "phase": phase}
+            if job.started_at is None:
+                changes["started_at"] = time.time()
+        elif state == "COMPLETED":
+            changes = {"state": "SUCCEEDED", "ended_at": time.time(), "reason": "", "result": self._result(job)}
+        elif state == "CANCELLED":
+            changes = {"state": "CANCELLED", "ended_at": time.time(), "reason": message or "cancelled"}
+        elif state == "FAILED":
+            changes = {"state": "FAILED", "ended_at": time.time(), "reason": message or "failed"}
+        elif state == "CRASHED":
+            changes = self._after_crash(job, message)
+        if changes and any(getattr(job, key) != value for key, value in changes.items()):
+            self._apply(job, changes)
+
+    def _after_crash(self, job: Job, message: str) -> dict[str, Any]:
+        if job.cancel_requested:
+            return {"state": "CANCELLED", "ended_at": time.time(), "reason": "cancelled"}
+        if job.attempts >= MAX_ATTEMPTS:
+            return {"state": "FAILED", "ended_at": time.time(), "reason": f"crashed {job.attempts} times: {message}"}
+        if self._apply(job, {"attempts": job.attempts + 1, "state": "QUEUED", "reason": f"re-queued: {message}"}):
+            self.orchestrator.requeue(job.flow_run_id, f"re-queued by the OpenTinker server after: {message}")
+        return {}
+
+    def _apply(self, job: Job, changes: dict[str, Any]) -> bool:
+        """Compare-and-set: apply ``changes`` only if the row is as this loop read it (same state and attempt)."""
+        with self.store.session() as session:
+            updated = session.execute(
+                sa.update(Job)
+                .where(Job.id == job.id, Job.state == job.state, Job.attempts == job.attempts)
+                .where(Job.state.not_in(FINAL_STATES))
+                .values(**changes, updated_at=time.time())
+            ).rowcount
+        return bool(updated)
+
+    def _result(self, job: Job) -> dict[str, Any] | None:
+        """The finished job's MLflow run, registered version, aliases and gate decision, from its tenant's store."""
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=tenants.tracking_uri(job.tenant, self.settings))
+        experiment = client.get_experiment_by_name(tenants.experiment(job.tenant))
+        if experiment is None:
+            return None
+        runs = client.search_runs(
+            [experiment.experiment_id],
+            filter_string=f"tags.`prefect.flow_run_id` = '{job.flow_run_id}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if not runs:
+            return None
+        run = runs[0]
+        tags, metrics = run.data.tags, run.data.metrics
+        return {
+            "run_id": run.info.run_id,
+            "experiment_id": experiment.experiment_id,
+            "model_name": job.spec["model_name"],
+            "model_version": tags.get("opentinker.model_version", ""),
+            "aliases": [a for a in tags.get("opentinker.aliases", "").split(",") if a],
+            "decision": tags.get("gate.decision", ""),
+            "eval_mean": metrics.get("eval/mean_return"),
+            "eval_std": metrics.get("eval/std_return"),
+            "global_step": max(
+                (m.step for m in client.get_metric_history(run.info.run_id, "eval/mean_return")), default=None
+            ),
+        }

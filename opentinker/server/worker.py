@@ -1,0 +1,99 @@
+"""The server's Prefect worker: Prefect's own process worker, whose every run starts in the job's sandbox.
+
+``opentinker server worker`` (and ``server up``, for its embedded worker) runs it: it polls the work pool every
+second (``PREFECT_WORKER_QUERY_SECONDS``), respects the pool's and queues' concurrency limits and cancels runs as
+Prefect's process worker does. Only the command differs, and it is fixed in code, not taken from the pool's job
+template: before a run starts, the worker asks the server for that run's launch (``launches.py``), then starts
+``python -m opentinker.server.job_entry`` inside the sandbox the launch describes. A run the server does not know
+is refused, so nothing else reaching Prefect's API can make this worker run a command.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prefect.workers.process import ProcessWorker
+
+from opentinker.infra.settings import get_settings
+
+from .orchestration import POOL, WORKER_QUERY_SECONDS
+from .sandbox import Sandbox, base_env, check_available, write_seccomp_program
+from .schemas import LaunchInfo
+
+JOB_COMMAND = (sys.executable, "-m", "opentinker.server.job_entry")
+
+
+class LaunchRefused(RuntimeError):
+    """The server knows no unfinished job for this flow run."""
+
+
+class SandboxWorker(ProcessWorker):
+    """``ProcessWorker`` whose runs are the server's job attempts, each in its bubblewrap sandbox."""
+
+    type = "process"
+    _description = "Runs OpenTinker server jobs in bubblewrap sandboxes."
+
+    def __init__(self, *args: Any, server_url: str, worker_key: str, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.server_url = server_url.rstrip("/")
+        self._key = worker_key
+        self._sandboxed = get_settings().sandbox == "bwrap"
+        self._runtime = Path(tempfile.mkdtemp(prefix="opentinker-worker-"))
+        if self._sandboxed:
+            check_available()
+            self._seccomp = write_seccomp_program(self._runtime / "seccomp.bpf")
+
+    def _launch(self, flow_run_id: str) -> LaunchInfo:
+        answer = httpx.post(
+            f"{self.server_url}/v1/internal/launches",
+            json={"flow_run_id": flow_run_id},
+            headers={"Authorization": f"Bearer {self._key}"},
+            timeout=30,
+        )
+        if answer.status_code == 404:
+            raise LaunchRefused(f"flow run {flow_run_id}: no unfinished OpenTinker job; refusing to start it")
+        answer.raise_for_status()
+        return LaunchInfo.model_validate(answer.json())
+
+    async def run(self, flow_run, configuration, task_status=None):
+        import anyio.to_thread
+
+        launch = await anyio.to_thread.run_sync(self._launch, str(flow_run.id))
+        env = {
+            **launch.env,
+            "PREFECT_API_URL": os.environ["PREFECT_API_URL"],
+            "PREFECT__FLOW_RUN_ID": str(flow_run.id),
+            "OPENTINKER_JOB_ID": launch.job_id,
+            "OPENTINKER_JOB_TOKEN": launch.token,
+            "OPENTINKER_JOB_REPORT_URL": self.server_url,
+        }
+        if self._sandboxed:
+            box = Sandbox(
+                writable=tuple(map(Path, launch.writable)), readonly=tuple(map(Path, launch.readonly)), env=env
+            )
+            configuration.command = shlex.join(box.shell_command(JOB_COMMAND, self._seccomp))
+            configuration.env = {"PATH": "/usr/bin:/bin"}
+        else:  # OPENTINKER_SANDBOX=none: trusted tenants only (docs/service.md)
+            configuration.command = shlex.join(JOB_COMMAND)
+            configuration.env = {**base_env(), **env}
+        return await super().run(flow_run, configuration, task_status)
+
+
+def run_worker(server_url: str, worker_key: str, name: str | None = None, limit: int | None = None) -> None:
+    """Run a worker of the server's pool until interrupted (``PREFECT_API_URL`` names the Prefect server)."""
+    import anyio
+
+    async def main() -> None:
+        async with SandboxWorker(
+            work_pool_name=POOL, name=name, limit=limit, server_url=server_url, worker_key=worker_key
+        ) as worker:
+            await worker.start()
+
+    os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(WORKER_QUERY_SECONDS))
+    anyio.run(main)
