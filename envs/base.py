@@ -12,6 +12,7 @@ import gymnasium as gym
 
 from opentinker.envs.atari import is_atari, make_atari
 from opentinker.envs.errors import EnvSpecError
+from opentinker.envs.mujoco_log import route_mujoco_warnings
 
 EnvLike = str | type[gym.Env] | Callable[[], gym.Env] | gym.Env
 
@@ -93,6 +94,7 @@ def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
     if is_atari(env):
         made = make_atari(env, **kwargs)
     elif isinstance(env, str):
+        route_mujoco_warnings(env)
         try:
             made = gym.make(env, **kwargs)
         except gym.error.Error as exc:  # NameNotFound, VersionNotFound, NamespaceNotFound, ...

@@ -33,13 +33,15 @@ def test_atari_copies_step_in_the_same_format():
 
 
 @pytest.mark.parametrize("env_id, obs_dim, act_dim", [("HalfCheetah-v5", 17, 6), ("Hopper-v5", 11, 3)])
-def test_mujoco_envs_build_and_step(env_id, obs_dim, act_dim):
+def test_mujoco_envs_build_and_step(env_id, obs_dim, act_dim, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     env = make_env(env_id)
     obs, _ = env.reset(seed=0)
     assert obs.shape == (obs_dim,) and env.action_space.shape == (act_dim,)
     obs, reward, terminated, _, _ = env.step(np.zeros(act_dim, np.float32))
     assert np.all(np.isfinite(obs)) and np.isfinite(reward) and not terminated
     env.close()
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()  # MuJoCo's warnings go to logging (envs/mujoco_log.py)
 
 
 def test_presets_know_each_family_from_the_env():
