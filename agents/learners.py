@@ -195,7 +195,7 @@ class LearnerGroup:
         gpus, backend = learner_gpus(trainer.device.type, num_learners, cluster_gpus())
         config = vars(trainer.config)
         args = [
-            (r, num_learners, backend, type(trainer), spaces, trainer.seed, trainer.amp.mode, config)
+            (r, num_learners, backend, type(trainer), spaces, trainer.seed, trainer.amp.requested, config)
             for r in range(num_learners)
         ]
         # No CPU reservation: learners must not wait behind rollout actors for a slot; their torch threads are set.

@@ -23,7 +23,7 @@ from opentinker.envs.base import EnvLike, after_init, check_spaces, env_name, ma
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
 from opentinker.envs.observations import concat_obs
 from opentinker.envs.remote import RemoteFunction, ship_by_value
-from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed
+from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed, has_native_vector_env
 
 BACKENDS = ("auto", "local", "ray")
 # "auto" picks Ray only when it can pay off: at least AUTO_RAY_MIN_PARALLEL copies of an env that has no
@@ -167,7 +167,7 @@ def resolve_backend(
         raise EnvSpecError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
-    vectorised = isinstance(env, str) and env in gym.registry and gym.spec(env).vector_entry_point is not None
+    vectorised = isinstance(env, str) and env in gym.registry and has_native_vector_env(env)
     if vectorised or parallel < AUTO_RAY_MIN_PARALLEL or workers == 1 or isinstance(env, gym.Env):
         return "local"
     seconds = step_seconds() if step_seconds else mean_step_seconds(env, env_kwargs)

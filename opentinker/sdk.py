@@ -1,6 +1,6 @@
-"""The SDK's trainers: the RL core's trainers plus what sits above the RL core: the CLI's preset for an env id,
-``train(track=True)`` (the pipeline's MLflow layout) and ``deploy()`` (an authenticated HTTP service); and
-``GRPOTrainer`` for a language model on a text env.
+"""The SDK's trainers: the RL core's trainers (PPO, DQN, SAC, TD3) plus what sits above the RL core: the CLI's preset
+for an env id, ``train(track=True)`` (the pipeline's MLflow layout) and ``deploy()`` (an authenticated HTTP service);
+and ``GRPOTrainer`` for a language model on a text env.
 
 The RL core (``opentinker.agents``) stays free of presets, tracking and serving code.
 """
@@ -14,6 +14,8 @@ from typing import Any
 from opentinker.agents.dqn import DQN
 from opentinker.agents.grpo_trainer import GRPO
 from opentinker.agents.ppo import PPO
+from opentinker.agents.sac import SAC
+from opentinker.agents.td3 import TD3
 
 
 def preset_config(algorithm: str, env_id: str, fields: dict[str, Any]) -> Any:
@@ -36,7 +38,7 @@ class _Preset:
         policy: str = "MLP",
         seed: int = 0,
         device: str = "auto",
-        amp_mode: str = "off",
+        amp_mode: str | None = None,
         config: Any = None,
         **fields: Any,
     ):
@@ -140,6 +142,18 @@ class PPOTrainer(_Served, _Preset, _Tracked, _Deployable, PPO):
 class DQNTrainer(_Served, _Preset, _Tracked, _Deployable, DQN):
     """``DQNTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``: the RL core's
     ``DQN`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
+
+
+class SACTrainer(_Served, _Preset, _Tracked, _Deployable, SAC):
+    """``SACTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **SACConfig fields)``: the RL core's
+    ``SAC`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
+
+
+class TD3Trainer(_Served, _Preset, _Tracked, _Deployable, TD3):
+    """``TD3Trainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **TD3Config fields)``: the RL core's
+    ``TD3`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
     ``opentinker.connect()`` training as a server job."""
 
 

@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from opentinker.agents import DQN, PPO
+from opentinker.agents import DQN, PPO, SAC, TD3
 from opentinker.agents.learners import learner_gpus
 
 # 2 learners sum two row-weighted half-minibatch gradients where 1 learner sums all rows at once: the same terms in
@@ -57,6 +57,29 @@ def test_two_learners_give_the_update_of_one(ray_session, trainer_cls, config, s
     assert metrics["perf/allreduce_ms"] > 0
     if trainer_cls is DQN:  # the trainer took learner 0's whole state, replay buffer included
         assert len(pair.buffer) == len(single.buffer) > 0
+
+
+OFF_POLICY_SMALL = dict(
+    num_envs=2, n_steps=32, learning_starts=0, train_frequency=8, batch_size=64, hidden_sizes=(32, 32), backend="local"
+)
+
+
+@pytest.mark.slow  # a Ray gang of learner processes
+@pytest.mark.parametrize("trainer_cls", [SAC, TD3])
+def test_two_learners_give_the_off_policy_update_of_one(ray_session, trainer_cls):
+    """One iteration (64 env steps, 8 gradient steps of 64 rows): both learners store the rollout, draw the same
+    batches and noise, and each computes its half of every batch's gradients for critics, actor (and temperature)."""
+    # fp32 (their default is bf16 where native): sums over half batches round differently in bf16 products
+    single = trainer_cls("Pendulum-v1", seed=3, amp_mode="off", **OFF_POLICY_SMALL)
+    pair = trainer_cls("Pendulum-v1", seed=3, amp_mode="off", num_learners=2, **OFF_POLICY_SMALL)
+    before = {k: v.clone() for k, v in single.critic.state_dict().items()}
+    single_metrics, metrics = single.train(64), pair.train(64)
+    for name in ("policy", "critic", "critic_target"):
+        gap = weight_gap(getattr(single, name).state_dict(), getattr(pair, name).state_dict())
+        assert gap <= ATOL, f"2 learners vs 1: {name} max weight gap {gap:.2e}"
+    assert weight_gap(before, pair.critic.state_dict()) > 100 * ATOL
+    assert metrics["losses/critic"] == pytest.approx(single_metrics["losses/critic"], rel=1e-4)
+    assert metrics["perf/allreduce_bytes"] > 0 and len(pair.buffer) == len(single.buffer) == 64
 
 
 @pytest.mark.slow  # a Ray gang of learner processes
