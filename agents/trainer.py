@@ -175,7 +175,10 @@ class Trainer:
     ):
         """``config``: the typed config to train with (a pipeline run's); ``fields``: config fields over it."""
         if policy != "MLP":
-            raise ValueError(f"policy must be 'MLP' (the only architecture so far), got {policy!r}")
+            raise ValueError(
+                f"policy must be 'MLP' (MLP heads; the feature extractor follows the observation space: a CNN for "
+                f"uint8 images, a combined extractor for Dict/Tuple), got {policy!r}"
+            )
         check_fields(self.algorithm, fields)
         if config is not None and not isinstance(config, self.config_cls):
             raise ValueError(f"config: expected a {self.config_cls.__name__}, got {type(config).__name__}")

@@ -27,6 +27,7 @@ pytest_plugins = [
     "fixtures.server",
     "fixtures.serving",
     "fixtures.stack",
+    "fixtures.tinker",
 ]
 
 

@@ -19,9 +19,9 @@ BEST_RETURN = 16.0  # episode_length steps, reward 1 each when the whole target 
 @pytest.mark.parametrize(
     "env, steps",
     [
-        ("DictIdentityEnv", 12_288),
-        ("MultiDiscreteIdentityEnv", 12_288),
-        ("MultiBinaryIdentityEnv", 12_288),
+        ("DictIdentityEnv", 8_192),
+        ("MultiDiscreteIdentityEnv", 8_192),
+        ("MultiBinaryIdentityEnv", 8_192),
         ("ImageIdentityEnv", 8_192),
     ],
 )
