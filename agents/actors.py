@@ -40,10 +40,13 @@ class SquashedGaussianActor(SpecPolicy):
         low, high = LOG_STD_BOUNDS
         return mean, low + 0.5 * (high - low) * (torch.tanh(raw) + 1.0)
 
-    def sample_with_log_prob(self, x: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised actions in [-1, 1] and their log-probabilities (SAC's policy and entropy terms)."""
+    def sample_with_log_prob(self, x: Prepared, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised actions in [-1, 1] and their log-probabilities (SAC's policy and entropy terms).
+
+        ``noise``: the standard normal draws, when the caller owns them (data-parallel learners drawing one batch of
+        noise and sharding its rows); by default drawn here."""
         mean, log_std = self.mean_log_std(x)
-        noise = torch.randn_like(mean)
+        noise = torch.randn_like(mean) if noise is None else noise
         pre_tanh = mean + log_std.exp() * noise
         logp = (-0.5 * noise**2 - log_std - HALF_LOG_2PI).sum(-1)
         # minus log |d tanh(u)/du| = log(1 - tanh(u)^2), written stably: 2 (log 2 - u - softplus(-2u)).

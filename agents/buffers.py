@@ -2,6 +2,9 @@
 
 Observations keep the structure and dtypes of the observation space (SB3's ``DictReplayBuffer``): a dict or tuple of
 rings for Dict/Tuple spaces, and uint8 images stay uint8 (an Atari buffer as float32 would be 4x the memory).
+The ring is allocated once, at the first ``add``, at full capacity: untouched pages of ``np.zeros`` cost no memory
+until written, so a 1M-transition buffer grows with the data while every write and sample stays a fancy index.
+Float64 observations (MuJoCo's) are kept as the float32 the networks read.
 """
 
 from __future__ import annotations
@@ -11,6 +14,11 @@ import numpy as np
 from opentinker.envs.observations import Obs, map_obs, obs_leaves
 
 _FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+
+def _stored(dtype: np.dtype) -> np.dtype:
+    """The dtype a ring keeps: float64 as float32, the rest as it comes."""
+    return np.dtype(np.float32) if dtype == np.float64 else dtype
 
 
 class ReplayBuffer:
@@ -32,7 +40,7 @@ class ReplayBuffer:
         self.size = int(min(self.size + rows, self.capacity))
 
     def _ring(self, rows: np.ndarray) -> np.ndarray:
-        return np.zeros((self.capacity, *rows.shape[1:]), rows.dtype)
+        return np.zeros((self.capacity, *rows.shape[1:]), _stored(rows.dtype))
 
     def sample(self, shape: int | tuple[int, ...], rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Transitions drawn uniformly with replacement, each field shaped ``(*shape, ...)``."""

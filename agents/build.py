@@ -1,4 +1,4 @@
-"""A training run's engine side, from its typed config: the env copies, the trainer (or the one in the run's last
+"""A training run's RL-core side, from its typed config: the env copies, the trainer (or the one in the run's last
 checkpoint), and the loop with checkpoints. The pipeline's training stage runs these in its own process or in a
 child process (``tasks/training_process.py``); the RL core never knows which."""
 
@@ -39,7 +39,7 @@ def env_copies(
 def build_trainer(
     env: Any, algorithm: str, config: TrainerConfig, seed: int, root: Path, device: str, resume: bool
 ) -> Any:
-    """The engine trainer of ``algorithm`` built from its config; with ``resume`` the one in the run's last
+    """The RL-core trainer of ``algorithm`` built from its config; with ``resume`` the one in the run's last
     checkpoint."""
     from opentinker.agents import trainer_class
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
@@ -53,7 +53,7 @@ def build_trainer(
 
 
 def run_loop(trainer: Any, steps: int, root: Path, checkpoint_every: int | None, callback: Callback) -> float:
-    """The engine's ``train`` to ``steps`` with checkpoints under ``root/checkpoints``; its seconds."""
+    """The RL core's ``train`` to ``steps`` with checkpoints under ``root/checkpoints``; its seconds."""
     checkpoints = root / "checkpoints"
     checkpoints.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

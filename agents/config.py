@@ -1,4 +1,4 @@
-"""Typed hyper-parameters for PPO, DQN and GRPO (CleanRL style: one docstring per field)."""
+"""Typed hyper-parameters for PPO, DQN, SAC, TD3 and GRPO (CleanRL style: one docstring per field)."""
 
 from __future__ import annotations
 
@@ -169,6 +169,90 @@ class DQNConfig(TrainerConfig):
 
 
 @dataclass
+class OffPolicyConfig(TrainerConfig):
+    """What SAC and TD3 share: a replay buffer fed by env copies acting with the current actor, twin Q critics with
+    Polyak-averaged targets, uniform random actions until ``learning_starts``. Defaults follow CleanRL's sac/td3."""
+
+    num_envs: int = 1
+    """Env copies stepped together (RL-Zoo's MuJoCo settings step one)."""
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """Widths of the hidden layers of the actor and of each critic."""
+    activation: str = "relu"
+    """Hidden-layer activation: "tanh" or "relu"."""
+    n_steps: int = 1
+    """Steps each env copy runs per iteration before the iteration's gradient steps (SB3's ``train_freq``)."""
+    learning_rate: float = 3e-4
+    """Adam learning rate of the actor and the critics (and of SAC's temperature)."""
+    buffer_size: int = 1_000_000
+    """Replay buffer capacity (transitions)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    tau: float = 0.005
+    """Target smoothing: target <- tau * online + (1 - tau) * target after every critic step."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+    learning_starts: int = 5_000
+    """Env steps of uniform random actions collected before learning begins."""
+    train_frequency: int = 1
+    """Env steps per gradient step; an iteration's gradient steps run after its env steps."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_field("n_steps", isinstance(self.n_steps, int) and self.n_steps >= 1, "an int >= 1", self.n_steps)
+        check_field(
+            "batch_size", isinstance(self.batch_size, int) and self.batch_size >= 1, "an int >= 1", self.batch_size
+        )
+        check_field(
+            "buffer_size", self.buffer_size >= self.batch_size, f">= batch_size ({self.batch_size})", self.buffer_size
+        )
+        check_field("train_frequency", self.train_frequency >= 1, "an int >= 1", self.train_frequency)
+        check_field("tau", 0 < self.tau <= 1, "in (0, 1]", self.tau)
+        check_field("gamma", 0 <= self.gamma <= 1, "in [0, 1]", self.gamma)
+        check_field("learning_rate", self.learning_rate > 0, "> 0", self.learning_rate)
+
+
+@dataclass
+class SACConfig(OffPolicyConfig):
+    """Soft Actor-Critic (Haarnoja et al. 2018, with the automatic temperature of the 2018 follow-up), after CleanRL's
+    sac_continuous_action.py: a squashed-Gaussian actor, twin critics and their targets, a learned temperature."""
+
+    alpha: float | None = None
+    """Entropy temperature; None learns it (``log_alpha`` by Adam) so the policy's entropy tracks ``target_entropy``."""
+    target_entropy: float | None = None
+    """Entropy the learned temperature aims at; None: minus the number of action dimensions (the paper's choice)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_field("alpha", self.alpha is None or self.alpha > 0, "None (learned) or > 0", self.alpha)
+
+
+@dataclass
+class TD3Config(OffPolicyConfig):
+    """Twin Delayed DDPG (Fujimoto et al. 2018), after CleanRL's td3_continuous_action.py: a deterministic tanh actor,
+    clipped double-Q targets with target policy smoothing, actor and target updates every ``policy_delay`` steps."""
+
+    learning_rate: float = 1e-3
+    """Adam learning rate of the actor and the critics (the paper's, and SB3's)."""
+    exploration_noise: float = 0.1
+    """Std of the Gaussian noise added to the actor's actions while collecting (in units of half the action range)."""
+    policy_noise: float = 0.2
+    """Std of the target policy smoothing noise added to the target actor's actions (same units)."""
+    noise_clip: float = 0.5
+    """Target policy smoothing noise is clipped to [-noise_clip, noise_clip]."""
+    policy_delay: int = 2
+    """Critic steps per actor step (and per target update)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_field(
+            "policy_delay",
+            isinstance(self.policy_delay, int) and self.policy_delay >= 1,
+            "an int >= 1",
+            self.policy_delay,
+        )
+
+
+@dataclass
 class GRPOConfig:
     """Everything one GRPO run needs besides the seed (CleanRL style: one flat, typed config)."""
 
@@ -179,6 +263,7 @@ class GRPOConfig:
     group_size: int = 8
     """Completions per prompt; the group's rewards are each other's baseline."""
     prompts_per_step: int = 4
+    """Train prompts drawn per update (without replacement, epoch after epoch)."""
     max_new_tokens: int = 24
     """Per reply (per turn)."""
     temperature: float = 0.7
@@ -186,9 +271,11 @@ class GRPOConfig:
     learning_rate: float = 5e-4
     """AdamW (no weight decay), adapter parameters only."""
     clip_range: float = 0.2
+    """PPO-style ratio clipping range of the surrogate."""
     kl_coef: float = 0.0
     """beta: weight of the KL penalty towards the base model (0, as in DAPO and TRL's default, skips its pass)."""
     loss_norm: Literal["token", "sequence"] = "token"
+    """How tokens are averaged: over the whole batch ("token", DAPO) or within each completion first ("sequence")."""
     scale_rewards: bool = True
     """Divide advantages by the group's reward std (Dr. GRPO argues for False)."""
     update_epochs: int = 1
@@ -196,13 +283,17 @@ class GRPOConfig:
     micro_batch: int = 8
     """Completions per forward/backward (gradients accumulate: memory, not maths)."""
     max_grad_norm: float = 1.0
+    """Global gradient-norm clip of the adapter's parameters."""
     lora_rank: int = 16
+    """Rank of the LoRA adapter (the only weights trained)."""
     lora_alpha: int = 32
+    """LoRA scaling numerator (the update is scaled by ``lora_alpha / lora_rank``)."""
     task_seed: int = 0
     """Generates the task's examples and its train / held-out split."""
     eval_prompts: int = 64
     """Held-out prompts evaluated (greedy), the first ones of the split."""
     eval_batch: int = 16
+    """Held-out episodes played together (one batched ``generate`` per turn)."""
     cache_dir: str | None = None
     """Where the de-quantised base model is cached (default ``<data_dir>/llm-cache``)."""
 
@@ -227,7 +318,7 @@ class GRPOConfig:
         return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha)
 
 
-CONFIGS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig}
+CONFIGS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig, "sac": SACConfig, "td3": TD3Config}
 """Algorithm name -> its config class; each is a member of the run spec's ``RunSpec.engine`` union
 (``tasks/spec.py``)."""
 ENV_FIELDS = ("num_envs", "workers", "backend", "state_diff")

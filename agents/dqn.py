@@ -22,8 +22,8 @@ def linear_schedule(start: float, end: float, duration: float, step: int) -> flo
     return max(end, start + (end - start) * step / max(duration, 1.0))
 
 
-class DQNTrainer(Trainer):
-    """``DQNTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``."""
+class DQN(Trainer):
+    """``DQN(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``."""
 
     algorithm, config_cls, value_based = "dqn", DQNConfig, True
     config: DQNConfig

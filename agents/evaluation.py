@@ -19,7 +19,7 @@ from opentinker.envs.rollout import build_vector_env
 class EvalResult:
     """Deterministic evaluation: the returns of episodes seeded ``seed + i``, their mean and std.
 
-    The one evaluation type: the engine fills the numbers, the pipeline says which model (``model_key``) and whether
+    The one evaluation type: the RL core fills the numbers, the pipeline says which model (``model_key``) and whether
     Prefect's cache answered; a multi-agent kind adds its episode lengths and share of terminated episodes.
     """
 
@@ -42,7 +42,7 @@ class EvalResult:
 def evaluate_episodes(
     env: Any, act: Callable[[np.ndarray], np.ndarray], episodes: int = 10, seed: int = 10_000, **env_kwargs: Any
 ) -> EvalResult:
-    """The engine's evaluation: ``act(obs_batch) -> env actions`` on ``episodes`` env copies reset with ``seed``
+    """The RL core's evaluation: ``act(obs_batch) -> env actions`` on ``episodes`` env copies reset with ``seed``
     (a gymnasium vector env seeds copy i with ``seed + i``), each played to the end of its first episode."""
     vec = build_vector_env(env, episodes, **env_kwargs)
     try:

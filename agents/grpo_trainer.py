@@ -66,7 +66,7 @@ class LLMEvalResult:
 Callback = Callable[[dict[str, float], int], Any]
 
 
-class GRPOTrainer:
+class GRPO:
     """Learner (this process: base model + LoRA, AdamW) and rollout workers (Ray actors or in-process)."""
 
     def __init__(self, config: GRPOConfig, seed: int = 0, workers: int = 1, backend: str = "ray", env: Any = None):
@@ -263,7 +263,7 @@ class GRPOTrainer:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray", env: Any = None) -> GRPOTrainer:
+    def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray", env: Any = None) -> GRPO:
         """Rebuild from ``save`` (``env``: as given to the constructor, when not the config's task name)."""
         from opentinker.agents.lm_policy import load_adapter_state
 

@@ -9,7 +9,7 @@ states stay identical and learner 0's state is the run's state: the driver's rol
 checkpoints, resume and the final trainer.
 
 Why torch.distributed inside Ray actors and not Ray Train's ``TorchTrainer``: ``TorchTrainer`` owns the training loop
-(one ``train_loop_per_worker`` call with its own checkpoint and failure machinery), while here the engine's loop
+(one ``train_loop_per_worker`` call with its own checkpoint and failure machinery), while here the RL core's loop
 (collect on the rollout workers, update, checkpoint, bit-exact resume) stays in the trainer and the learners are a
 long-lived group it calls once per update. Why not ``DistributedDataParallel``: DDP reduces only gradients produced
 through its wrapper's ``forward`` and divides by the world size; the policies are called through
@@ -195,7 +195,7 @@ class LearnerGroup:
         gpus, backend = learner_gpus(trainer.device.type, num_learners, cluster_gpus())
         config = vars(trainer.config)
         args = [
-            (r, num_learners, backend, type(trainer), spaces, trainer.seed, trainer.amp.mode, config)
+            (r, num_learners, backend, type(trainer), spaces, trainer.seed, trainer.amp.requested, config)
             for r in range(num_learners)
         ]
         # No CPU reservation: learners must not wait behind rollout actors for a slot; their torch threads are set.

@@ -154,7 +154,17 @@ def load_adapted_model(
     tokenizer = AutoTokenizer.from_pretrained(directory)
     tokenizer.padding_side = "left"
     base, tokenizer = load_base_model(meta["base_model"], cache_dir, tokenizer)
+    config = json.loads((directory / "adapter_config.json").read_text())
+    if "lm_head" in (config.get("target_modules") or ()) and base.config.tie_word_embeddings:
+        untie_lm_head(base)
     model = PeftModel.from_pretrained(base, directory)
     model = model.merge_and_unload() if merge else model
     model.eval()
     return model, tokenizer, meta
+
+
+def untie_lm_head(model: Any) -> None:
+    """Give the output layer its own copy of the tied input embeddings: an adapter on ``lm_head`` changes the output
+    projection only, and merging it into a tied weight would change the embeddings too."""
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    model.config.tie_word_embeddings = False

@@ -18,7 +18,7 @@ from torch import nn
 
 from opentinker.agents.distributions import ACTOR_CRITIC_HEADS
 from opentinker.agents.extractors import FeatureExtractor, ObservationReader, mlp
-from opentinker.envs.numpy_policy import env_actions
+from opentinker.envs.numpy_policy import ActionMap
 from opentinker.envs.observations import map_obs, obs_leaves
 from opentinker.envs.spaces import action_spec, observation_spec
 
@@ -112,7 +112,7 @@ class SpecPolicy(nn.Module):
         device = next(self.parameters()).device
         single = self.is_single(obs)
         x = map_obs(lambda leaf: torch.as_tensor(np.asarray(leaf)[None] if single else leaf, device=device), obs)
-        actions = env_actions(self.spec, self._act(self.preprocess(x), deterministic).cpu().numpy())
+        actions = ActionMap(self.spec)(self._act(self.preprocess(x), deterministic).cpu().numpy())
         return actions[0] if single else actions
 
     @property

@@ -42,8 +42,8 @@ def explained_variance(predicted: np.ndarray, target: np.ndarray) -> float:
     return float("nan") if var == 0 else float(1 - np.var(target - predicted) / var)
 
 
-class PPOTrainer(Trainer):
-    """``PPOTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **PPOConfig fields)``."""
+class PPO(Trainer):
+    """``PPO(env, policy="MLP", seed=0, device="auto", amp_mode="off", **PPOConfig fields)``."""
 
     algorithm, config_cls, value_based = "ppo", PPOConfig, False
     config: PPOConfig

@@ -77,7 +77,7 @@ def dashboard_remedies(history: list[dict[str, float]]) -> list[str]:
 
 
 class Loopable(Protocol):
-    """What ``train_loop`` needs of its owner (an engine ``Trainer``, a ``GroupTrainer``, GRPO's trainer)."""
+    """What ``train_loop`` needs of its owner (an RL-core ``Trainer``, a ``GroupTrainer``, GRPO's trainer)."""
 
     iteration: int
 
@@ -156,6 +156,8 @@ class Trainer:
     algorithm: str
     config_cls: type[TrainerConfig]
     value_based: bool
+    default_amp_mode = "off"
+    """``amp_mode`` when none is given (agents/amp.py)."""
     sync: GradientSync = LocalSync()
     """How ``update`` shares its minibatches and gradients: alone, or all-reduced inside a ``LearnerWorker``."""
     learners: LearnerGroup | None = None
@@ -167,13 +169,16 @@ class Trainer:
         policy: str = "MLP",
         seed: int = 0,
         device: str = "auto",
-        amp_mode: str = "off",
+        amp_mode: str | None = None,
         config: TrainerConfig | None = None,
         **fields: Any,
     ):
         """``config``: the typed config to train with (a pipeline run's); ``fields``: config fields over it."""
         if policy != "MLP":
-            raise ValueError(f"policy must be 'MLP' (the only architecture so far), got {policy!r}")
+            raise ValueError(
+                f"policy must be 'MLP' (MLP heads; the feature extractor follows the observation space: a CNN for "
+                f"uint8 images, a combined extractor for Dict/Tuple), got {policy!r}"
+            )
         check_fields(self.algorithm, fields)
         if config is not None and not isinstance(config, self.config_cls):
             raise ValueError(f"config: expected a {self.config_cls.__name__}, got {type(config).__name__}")
@@ -206,10 +211,11 @@ class Trainer:
             self._spaces = (self.env.single_observation_space, self.env.single_action_space)
         torch.manual_seed(seed)
         self.rng = np.random.default_rng(seed)
-        self.amp = AmpController(amp_mode, self.device)
+        self.amp = AmpController(amp_mode or self.default_amp_mode, self.device)
         self.global_step, self.iteration, self.horizon = 0, 0, self.config.total_steps
         self.weights_applied_at: float | None = None  # time.time() of the last update's last optimiser step
-        self._build()
+        with torch_threads(self.config.torch_threads):  # initialisation is small ops too (orthogonal init's QRs)
+            self._build()
 
     # -- subclass hooks -------------------------------------------------------------------------------------
     def _build(self) -> None:
@@ -347,7 +353,7 @@ class Trainer:
             "algorithm": self.algorithm,
             "config": dataclasses.asdict(self.config),
             "seed": self.seed,
-            "amp_mode": self.amp.mode,
+            "amp_mode": self.amp.requested,
             "env": env_ref,
             "env_args": None
             if self.env is None

@@ -1,4 +1,4 @@
-"""The article's dashboard targets on the quickstart's engine settings: rollout efficiency > 85 %, gradient delay
+"""The article's dashboard targets on the quickstart's algorithm settings: rollout efficiency > 85 %, gradient delay
 < 50 ms, per rollout backend, and the remedy the run's dashboard would name.
 
     .venv/bin/python bench/dashboard_targets.py --steps 40960

@@ -24,7 +24,7 @@ import time
 import torch
 
 MODES = ("off", "bf16", "fp16", "safe")
-PPO = dict(
+PPO_SETTINGS = dict(
     num_envs=128,
     n_steps=32,
     learning_rate=1.5e-3,
@@ -46,9 +46,9 @@ def total_loss(metrics: dict[str, float], ppo) -> float:
 
 
 def run_mode(mode: str, steps: int, seed: int, device: str) -> dict[str, float]:
-    from opentinker.agents import PPOTrainer
+    from opentinker.agents import PPO
 
-    trainer = PPOTrainer("CartPole-v1", seed=seed, device=device, amp_mode=mode, total_steps=steps, **PPO)
+    trainer = PPO("CartPole-v1", seed=seed, device=device, amp_mode=mode, total_steps=steps, **PPO_SETTINGS)
     first: dict[str, float] = {}
 
     def keep_first(metrics: dict[str, float], _step: int) -> None:
@@ -113,7 +113,8 @@ def main() -> int:
     results: dict[str, dict] = {}
     with Progress() as progress:
         task = progress.add_task(f"PPO CartPole-v1 on {args.device}", total=len(MODES) + 1)
-        run_mode("off", PPO["num_envs"] * PPO["n_steps"], args.seed, args.device)  # warm-up: CUDA context, kernels
+        warm_up = PPO_SETTINGS["num_envs"] * PPO_SETTINGS["n_steps"]  # CUDA context, kernels
+        run_mode("off", warm_up, args.seed, args.device)
         progress.advance(task)
         for mode in MODES:
             progress.update(task, description=f"amp_mode={mode}")

@@ -39,16 +39,16 @@ def main() -> None:
     import ray
     import torch
 
-    from opentinker.agents import PPOTrainer
+    from opentinker.agents import PPO
     from opentinker.agents.learners import LearnerGroup
     from opentinker.infra.ray_runtime import ensure_ray
 
     ensure_ray()
     torch.set_num_threads(1)  # what train() sets (torch_threads=1) and what each learner actor runs with
-    single = PPOTrainer("CartPole-v1", seed=0, **CONFIG)
+    single = PPO("CartPole-v1", seed=0, **CONFIG)
     rollout = single.collect()
     samples = rollout.num_steps * CONFIG["update_epochs"]
-    group = LearnerGroup(PPOTrainer("CartPole-v1", seed=0, num_learners=2, **CONFIG), 2)
+    group = LearnerGroup(PPO("CartPole-v1", seed=0, num_learners=2, **CONFIG), 2)
     seconds: dict[int, list[float]] = {1: [], 2: []}
     allreduce_ms: list[float] = []
     try:

@@ -1,4 +1,4 @@
-"""OpenTinker GRPO vs TRL's GRPOTrainer: same base model, task, prompts, group size, max new tokens, lr, steps.
+"""OpenTinker GRPO vs TRL's GRPO: same base model, task, prompts, group size, max new tokens, lr, steps.
 
     .venv/bin/python bench/llm_grpo.py --steps 12          # ~25 min on 2 busy cores; prints a table + one JSON line
 
@@ -29,7 +29,7 @@ def _point(curve: list, name: str, step: int, reward: float, seconds: float) -> 
 
 def opentinker_run(args) -> dict:
     from opentinker.agents.grpo import GRPOConfig
-    from opentinker.agents.grpo_trainer import GRPOTrainer
+    from opentinker.agents.grpo_trainer import GRPO
 
     config = GRPOConfig(
         task="arithmetic",
@@ -44,7 +44,7 @@ def opentinker_run(args) -> dict:
         eval_prompts=args.eval_prompts,
         cache_dir=args.cache_dir,
     )
-    trainer = GRPOTrainer(config, seed=args.seed, workers=args.workers, backend="ray")
+    trainer = GRPO(config, seed=args.seed, workers=args.workers, backend="ray")
     try:
         before = trainer.evaluate(base=True).success
         curve: list[dict] = []

@@ -1,14 +1,17 @@
-"""Whole train_flow run against the bare engine, same PPO config (the CartPole preset) on the engine's fastest
-backend, one command:
+"""Whole train_flow run against the bare RL core, same PPO config (the CartPole preset) on the RL core's fastest
+backend, and what starting training ahead of the flow buys, one command:
 
     .venv/bin/python bench/pipeline_overhead.py --steps 1000000
 
-``bare_s``: ``PPOTrainer("CartPole-v1", backend="local", **preset)`` built and trained for ``steps`` (gymnasium's
-vectorised CartPole in-process, the engine's fastest path), then evaluated. ``flow_s``: the train flow as
-``opentinker train`` runs it (``run_train_flow``: training starts while Prefect's server starts) from the call to its
-result, fixed start-up and wrap-up included (Prefect's API server, the MLflow run, the probe rollout,
-evaluation, registration, gate, plots, uploads). ``ratio = flow_s / bare_s``; the floor is 1.25. ``bare_s`` is the
-mean of a bare run before and one after the flow, so a change in machine load hits both sides; the last line is JSON.
+``bare_s``: ``PPO("CartPole-v1", config=<the resolved preset>)`` built and trained for ``steps`` (gymnasium's
+vectorised CartPole in-process, the RL core's fastest path), then evaluated. ``flow_s``: the train flow as
+``opentinker train`` runs it (``run_train_flow``: training starts in its own process while Prefect's server starts)
+from the call to its result, fixed start-up and wrap-up included (Prefect's API server, the MLflow run, the probe
+rollout, evaluation, registration, gate, plots, uploads). ``ratio = flow_s / bare_s``; the floor is 1.25. ``bare_s``
+is the mean of a bare run before and one after the flows, so a change in machine load hits both sides.
+``plain_flow_s``: the same spec through ``train_flow`` alone (training starts inside the flow run);
+``early_gain_s = plain_flow_s - flow_s``. Each flow runs in a fresh process with a fresh data dir and Prefect home,
+as on a first ``opentinker train``. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -16,68 +19,102 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
+
+
+def spec(steps: int, seed: int):
+    from opentinker.flows.presets import resolve_spec
+    from opentinker.tasks.spec import RunSpec
+
+    run = RunSpec(env_id="CartPole-v1", steps=steps, seed=seed, run_name="bench", model_name="bench-cartpole")
+    return resolve_spec(run)
+
+
+def flow(variant: str, steps: int, seed: int) -> None:
+    """One flow run in this (fresh) process; prints its figures as JSON."""
+    from opentinker.flows.train import run_train_flow, train_flow
+    from opentinker.tasks import prefect_defaults
+
+    prefect_defaults()
+    resolved = spec(steps, seed)
+    started = time.perf_counter()
+    result = run_train_flow(resolved) if variant == "early" else train_flow(resolved)
+    seconds = time.perf_counter() - started
+    print(json.dumps({"flow_s": seconds, "train_s": result.train_seconds, "eval_mean": result.eval_mean}))
+
+
+def run_flow(variant: str, steps: int, seed: int) -> dict:
+    data = tempfile.mkdtemp(prefix="opentinker-bench-")
+    env = {
+        **os.environ,
+        "OPENTINKER_DATA_DIR": data,
+        "PREFECT_HOME": os.path.join(data, "prefect"),
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+    }
+    command = [sys.executable, __file__, "--flow", variant, "--steps", str(steps), "--seed", str(seed)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    print(
+        f"train_flow ({variant} training): {figures['flow_s']:.1f} s, {figures['train_s']:.1f} s in the loop",
+        file=sys.stderr,
+    )
+    return figures
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1_000_000, help="PPO env steps for each side.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--flow", choices=("early", "plain"), help=argparse.SUPPRESS)  # one flow run (a child)
     args = parser.parse_args()
+    if args.flow:
+        flow(args.flow, args.steps, args.seed)
+        return
 
     os.environ.setdefault("OPENTINKER_DATA_DIR", tempfile.mkdtemp(prefix="opentinker-bench-"))
-    os.environ.setdefault("PREFECT_HOME", os.path.join(os.environ["OPENTINKER_DATA_DIR"], "prefect"))
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    from opentinker.agents import PPOTrainer
-    from opentinker.flows.presets import resolve_spec
-    from opentinker.tasks.spec import RunSpec
+    from opentinker.agents import PPO
 
-    params = RunSpec(
-        env_id="CartPole-v1", steps=args.steps, seed=args.seed, run_name="bench", model_name="bench-cartpole"
-    )
-    resolved = resolve_spec(params).engine
+    resolved = spec(args.steps, args.seed)
 
     def bare() -> tuple[float, float]:
         started = time.perf_counter()
-        trainer = PPOTrainer("CartPole-v1", seed=args.seed, config=resolved.config())
+        trainer = PPO("CartPole-v1", seed=args.seed, config=resolved.engine.config())
         trainer.train(args.steps)
-        mean = trainer.evaluate(params.eval_episodes, params.eval_seed).mean
+        mean = trainer.evaluate(resolved.eval_episodes, resolved.eval_seed).mean
         trainer.env.close()
         seconds = time.perf_counter() - started
+        engine = resolved.engine
         print(
-            f"bare engine ({resolved.backend}, {resolved.num_envs} envs): {seconds:.1f} s, eval {mean:.1f}",
+            f"bare RL core ({engine.backend}, {engine.num_envs} envs): {seconds:.1f} s, eval {mean:.1f}",
             file=sys.stderr,
         )
         return seconds, mean
 
     before_s, bare_eval = bare()
-    from opentinker.flows.train import run_train_flow
-    from opentinker.tasks import prefect_defaults
-
-    prefect_defaults()
-
-    started = time.perf_counter()
-    result = run_train_flow(params)  # what `opentinker train` runs
-    flow_s = time.perf_counter() - started
-    print(f"train_flow: {flow_s:.1f} s in total, {result.train_seconds:.1f} s in the training loop", file=sys.stderr)
+    early = run_flow("early", args.steps, args.seed)  # what `opentinker train` runs
+    plain = run_flow("plain", args.steps, args.seed)
     after_s, _ = bare()
-    bare_s = (before_s + after_s) / 2  # bare runs on both sides of the flow: load drift hits both alike
+    bare_s = (before_s + after_s) / 2  # bare runs on both sides of the flows: load drift hits both alike
     print(
         json.dumps(
             {
                 "steps": args.steps,
-                "backend": resolved.backend,
-                "num_envs": resolved.num_envs,
+                "backend": resolved.engine.backend,
+                "num_envs": resolved.engine.num_envs,
                 "bare_s": round(bare_s, 2),
                 "bare_runs_s": [round(before_s, 2), round(after_s, 2)],
-                "flow_s": round(flow_s, 2),
-                "ratio": round(flow_s / bare_s, 4),
-                "flow_train_loop_s": round(result.train_seconds, 2),
-                "flow_fixed_s": round(flow_s - result.train_seconds, 2),
+                "flow_s": round(early["flow_s"], 2),
+                "ratio": round(early["flow_s"] / bare_s, 4),
+                "flow_train_loop_s": round(early["train_s"], 2),
+                "flow_fixed_s": round(early["flow_s"] - early["train_s"], 2),
+                "plain_flow_s": round(plain["flow_s"], 2),
+                "early_gain_s": round(plain["flow_s"] - early["flow_s"], 2),
                 "bare_eval_mean": bare_eval,
-                "flow_eval_mean": result.eval_mean,
+                "flow_eval_mean": early["eval_mean"],
+                "load_avg_1m": round(os.getloadavg()[0], 2),
                 "rerun": "python bench/pipeline_overhead.py --steps " + str(args.steps),
             }
         )

@@ -1,4 +1,4 @@
-"""PPO on CartPole-v1: our PPOTrainer against Stable-Baselines3 (RL-Zoo settings), same machine, same command.
+"""PPO on CartPole-v1: our PPO against Stable-Baselines3 (RL-Zoo settings), same machine, same command.
 
 Both run with the same torch thread count, several seeds each. Throughput (``*_sps``) is env steps per second
 of training wall time (evaluations excluded); solve time is the wall time from the start of training until a
@@ -41,7 +41,7 @@ ZOO_ENVS, ZOO_TIMESTEPS = 8, 100_000
 
 
 def evaluate(act) -> float:
-    """Mean return of EVAL_EPISODES deterministic episodes run side by side (the engine's evaluation, for both
+    """Mean return of EVAL_EPISODES deterministic episodes run side by side (the RL core's evaluation, for both
     sides); ``act(obs_batch) -> actions``."""
     from opentinker.agents.evaluation import evaluate_episodes
 
@@ -77,9 +77,9 @@ class SolveClock:
 
 
 def run_ours(seed: int, budget: float, threads: int, config: dict) -> dict:
-    from opentinker.agents import PPOTrainer
+    from opentinker.agents import PPO
 
-    trainer = PPOTrainer("CartPole-v1", seed=seed, device="cpu", torch_threads=threads, **config)
+    trainer = PPO("CartPole-v1", seed=seed, device="cpu", torch_threads=threads, **config)
     policy_act = lambda obs: trainer.numpy_policy().act(obs)  # noqa: E731
     clock, last_check = SolveClock(budget), [0.0]
 

@@ -34,7 +34,7 @@ KEY = "bench-serving-key-0123456789"
 
 
 def make_export(directory: Path) -> Path:
-    """A real export of a 4-64-64-2 actor-critic for CartPole (the engine's classes), seeded."""
+    """A real export of a 4-64-64-2 actor-critic for CartPole (the RL core's classes), seeded."""
     import gymnasium as gym
     import torch
 

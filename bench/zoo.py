@@ -1,20 +1,30 @@
-"""The defaults against Stable-Baselines3 with RL-Zoo's published hyper-parameters, per env, same seeds and threads:
+"""The defaults against Stable-Baselines3 with RL-Zoo's (or CleanRL's) hyper-parameters, per env, same seeds and
+threads, both sides in one command:
 
-    .venv/bin/python bench/zoo.py [--seeds 3] [--threads 1] \
-        [--cases cartpole-ppo,cartpole-dqn,mountaincar-dqn,pendulum-ppo]
+    .venv/bin/python bench/zoo.py [--seeds N] [--threads 1] [--cases cartpole-ppo,halfcheetah-sac,...] [--to-budget]
+        [--max-steps N] [--sides ours]  # caps every budget (smoke tests); one side only (a learning check)
 
-Ours: ``PPOTrainer``/``DQNTrainer`` (the public API) with the shipped preset (``PPOTrainer(env_id)``: what ``opentinker
-train ENV`` uses) and the pipeline's default horizon (``RunSpec.steps``); no tuning here. SB3: RL-Zoo's
-hyper-parameters and ``n_timesteps``. Time to target: wall time from the trainer's construction until a
-deterministic evaluation (10 episodes, seeds 10000..10009, one shared evaluator, run at most every
-``EVAL_EVERY_S`` of training) reaches the env's ``reward_threshold`` (or RL-Zoo's reported score when the env has
-none), evaluations included. A run that does not reach it within its budget counts as never reaching it. Steps/s
-excludes evaluation time. Prints a table and, last, one JSON line.
+Ours: the public trainers (``PPOTrainer``, ``DQNTrainer``, ``SACTrainer``) given the env id, so with the shipped
+preset (what ``opentinker train ENV`` uses), and the pipeline's default horizon (``RunSpec.steps``) for schedules; no
+tuning here. SB3: RL-Zoo's hyper-parameters (CleanRL's ``ppo_atari.py`` for Breakout), on the same env
+(``make_env``: for Atari ids gymnasium's ``AtariPreprocessing`` and 4 stacked frames).
+
+Repeatable by construction: both sides are evaluated after the same env steps (every ``eval_every``: 10 deterministic
+episodes, seeds 10000..10009, the engine's one evaluation function), and evaluation time is kept out of both clocks.
+Time to target: training seconds (construction included) until the first evaluation at or above the target (the env's
+``reward_threshold``, or the score named in the case); a run that does not reach it within the case's env-step budget
+counts as never reaching it. By default a run stops at its target (``--to-budget`` trains on to the budget, for the
+return there). Breakout has no target: ours trains its budget of env steps, SB3 then trains for the same training
+seconds, and both are evaluated at the end (the return each reaches in equal wall time). Each case runs its default
+seeds (5 for the cases that take seconds) unless ``--seeds`` says otherwise; every seed's figures are printed, then a
+table (medians, per-seed range) and, last, one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -26,11 +36,7 @@ from typing import Any
 
 import numpy as np
 
-EVAL_EPISODES, EVAL_SEED, EVAL_EVERY_S = 10, 10_000, 0.5
-
-
-def _linear(start: float) -> Callable[[float], float]:
-    return lambda progress: progress * start
+EVAL_EPISODES, EVAL_SEED = 10, 10_000
 
 
 @dataclass(frozen=True)
@@ -38,15 +44,23 @@ class Case:
     name: str
     env_id: str
     algorithm: str
-    target: float
+    target: float | None
+    """Return to reach; None: an equal-wall-time case (returns compared after the same training seconds)."""
     target_source: str
-    budget_s: float
+    budget_steps: int
+    """Env steps a side may take (time-to-target cases: both sides; equal-time cases: ours)."""
+    eval_every: int
+    """Env steps between evaluations, both sides (a multiple of both sides' iteration sizes)."""
+    seeds: int
     sb3: dict[str, Any] = field(default_factory=dict)
     sb3_envs: int = 1
-    sb3_steps: int = 100_000
+    sb3_policy: str = "MlpPolicy"
+    eval_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Env options for evaluation only (Breakout: an episode cap, so a policy that never serves cannot stall it)."""
 
 
-# RL-Zoo hyper-parameters (rl-baselines3-zoo hyperparams/{ppo,dqn}.yml) and reported scores (benchmark.md).
+# RL-Zoo hyper-parameters (rl-baselines3-zoo hyperparams/{ppo,dqn,sac}.yml) and reported scores (benchmark.md);
+# a ("lin", x) value is a schedule decaying linearly from x to 0.
 CASES = {
     "cartpole-ppo": Case(
         "cartpole-ppo",
@@ -54,7 +68,9 @@ CASES = {
         "ppo",
         475.0,
         "reward_threshold",
-        120.0,
+        100_000,
+        2048,
+        5,
         dict(
             n_steps=32,
             batch_size=256,
@@ -66,7 +82,6 @@ CASES = {
             clip_range=("lin", 0.2),
         ),
         8,
-        100_000,
     ),
     "cartpole-dqn": Case(
         "cartpole-dqn",
@@ -74,7 +89,9 @@ CASES = {
         "dqn",
         475.0,
         "reward_threshold",
-        240.0,
+        50_000,
+        2048,
+        5,
         dict(
             learning_rate=2.3e-3,
             batch_size=64,
@@ -88,8 +105,6 @@ CASES = {
             exploration_final_eps=0.04,
             policy_kwargs=dict(net_arch=[256, 256]),
         ),
-        1,
-        50_000,
     ),
     "mountaincar-dqn": Case(
         "mountaincar-dqn",
@@ -97,7 +112,9 @@ CASES = {
         "dqn",
         -110.0,
         "reward_threshold",
-        420.0,
+        120_000,
+        4096,
+        3,
         dict(
             learning_rate=4e-3,
             batch_size=128,
@@ -111,8 +128,6 @@ CASES = {
             exploration_final_eps=0.07,
             policy_kwargs=dict(net_arch=[256, 256]),
         ),
-        1,
-        120_000,
     ),
     "pendulum-ppo": Case(
         "pendulum-ppo",
@@ -120,7 +135,9 @@ CASES = {
         "ppo",
         -172.225,
         "RL-Zoo score",
-        360.0,
+        100_000,
+        4096,
+        5,
         dict(
             n_steps=1024,
             gae_lambda=0.95,
@@ -133,170 +150,264 @@ CASES = {
             sde_sample_freq=4,
         ),
         4,
+    ),
+    "halfcheetah-sac": Case(
+        "halfcheetah-sac", "HalfCheetah-v5", "sac", 1500.0, "issue 27", 100_000, 5000, 1, dict(learning_starts=10_000)
+    ),
+    "hopper-sac": Case(
+        "hopper-sac", "Hopper-v5", "sac", 1000.0, "issue 27", 100_000, 5000, 1, dict(learning_starts=10_000)
+    ),
+    "breakout-ppo": Case(
+        "breakout-ppo",
+        "ALE/Breakout-v5",
+        "ppo",
+        None,
+        "equal wall time",
         100_000,
+        100_000,
+        1,
+        dict(  # CleanRL's ppo_atari.py
+            n_steps=128,
+            batch_size=256,
+            n_epochs=4,
+            learning_rate=("lin", 2.5e-4),
+            clip_range=0.1,
+            gamma=0.99,
+            gae_lambda=0.95,
+            ent_coef=0.01,
+            vf_coef=0.5,
+            max_grad_norm=0.5,
+        ),
+        8,
+        "CnnPolicy",
+        dict(max_episode_steps=4_500),  # 5 minutes of play (18,000 frames)
     ),
 }
 
 
-def evaluate(env_id: str, act: Callable[[np.ndarray], np.ndarray]) -> float:
-    """Mean return of EVAL_EPISODES deterministic episodes side by side (the engine's evaluation, for both sides);
+def evaluate(case: Case, act: Callable[[np.ndarray], np.ndarray]) -> float:
+    """Mean return of EVAL_EPISODES deterministic episodes side by side (the RL core's evaluation, for both sides);
     ``act(obs_batch) -> actions``."""
     from opentinker.agents.evaluation import evaluate_episodes
 
-    return evaluate_episodes(env_id, act, EVAL_EPISODES, EVAL_SEED).mean
+    return evaluate_episodes(case.env_id, act, EVAL_EPISODES, EVAL_SEED, **case.eval_kwargs).mean
 
 
 class Clock:
-    """One run's wall clock; evaluation time is kept apart so steps/s excludes it."""
+    """One run's training clock (evaluations excluded) and its evaluations at fixed env steps."""
 
-    def __init__(self, case: Case):
-        self.case, self.start, self.eval_s, self.reached_s, self.last_eval = case, time.perf_counter(), 0.0, None, 0.0
-        self.last_return = -math.inf
-
-    def due(self) -> bool:
-        return time.perf_counter() - self.last_eval >= EVAL_EVERY_S
-
-    def check(self, act) -> bool:
-        """Evaluate now; True when the target is reached or the budget is spent (the caller stops training)."""
-        t0 = time.perf_counter()
-        self.last_return = evaluate(self.case.env_id, act)
-        self.last_eval = time.perf_counter()
-        self.eval_s += self.last_eval - t0
-        if self.last_return >= self.case.target and self.reached_s is None:
-            self.reached_s = self.last_eval - self.start
-        return self.reached_s is not None or self.over_budget()
-
-    def over_budget(self) -> bool:
-        return time.perf_counter() - self.start > self.case.budget_s
+    def __init__(self, case: Case, to_budget: bool, train_seconds: float | None = None):
+        self.case, self.to_budget, self.limit_s = case, to_budget, train_seconds
+        self.start, self.eval_s = time.perf_counter(), 0.0
+        self.next_eval, self.reached_s, self.reached_step = case.eval_every, None, None
+        self.evals: list[tuple[int, float]] = []
 
     def train_seconds(self) -> float:
         return time.perf_counter() - self.start - self.eval_s
 
+    def at_step(self, step: int, act: Callable) -> bool:
+        """Called after each update with the side's env steps so far: evaluates when one is due; True to stop
+        (target reached, or an equal-time run out of time)."""
+        if self.limit_s is not None and self.train_seconds() >= self.limit_s:
+            return True
+        if step < self.next_eval:
+            return False
+        self.next_eval = (step // self.case.eval_every + 1) * self.case.eval_every
+        return self.evaluate(step, act) and not self.to_budget
 
-def run_ours(case: Case, seed: int, threads: int) -> dict:
-    from opentinker import DQNTrainer, PPOTrainer
+    def evaluate(self, step: int, act: Callable) -> bool:
+        """Evaluate now (off the clock); True when the target is reached."""
+        trained, t0 = self.train_seconds(), time.perf_counter()
+        mean = evaluate(self.case, act)
+        self.eval_s += time.perf_counter() - t0
+        self.evals.append((step, round(mean, 1)))
+        if self.case.target is not None and mean >= self.case.target and self.reached_s is None:
+            self.reached_s, self.reached_step = trained, step
+        return self.reached_s is not None
+
+    def result(self, steps: int, act: Callable) -> dict:
+        """The run's figures, with a final evaluation where it stopped (unless one was just taken there)."""
+        seconds = self.train_seconds()
+        if not self.evals or self.evals[-1][0] != steps:
+            self.evaluate(steps, act)
+        return {
+            "reached_s": self.reached_s,
+            "reached_step": self.reached_step,
+            "final_eval": self.evals[-1][1],
+            "steps": steps,
+            "train_s": seconds,
+            "sps": steps / seconds,
+            "evals": self.evals,
+        }
+
+
+def run_ours(case: Case, seed: int, threads: int, to_budget: bool, train_seconds: float | None = None) -> dict:
+    import opentinker
     from opentinker.tasks.spec import RunSpec
 
-    steps = RunSpec(env_id=case.env_id, algorithm=case.algorithm).steps  # the pipeline's default horizon
-    clock = Clock(case)
-    trainer = {"ppo": PPOTrainer, "dqn": DQNTrainer}[case.algorithm](  # an env id: the CLI's preset
+    horizon = RunSpec(env_id=case.env_id, algorithm=case.algorithm).steps  # the pipeline's default horizon
+    clock = Clock(case, to_budget, train_seconds)
+    trainer = getattr(opentinker, f"{case.algorithm.upper()}Trainer")(  # an env id: the CLI's preset
         case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local"
     )
+    act = lambda obs: trainer.numpy_policy().act(obs)  # noqa: E731
 
     def callback(metrics: dict, step: int) -> bool:
-        return not (clock.due() and clock.check(trainer.numpy_policy().act)) and not clock.over_budget()
+        return not clock.at_step(step, act) and step < case.budget_steps
 
-    trainer.train(steps, callback=callback)
-    sps = trainer.global_step / clock.train_seconds()
-    final = evaluate(case.env_id, trainer.numpy_policy().act)
+    trainer.train(max(horizon, case.budget_steps), callback=callback)
+    result = clock.result(trainer.global_step, act)
     trainer.env.close()
-    return {"reached_s": clock.reached_s, "final_eval": final, "sps": sps, "steps": trainer.global_step}
+    return result
 
 
-def run_sb3(case: Case, seed: int, threads: int) -> dict:
+def run_sb3(case: Case, seed: int, threads: int, to_budget: bool, train_seconds: float | None = None) -> dict:
     import stable_baselines3
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
 
+    from opentinker.envs import make_env
+
     torch.set_num_threads(threads)
-    kwargs = {k: _linear(v[1]) if isinstance(v, tuple) else v for k, v in case.sb3.items()}
+    kwargs = {k: (lambda progress, x=v[1]: progress * x) if isinstance(v, tuple) else v for k, v in case.sb3.items()}
+    clock = Clock(case, to_budget, train_seconds)
+    env = make_vec_env(functools.partial(make_env, case.env_id), n_envs=case.sb3_envs, seed=seed)
     algo = getattr(stable_baselines3, case.algorithm.upper())
-    clock = Clock(case)
-    model = algo(
-        "MlpPolicy",
-        make_vec_env(case.env_id, n_envs=case.sb3_envs, seed=seed),
-        seed=seed,
-        device="cpu",
-        verbose=0,
-        **kwargs,
-    )
+    model = algo(case.sb3_policy, env, seed=seed, device="cpu", verbose=0, **kwargs)
     act = lambda obs: model.predict(obs, deterministic=True)[0]  # noqa: E731
 
-    class Stop(BaseCallback):
+    class AtSteps(BaseCallback):
+        """Evaluates after each update (a rollout starts once the previous one was trained on)."""
+
+        stop = False
+
+        def _on_rollout_start(self) -> None:
+            self.stop = self.stop or clock.at_step(self.num_timesteps, act)
+
         def _on_step(self) -> bool:
-            return not clock.over_budget() and not getattr(self, "done", False)
+            return not (self.stop or (train_seconds is not None and clock.train_seconds() >= train_seconds))
 
-        def _on_rollout_end(self) -> None:
-            self.done = clock.due() and clock.check(act)
-
-    model.learn(case.sb3_steps, callback=Stop())
-    sps = model.num_timesteps / clock.train_seconds()
-    return {
-        "reached_s": clock.reached_s,
-        "final_eval": evaluate(case.env_id, act),
-        "sps": sps,
-        "steps": model.num_timesteps,
-    }
+    budget = case.budget_steps if train_seconds is None else 10**9
+    model.learn(budget, callback=AtSteps())
+    result = clock.result(model.num_timesteps, act)
+    env.close()
+    return result
 
 
-def median_time(runs: list[dict]) -> float:
-    return statistics.median(r["reached_s"] if r["reached_s"] is not None else math.inf for r in runs)
+def summary(case: Case, ours: list[dict], sb3: list[dict]) -> dict:
+    """Medians over seeds with every seed's figure; time ratio = median of ours / median of SB3."""
+
+    def times(runs: list[dict]) -> list[float]:
+        return [math.inf if r["reached_s"] is None else round(r["reached_s"], 2) for r in runs]
+
+    row: dict[str, Any] = {"env_id": case.env_id, "algorithm": case.algorithm, "target": case.target}
+    row["target_source"] = case.target_source
+    for side, runs in (("ours", ours), ("sb3", sb3)):
+        row[f"{side}_sps"] = round(statistics.median(r["sps"] for r in runs))
+        row[f"{side}_final_eval"] = round(statistics.median(r["final_eval"] for r in runs), 1)
+        row[f"{side}_final_evals"] = [r["final_eval"] for r in runs]
+        row[f"{side}_steps"] = [r["steps"] for r in runs]
+        if case.target is not None:
+            row[f"{side}_times_s"] = [None if math.isinf(t) else t for t in times(runs)]
+            row[f"{side}_reached"] = sum(r["reached_s"] is not None for r in runs)
+            median = statistics.median(times(runs))
+            row[f"{side}_time_s"] = None if math.isinf(median) else median
+    row["sps_ratio"] = round(row["ours_sps"] / row["sb3_sps"], 2)
+    if case.target is not None:
+        ours_t, sb3_t = row["ours_time_s"], row["sb3_time_s"]
+        row["time_ratio"] = None if ours_t is None or sb3_t is None else round(ours_t / sb3_t, 3)
+    else:
+        row["train_s"] = round(statistics.median(r["train_s"] for r in ours), 1)
+    return row
+
+
+def spread(values: list[float | None]) -> str:
+    reached = [v for v in values if v is not None]
+    if not reached:
+        return "never"
+    text = f"{statistics.median(reached):g}"
+    missed = len(values) - len(reached)
+    if len(values) > 1:
+        text += f" ({min(reached):g}-{max(reached):g}{f', {missed} never' if missed else ''})"
+    return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per case (default: each case's own)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for both libraries")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
+    parser.add_argument("--to-budget", action="store_true", help="train on to the budget after the target")
+    parser.add_argument("--max-steps", type=int, default=None, help="cap every budget (smoke tests)")
+    parser.add_argument("--sides", default="ours,sb3", help="ours,sb3 (default) or one of them: a learning check")
     args = parser.parse_args()
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=160)
+    names = args.cases.split(",")
+    sides = args.sides.split(",")
+    if not sides or any(side not in ("ours", "sb3") for side in sides):
+        parser.error(f"--sides: expected ours, sb3 or both, got {args.sides!r}")
+    unknown = [name for name in names if name not in CASES]
+    if unknown:
+        parser.error(f"--cases: unknown {unknown}; expected some of {', '.join(CASES)}")
     rows = {}
-    for name in args.cases.split(","):
+    import stable_baselines3  # noqa: F401  (imports and first env builds stay off both clocks)
+
+    import opentinker
+    from opentinker.envs import make_env
+
+    for name in names:  # a throw-away trainer of each case: imports, env registration, first-call inits
+        case = CASES[name]
+        getattr(opentinker, f"{case.algorithm.upper()}Trainer")(case.env_id, backend="local").env.close()
+        make_env(case.env_id).close()
+    for name in names:
         case, ours, sb3 = CASES[name], [], []
-        for seed in range(args.seeds):
-            for side, runs, fn in (("ours", ours, run_ours), ("sb3", sb3, run_sb3)):
-                runs.append(fn(case, seed, args.threads))
-                console.print(
-                    f"{name} {side} seed {seed}: "
-                    + json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()})
-                )
-        ours_t, sb3_t = median_time(ours), median_time(sb3)
-        rows[name] = {
-            "env_id": case.env_id,
-            "algorithm": case.algorithm,
-            "target": case.target,
-            "target_source": case.target_source,
-            "ours_time_s": None if math.isinf(ours_t) else round(ours_t, 2),
-            "sb3_time_s": None if math.isinf(sb3_t) else round(sb3_t, 2),
-            "time_ratio": None if math.isinf(ours_t) or math.isinf(sb3_t) else round(ours_t / sb3_t, 3),
-            "ours_reached": sum(r["reached_s"] is not None for r in ours),
-            "sb3_reached": sum(r["reached_s"] is not None for r in sb3),
-            "ours_final_eval": round(statistics.median(r["final_eval"] for r in ours), 1),
-            "sb3_final_eval": round(statistics.median(r["final_eval"] for r in sb3), 1),
-            "ours_sps": round(statistics.median(r["sps"] for r in ours)),
-            "sb3_sps": round(statistics.median(r["sps"] for r in sb3)),
-        }
-        rows[name]["sps_ratio"] = round(rows[name]["ours_sps"] / rows[name]["sb3_sps"], 2)
-    table = Table(title=f"zoo: time to target, {args.seeds} seed(s), {args.threads} torch thread(s)")
-    columns = ("case", "target", "ours s", "SB3 s", "ratio", "reached", "final eval (ours/SB3)", "steps/s (ours/SB3)")
-    for column in columns:
+        if args.max_steps:
+            case = dataclasses.replace(case, budget_steps=min(case.budget_steps, args.max_steps))
+        for seed in range(args.seeds or case.seeds):
+            if "ours" in sides:
+                ours.append(run_ours(case, seed, args.threads, args.to_budget))
+            if "sb3" in sides:
+                equal_time = None if case.target is not None or not ours else ours[-1]["train_s"]
+                sb3.append(run_sb3(case, seed, args.threads, args.to_budget, equal_time))
+            for side, runs in (("ours", ours), ("sb3", sb3)):
+                if side in sides:
+                    shown = {k: round(v, 2) if isinstance(v, float) else v for k, v in runs[-1].items()}
+                    console.print(f"{name} {side} seed {seed}: {json.dumps(shown)}")
+        if len(sides) == 1:  # a learning check of one side: its runs are the output
+            continue
+        rows[name] = summary(case, ours, sb3)
+    table = Table(title=f"zoo: {args.threads} torch thread(s); medians over seeds (per-seed range)")
+    for column in ("case", "target", "ours s", "SB3 s", "ratio", "final eval ours / SB3", "steps/s ours / SB3"):
         table.add_column(column)
     for name, r in rows.items():
+        timed = r["target"] is not None
         table.add_row(
             name,
-            f"{r['target']:g} ({r['target_source']})",
-            str(r["ours_time_s"]),
-            str(r["sb3_time_s"]),
-            str(r["time_ratio"]),
-            f"{r['ours_reached']}/{r['sb3_reached']} of {args.seeds}",
-            f"{r['ours_final_eval']} / {r['sb3_final_eval']}",
+            f"{r['target']:g} ({r['target_source']})" if timed else f"{r['train_s']} s each",
+            spread(r["ours_times_s"]) if timed else "-",
+            spread(r["sb3_times_s"]) if timed else "-",
+            str(r.get("time_ratio", "-")),
+            f"{spread(r['ours_final_evals'])} / {spread(r['sb3_final_evals'])}",
             f"{r['ours_sps']} / {r['sb3_sps']}",
         )
     console.print(table)
-    ratios = [r["time_ratio"] for r in rows.values()]
+    ratios = [r["time_ratio"] for r in rows.values() if "time_ratio" in r]
+    rerun = f"python bench/zoo.py --threads {args.threads} --cases {args.cases}"
+    rerun += (f" --seeds {args.seeds}" if args.seeds else "") + (" --to-budget" if args.to_budget else "")
+    rerun += f" --max-steps {args.max_steps}" if args.max_steps else ""
+    rerun += f" --sides {args.sides}" if len(sides) == 1 else ""
     print(
         json.dumps(
             {
                 "cases": rows,
-                "seeds": args.seeds,
                 "threads": args.threads,
-                "median_time_ratio": None if None in ratios else statistics.median(ratios),
+                "median_time_ratio": None if not ratios or None in ratios else statistics.median(ratios),
                 "load_avg_1m": round(os.getloadavg()[0], 2),
-                "rerun": f"python bench/zoo.py --seeds {args.seeds} --threads {args.threads} --cases {args.cases}",
+                "rerun": rerun,
             }
         )
     )

@@ -10,7 +10,9 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 
+from opentinker.envs.atari import is_atari, make_atari
 from opentinker.envs.errors import EnvSpecError
+from opentinker.envs.mujoco_log import route_mujoco_warnings
 
 EnvLike = str | type[gym.Env] | Callable[[], gym.Env] | gym.Env
 
@@ -86,10 +88,13 @@ def import_env(ref: str) -> EnvLike:
 
 def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
     """Build one env from a registered id, a ``module:Class``/``module:factory`` path, an env class, a zero-arg
-    factory, or (copied) an env instance."""
+    factory, or (copied) an env instance. Atari ids (``ALE/...``) come preprocessed (``envs/atari.py``)."""
     if isinstance(env, str) and (target := import_env(env)) is not env:
         return make_env(target, **kwargs)
-    if isinstance(env, str):
+    if is_atari(env):
+        made = make_atari(env, **kwargs)
+    elif isinstance(env, str):
+        route_mujoco_warnings(env)
         try:
             made = gym.make(env, **kwargs)
         except gym.error.Error as exc:  # NameNotFound, VersionNotFound, NamespaceNotFound, ...

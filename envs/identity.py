@@ -11,6 +11,8 @@ best return is ``episode_length`` and a random policy's is well below it.
 - ``MultiBinaryIdentityEnv``: ``MultiBinary`` actions (and observations).
 - ``ImageIdentityEnv``: a small uint8 image (channel-last by default) showing a bright patch in one quadrant; the
   action names the quadrant.
+- ``BoxIdentityEnv``: continuous control (SB3's ``IdentityEnvBox``): the action should be the observed point of
+  [-1, 1]^dim; the reward is 1 minus the mean distance over 2, so a near miss still earns most of it (SAC, TD3).
 """
 
 from __future__ import annotations
@@ -131,3 +133,22 @@ class MultiBinaryIdentityEnv(IdentityEnv):
 
     def _observe(self, target: np.ndarray) -> np.ndarray:
         return target.copy()
+
+
+class BoxIdentityEnv(IdentityEnv):
+    """Observation = target = a point of [-1, 1]^dim; actions in the same box. An untrained actor answering 0 scores
+    about 0.75 a step, a uniform random one about 2/3; a learned one close to 1."""
+
+    def __init__(self, dim: int = 1, episode_length: int = 16):
+        super().__init__(episode_length)
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (dim,), np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (dim,), np.float32)
+
+    def _draw(self) -> np.ndarray:
+        return self.np_random.uniform(-1.0, 1.0, self.action_space.shape).astype(np.float32)
+
+    def _observe(self, target: np.ndarray) -> np.ndarray:
+        return target.copy()
+
+    def _score(self, action: Any, target: np.ndarray) -> float:
+        return 1.0 - float(np.mean(np.abs(np.asarray(action, np.float32) - target))) / 2.0

@@ -1,7 +1,7 @@
 """Joint stepping: ``num_envs`` copies of a PettingZoo parallel env, every agent acting each step, split by kind.
 
-Each kind gets fixed columns (env copy x agent of that kind) so its data has the engine's ``Rollout`` layout
-(time x columns) and the engine's PPO/DQN updates run on it unchanged. Columns follow the engine's NEXT_STEP
+Each kind gets fixed columns (env copy x agent of that kind) so its data has the RL core's ``Rollout`` layout
+(time x columns) and the RL core's PPO/DQN updates run on it unchanged. Columns follow the RL core's NEXT_STEP
 convention: a column is ``valid`` only while its agent is alive; an agent that leaves keeps its final
 observation in later rows (what truncation bootstraps need); when an env copy has no agents left, the next
 step only resets it (``valid`` False everywhere in that copy).
@@ -280,7 +280,7 @@ def collect_shard(joint: JointEnvs, policies: dict[str, NumpyPolicy], n_steps: i
 
 
 def join(shards: list[Shard]) -> tuple[dict[str, Rollout], dict[str, float]]:
-    """Shards in env-copy order -> one engine ``Rollout`` per kind (columns = env copies x agents of the kind)
+    """Shards in env-copy order -> one ``Rollout`` per kind (columns = env copies x agents of the kind)
     and the share of each kind's ended agent-episodes that ended by termination (pursuit prey: capture rate).
     Ended episodes are listed by (step, env copy), as one shard would list them."""
     rollouts, terminated_fraction = {}, {}

@@ -58,7 +58,7 @@ def mean_joint_step_seconds(make: Callable[[], ParallelEnv], steps: int = 16) ->
 
 class JointWorker:
     """A shard of env copies that collects with numpy policies rebuilt from (weights, specs): in this process
-    (local backend) or as a Ray actor (``envs/ray_backend.RayActorPool``). Like the engine's ``RolloutWorker``, a
+    (local backend) or as a Ray actor (``envs/ray_backend.RayActorPool``). Like the RL core's ``RolloutWorker``, a
     collect given the snapshot its shard returned after the previous iteration restores it first when the worker is
     not where that snapshot left it (a restarted actor), so a retried collect reproduces the same data."""
 
@@ -111,7 +111,7 @@ class JointWorker:
 
 class RemoteJointEnv:
     """``num_envs`` copies of a PettingZoo parallel env split over workers (``JointWorker`` shards), collected
-    jointly: what ``RemoteEnv`` is to the engine's ``Trainer``, this is to ``GroupTrainer``. ``backend``: "local",
+    jointly: what ``RemoteEnv`` is to the RL core's ``Trainer``, this is to ``GroupTrainer``. ``backend``: "local",
     "ray" (``workers`` actors; default one per CPU of the cluster) or "auto" (``resolve_backend``'s rule on one
     joint step). Same seed, same rollouts on either backend and any number of workers."""
 

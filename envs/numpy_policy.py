@@ -51,21 +51,28 @@ def squashed_log_std(raw: np.ndarray) -> np.ndarray:
     return low + 0.5 * (high - low) * (np.tanh(raw) + 1.0)
 
 
-def env_actions(spec: dict[str, Any], actions: np.ndarray) -> np.ndarray:
+class ActionMap:
     """Policy outputs -> what the env accepts: continuous actions clipped (Gaussian) or scaled from [-1, 1]
-    (actor-only kinds) to the Box bounds, indices shifted by the space's ``start``, the space's shape restored."""
-    kind = spec["kind"]
-    if kind == "gaussian":
-        actions = np.clip(actions, spec["action_low"], spec["action_high"]).astype(np.float32)
-    elif kind in ACTOR_ONLY:
-        low, high = np.asarray(spec["action_low"]), np.asarray(spec["action_high"])
-        actions = (low + 0.5 * (actions + 1.0) * (high - low)).astype(np.float32)
-    elif kind in ("categorical", "q", "multi_categorical") and np.any(spec.get("action_start", 0)):
-        actions = actions + np.asarray(spec["action_start"], np.int64)
-    shape = spec.get("action_shape")
-    if shape is not None and len(shape) != 1:
-        actions = actions.reshape(len(actions), *shape)
-    return actions
+    (actor-only kinds) to the Box bounds, indices shifted by the space's ``start``, the space's shape restored.
+    Everything it needs is read from the spec once: rollout workers call it every step."""
+
+    def __init__(self, spec: dict[str, Any]):
+        self.kind = spec["kind"]
+        if "action_low" in spec:
+            self.low, self.high = (np.asarray(spec[k], np.float32) for k in ("action_low", "action_high"))
+        start = np.asarray(spec.get("action_start", 0), np.int64)
+        self.start = start if np.any(start) else None
+        shape = spec.get("action_shape")
+        self.shape = tuple(shape) if shape is not None and len(shape) != 1 else None
+
+    def __call__(self, actions: np.ndarray) -> np.ndarray:
+        if self.kind == "gaussian":
+            actions = np.clip(actions, self.low, self.high).astype(np.float32)
+        elif self.kind in ACTOR_ONLY:
+            actions = (self.low + 0.5 * (actions + 1.0) * (self.high - self.low)).astype(np.float32)
+        elif self.start is not None:
+            actions = actions + self.start
+        return actions if self.shape is None else actions.reshape(len(actions), *self.shape)
 
 
 class NumpyPolicy:
@@ -77,6 +84,8 @@ class NumpyPolicy:
         self.spec, self.kind = spec, spec["kind"]
         self.weights = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
         self.features = NumpyFeatures(spec, self.weights)
+        self.env_actions = ActionMap(spec)
+        """Policy outputs -> env actions (``ActionMap``)."""
         self._act = _ACTIVATIONS[spec["activation"]]
         self._depth = len(spec["hidden"]) + 1
         self._head = "q" if self.kind == "q" else "actor"
@@ -176,9 +185,6 @@ class NumpyPolicy:
             return 1.0 / (1.0 + np.exp(-out))
         groups = np.split(out, self._splits, axis=1) if self.kind == "multi_categorical" else [out]
         return np.concatenate([np.exp(log_softmax(logits)) for logits in groups], axis=1)
-
-    def env_actions(self, actions: np.ndarray) -> np.ndarray:
-        return env_actions(self.spec, actions)
 
     def act(self, obs: Any, deterministic: bool = True) -> np.ndarray:
         """Env-ready actions for a batch of observations.

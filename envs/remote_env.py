@@ -1,6 +1,6 @@
 """``RemoteEnv``: N env copies behind one batched, numpy-only API, stepped in-process or on Ray actors.
 
-Two ways to use it (docs/engine.md, "RemoteEnv"): wrap an env (``RemoteEnv("CartPole-v1", parallel=8)``), or
+Two ways to use it (docs/rl_core.md, "RemoteEnv"): wrap an env (``RemoteEnv("CartPole-v1", parallel=8)``), or
 subclass it and write the env in the subclass (``super().__init__(parallel=4)``, spaces set in ``__init__``,
 ``step``/``reset`` as for one env). A subclass instance is then both the driver-side handle and the template
 of its copies: when its ``__init__`` returns, the instance (driver state left out) is cloudpickled, its class by
@@ -23,7 +23,7 @@ from opentinker.envs.base import EnvLike, after_init, check_spaces, env_name, ma
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
 from opentinker.envs.observations import concat_obs
 from opentinker.envs.remote import RemoteFunction, ship_by_value
-from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed
+from opentinker.envs.rollout import Rollout, RolloutWorker, derive_seed, has_native_vector_env
 
 BACKENDS = ("auto", "local", "ray")
 # "auto" picks Ray only when it can pay off: at least AUTO_RAY_MIN_PARALLEL copies of an env that has no
@@ -167,7 +167,7 @@ def resolve_backend(
         raise EnvSpecError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
-    vectorised = isinstance(env, str) and env in gym.registry and gym.spec(env).vector_entry_point is not None
+    vectorised = isinstance(env, str) and env in gym.registry and has_native_vector_env(env)
     if vectorised or parallel < AUTO_RAY_MIN_PARALLEL or workers == 1 or isinstance(env, gym.Env):
         return "local"
     seconds = step_seconds() if step_seconds else mean_step_seconds(env, env_kwargs)
@@ -227,7 +227,7 @@ class LocalPool(LocalActorPool):
 
 
 class RemoteEnv:
-    """``parallel`` copies of ``env`` split over ``workers``; see docs/engine.md.
+    """``parallel`` copies of ``env`` split over ``workers``; see docs/rl_core.md.
 
     ``backend="local"`` keeps the copies in this process, ``"ray"`` runs one Ray actor per worker, ``"auto"``
     uses Ray only for 16+ copies of an env without a vectorised implementation whose step takes >= 1 ms (and for

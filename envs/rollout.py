@@ -19,6 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from opentinker.envs.atari import is_atari
 from opentinker.envs.base import EnvLike, make_env
 from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
 from opentinker.envs.numpy_policy import NumpyPolicy
@@ -102,15 +103,23 @@ class Rollout:
 _STEP_FIELDS = ("obs", "actions", "logprobs", "values", "rewards", "terminated", "truncated", "valid")
 
 
+def has_native_vector_env(env: EnvLike) -> bool:
+    """Whether ``env`` is a gymnasium id with a numpy-vectorised implementation (``CartPoleVectorEnv``): many copies
+    in one step. Not Atari's: ale-py's vector env preprocesses differently (clipped rewards, fire on reset) from the
+    ``AtariPreprocessing`` that single copies, evaluation and serving get (``envs/atari.py``)."""
+    if not isinstance(env, str) or ":" in env or is_atari(env):
+        return False
+    try:
+        spec = gym.spec(env)
+    except gym.error.Error as exc:
+        raise EnvSpecError(f"env id {env!r} is not a registered gymnasium env: {exc}") from exc
+    return isinstance(spec.vector_entry_point, str) and "jax" not in spec.vector_entry_point.lower()
+
+
 def build_vector_env(env: EnvLike, num_envs: int, **env_kwargs: Any) -> gym.vector.VectorEnv:
     """``num_envs`` copies: gymnasium's native vector env when the id has one, else a SyncVectorEnv."""
-    if isinstance(env, str) and ":" not in env:
-        try:
-            spec = gym.spec(env)
-        except gym.error.Error as exc:
-            raise EnvSpecError(f"env id {env!r} is not a registered gymnasium env: {exc}") from exc
-        if isinstance(spec.vector_entry_point, str) and "jax" not in spec.vector_entry_point.lower():
-            return gym.make_vec(env, num_envs=num_envs, vectorization_mode="vector_entry_point", **env_kwargs)
+    if has_native_vector_env(env):
+        return gym.make_vec(env, num_envs=num_envs, vectorization_mode="vector_entry_point", **env_kwargs)
     factory = functools.partial(make_env, env, **env_kwargs)
     return gym.vector.SyncVectorEnv([factory] * num_envs, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 

@@ -1,6 +1,6 @@
 """The ML a site runs, with no Flower in it: build the site's env variant, train the policy locally for a time/step
 budget starting from the global weights (PPO on the env, or behaviour cloning on the site's offline dataset), score
-a policy on the site's env. Calls the RL engine (``opentinker.agents``).
+a policy on the site's env. Calls the RL core (``opentinker.agents``).
 """
 
 from __future__ import annotations
@@ -70,12 +70,12 @@ constant learning rate because a site trains in many short slices whose total le
 
 def new_trainer(env_id: str, variant: SiteVariant, seed: int, state_path: Path | None = None):
     """The site's PPO trainer: resumed from its local state file when there is one (optimiser, RNG, step counter)."""
-    from opentinker.agents.ppo import PPOTrainer
+    from opentinker.agents.ppo import PPO
 
     env = functools.partial(make_site_env, env_id, variant)
     if state_path is not None and state_path.exists():
-        return PPOTrainer.load(state_path, env=env, device="cpu")
-    return PPOTrainer(env, policy="MLP", seed=seed, device="cpu", **SITE_PPO)
+        return PPO.load(state_path, env=env, device="cpu")
+    return PPO(env, policy="MLP", seed=seed, device="cpu", **SITE_PPO)
 
 
 def get_weights(trainer) -> Weights:
@@ -199,7 +199,7 @@ def evaluate(trainer, episodes: int, seed: int = 10_000) -> float:
 
 
 def export_global_policy(env_id: str, weights: Weights, directory: Path, metadata: dict) -> Path:
-    """Write the global model in the engine's export format (policy.json + weights.npz) for the registry."""
+    """Write the global model in the RL core's export format (policy.json + weights.npz) for the registry."""
     from opentinker.agents.export import export_policy
 
     trainer = new_trainer(env_id, default_variant(1), seed=0)

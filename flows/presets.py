@@ -1,9 +1,10 @@
 """Default hyper-parameters per kind of problem, so ``opentinker train ENV`` works without tuning.
 
 The family is picked from the env itself (``ProblemKind``): discrete or continuous actions, observation size,
-episode length and whether rewards are dense per step. Per-id entries exist only where the family default is
-known to fail. A config file's ``[ppo]``/``[dqn]`` table and top-level ``num_envs`` (``RunSpec.engine``)
-override any field; ``resolve_spec`` fills the rest into a run's spec, once. The table is documented in
+episode length, and the suite it belongs to (the ALE namespace: Atari; a gymnasium ``MujocoEnv``: MuJoCo). Per-id
+entries exist only where the family default is known to fail. A config file's algorithm table (``[ppo]``, ``[sac]``,
+...) and top-level ``num_envs`` (``RunSpec.engine``) override any field; ``resolve_spec`` fills the rest into a run's
+spec, once. The table is documented in
 docs/pipeline.md ("Presets").
 """
 
@@ -64,6 +65,41 @@ DQN_DISCRETE: dict[str, Any] = {
 """RL-Zoo's CartPole-v1 DQN (train_freq 256 / gradient_steps 128 = one gradient step per 2 env steps); epsilon decays
 over its 50k-step horizon whatever the run's length."""
 
+PPO_ATARI: dict[str, Any] = {
+    "num_envs": 8,
+    "n_steps": 128,
+    "learning_rate": 2.5e-4,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "num_minibatches": 4,
+    "update_epochs": 4,
+    "clip_coef": 0.1,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "hidden_sizes": (),
+}
+"""CleanRL's ppo_atari.py: 8 envs x 128 steps, lr 2.5e-4 annealed, 4 epochs x 4 minibatches, clip 0.1, entropy 0.01;
+its network exactly: the Nature CNN (ending in 512 ReLU units) shared by the actor's and critic's linear heads (no
+hidden layers after the extractor)."""
+SAC_CONTINUOUS: dict[str, Any] = {"num_envs": 1, "learning_rate": 1e-3, "learning_starts": 1_000}
+"""SB3's SAC defaults (256x256 ReLU, batch 256, buffer 1M, tau 0.005, one gradient step per env step, learned
+temperature) with RL-Zoo's Pendulum learning rate and a 1k-step random warm-up."""
+SAC_MUJOCO: dict[str, Any] = {"num_envs": 1, "learning_starts": 10_000}
+"""RL-Zoo's SAC for the MuJoCo family (HalfCheetah, Hopper, Walker2d, Ant, ...): SB3's defaults (lr 3e-4, 256x256,
+batch 256, buffer 1M, tau 0.005, gamma 0.99, one gradient step per env step, learned temperature) after 10k random
+steps."""
+TD3_CONTINUOUS: dict[str, Any] = {"num_envs": 1, "learning_rate": 1e-3, "learning_starts": 1_000}
+"""CleanRL's TD3 (256x256, lr 1e-3, batch 256, exploration noise 0.1, policy delay 2) after 1k random steps."""
+TD3_MUJOCO: dict[str, Any] = {
+    "num_envs": 1,
+    "learning_starts": 10_000,
+    "learning_rate": 1e-3,
+    "hidden_sizes": (400, 300),
+}
+"""RL-Zoo's TD3 for the MuJoCo family: SB3's TD3 (400x300, lr 1e-3, batch 256, Gaussian exploration noise 0.1,
+policy delay 2, target smoothing 0.2 clipped at 0.5) after 10k random steps."""
+
 PER_ID: dict[tuple[str, str], dict[str, Any]] = {
     ("ppo", "Pendulum-v1"): {
         "num_envs": 16,
@@ -109,11 +145,29 @@ class ProblemKind:
     episode_steps: int | None
     """The spec's ``max_episode_steps`` (None when unlimited or unknown)."""
     reward_threshold: float | None
+    suite: str | None = None
+    """"atari" (an id in gymnasium's ALE namespace), "mujoco" (the env is a gymnasium ``MujocoEnv``) or None."""
 
     @property
     def family(self) -> str:
         long = self.episode_steps is None or self.episode_steps > LONG_EPISODE
         return self.actions if self.actions == "continuous" or not long else f"{self.actions}-long"
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        """Where to look for a preset, most specific first: the suite's, then the kind of actions'."""
+        return (self.suite, self.family) if self.suite else (self.family,)
+
+
+def env_suite(env: Any) -> str | None:
+    """The family an env belongs to by what it is, not by a list of ids: the ALE namespace, or a MuJoCo env class."""
+    from opentinker.envs.atari import ATARI_NAMESPACE
+
+    if getattr(env.spec, "namespace", None) == ATARI_NAMESPACE:
+        return "atari"
+    if any(cls.__name__ == "MujocoEnv" for cls in type(env.unwrapped).__mro__):
+        return "mujoco"
+    return None
 
 
 def action_kind(space) -> str:
@@ -145,33 +199,51 @@ def problem_kind(env_ref: str) -> ProblemKind:
         actions = action_kind(env.action_space)
         obs_dim = int(gym.spaces.flatdim(env.observation_space))
         return ProblemKind(
-            actions, obs_dim, getattr(spec, "max_episode_steps", None), getattr(spec, "reward_threshold", None)
+            actions,
+            obs_dim,
+            getattr(spec, "max_episode_steps", None),
+            getattr(spec, "reward_threshold", None),
+            env_suite(env),
         )
     finally:
         env.close()
 
 
-FAMILIES: dict[tuple[str, str], dict[str, Any]] = {
+FAMILIES: dict[tuple[str, str], dict[str, Any] | None] = {
     ("ppo", "discrete"): PPO_DISCRETE,
     ("ppo", "discrete-long"): PPO_DISCRETE_LONG,
     ("ppo", "multi-discrete"): PPO_DISCRETE,
     ("ppo", "multi-discrete-long"): PPO_DISCRETE_LONG,
     ("ppo", "continuous"): PPO_CONTINUOUS,
+    ("ppo", "atari"): PPO_ATARI,
     ("dqn", "discrete"): DQN_DISCRETE,
     ("dqn", "discrete-long"): DQN_DISCRETE,
+    ("dqn", "atari"): None,  # a replay buffer of 84x84x4 frames is gigabytes: not without a frame-sharing buffer
+    ("sac", "continuous"): SAC_CONTINUOUS,
+    ("sac", "mujoco"): SAC_MUJOCO,
+    ("td3", "continuous"): TD3_CONTINUOUS,
+    ("td3", "mujoco"): TD3_MUJOCO,
 }
+"""(algorithm, family) -> preset; None: the algorithm has no preset for that family (an error names the ones that
+do). A MuJoCo env with PPO takes the continuous family's preset (CleanRL's, tuned on MuJoCo)."""
 
 
 def preset(algorithm: str, env_id: str, kind: ProblemKind) -> dict[str, Any]:
-    """The preset for this algorithm and env: the per-id entry, else the family's (a copy: callers may update it)."""
+    """The preset for this algorithm and env: the per-id entry, else the most specific family's (a copy: callers may
+    update it)."""
     if (algorithm, env_id) in PER_ID:
         return dict(PER_ID[(algorithm, env_id)])
-    if (algorithm, kind.family) not in FAMILIES:
-        raise ValueError(
-            f"algorithm: {algorithm!r} does not handle {kind.actions} actions (env {env_id!r}); "
-            f"use {' or '.join(sorted({a for a, f in FAMILIES if f == kind.family}))}"
-        )
-    return dict(FAMILIES[(algorithm, kind.family)])
+    family = _family(algorithm, kind)
+    if family is None or FAMILIES[(algorithm, family)] is None:
+        fits = sorted({a for a, _ in FAMILIES if (f := _family(a, kind)) and FAMILIES[(a, f)] is not None})
+        what = f"{kind.actions} actions" if family is None else f"the {family} family"
+        raise ValueError(f"algorithm: {algorithm!r} does not handle {what} (env {env_id!r}); use {' or '.join(fits)}")
+    return dict(FAMILIES[(algorithm, family)])
+
+
+def _family(algorithm: str, kind: ProblemKind) -> str | None:
+    """The most specific of the env's families that has an entry for ``algorithm``."""
+    return next((f for f in kind.families if (algorithm, f) in FAMILIES), None)
 
 
 def resolve_spec(spec: RunSpec) -> RunSpec:

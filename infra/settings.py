@@ -70,6 +70,45 @@ class Settings(BaseSettings):
         "postgresql+psycopg2://...); empty: SQLite at <data_dir>/server/server.db.",
     )
     server_max_upload_mb: float = Field(64.0, gt=0, description="Largest env-code upload the server accepts.")
+    tinker_base_models: list[str] = Field(
+        ["smollm2"],
+        description="Base models the server's Tinker API (/api/v1) trains and samples: 'smollm2' (the bundled "
+        "SmolLM2-135M-Instruct), 'tiny' (the test model) or transformers checkpoint folders.",
+    )
+    tinker_device: str = Field(
+        "auto",
+        description="Where the Tinker API's models run: 'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...",
+    )
+    tinker_threads: int | None = Field(None, ge=1, description="torch threads of the Tinker worker (None: torch's).")
+    tinker_cache_dir: str = Field("", description="Cache of converted base models; empty: <data_dir>/llm-cache.")
+    tinker_tokenizer_id: str = Field(
+        "",
+        description="The tokenizer get_info names (the SDK's get_tokenizer loads it); empty: the server's own "
+        "tokenizer folder, right for clients on this machine; set a hub id (HuggingFaceTB/SmolLM2-135M-Instruct) "
+        "for others.",
+    )
+    tinker_session_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="A Tinker session whose heartbeats (every 10 s) stop this long is reaped, its memory freed.",
+    )
+    tinker_max_models_per_tenant: int = Field(
+        8,
+        ge=1,
+        description="Training clients one tenant holds at once; over it create_model answers 402 (the SDK waits).",
+    )
+    tinker_max_checkpoint_mb_per_tenant: float = Field(
+        10240.0, gt=0, description="Tinker checkpoint storage of one tenant; over it saves answer 402 (the SDK waits)."
+    )
+    tinker_max_pending_per_tenant: int = Field(
+        256,
+        ge=1,
+        description="Tinker requests of one tenant in flight at once; over it calls answer 429 (the SDK backs off).",
+    )
+    tinker_sample_batch_rows: int = Field(64, ge=1, description="Completions the Tinker worker samples in one batch.")
+    tinker_poll_s: float = Field(
+        25.0, gt=0, le=40, description="How long retrieve_future holds a pending request open (the SDK waits 45 s)."
+    )
     sandbox: Literal["bwrap", "none"] = Field(
         "bwrap",
         description="Isolation of model-written code (PythonREPL): "

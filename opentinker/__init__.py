@@ -24,9 +24,13 @@ _EXPORTS = {
     "make_env": "opentinker.envs",
     "PPOTrainer": "opentinker.sdk",
     "DQNTrainer": "opentinker.sdk",
+    "SACTrainer": "opentinker.sdk",
+    "TD3Trainer": "opentinker.sdk",
     "GRPOTrainer": "opentinker.sdk",
     "PPOConfig": "opentinker.agents",
     "DQNConfig": "opentinker.agents",
+    "SACConfig": "opentinker.agents",
+    "TD3Config": "opentinker.agents",
     "get_settings": "opentinker.infra.settings",
     "connect": "opentinker.server.client",
 }

@@ -1,8 +1,8 @@
-"""The SDK's trainers: the engine's trainers plus what sits above the RL core: the CLI's preset for an env id,
-``train(track=True)`` (the pipeline's MLflow layout) and ``deploy()`` (an authenticated HTTP service); and
-``GRPOTrainer`` for a language model on a text env.
+"""The SDK's trainers: the RL core's trainers (PPO, DQN, SAC, TD3) plus what sits above the RL core: the CLI's preset
+for an env id, ``train(track=True)`` (the pipeline's MLflow layout) and ``deploy()`` (an authenticated HTTP service);
+and ``GRPOTrainer`` for a language model on a text env.
 
-The engine (``opentinker.agents``) stays free of presets, tracking and serving code.
+The RL core (``opentinker.agents``) stays free of presets, tracking and serving code.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from opentinker.agents.dqn import DQNTrainer as _EngineDQNTrainer
-from opentinker.agents.grpo_trainer import GRPOTrainer as _EngineGRPOTrainer
-from opentinker.agents.ppo import PPOTrainer as _EnginePPOTrainer
+from opentinker.agents.dqn import DQN
+from opentinker.agents.grpo_trainer import GRPO
+from opentinker.agents.ppo import PPO
+from opentinker.agents.sac import SAC
+from opentinker.agents.td3 import TD3
 
 
 def preset_config(algorithm: str, env_id: str, fields: dict[str, Any]) -> Any:
@@ -36,7 +38,7 @@ class _Preset:
         policy: str = "MLP",
         seed: int = 0,
         device: str = "auto",
-        amp_mode: str = "off",
+        amp_mode: str | None = None,
         config: Any = None,
         **fields: Any,
     ):
@@ -78,7 +80,7 @@ class _Tracked:
         track: bool = False,
         **track_options: Any,
     ) -> dict[str, float]:
-        """The engine's ``train`` (returns the last iteration's metrics); with ``track=True`` (returns the evaluation)
+        """The RL core's ``train`` (returns the last iteration's metrics); with ``track=True`` (returns the evaluation)
         also params, per-iteration metrics, plots, config, model card,
         checkpoint and the registered model (alias ``candidate``) in MLflow, the same layout as a flow run.
 
@@ -131,15 +133,31 @@ class _Served:
         return deploy_remote(self, api_key)
 
 
-class PPOTrainer(_Served, _Preset, _Tracked, _Deployable, _EnginePPOTrainer):
-    __doc__ = _EnginePPOTrainer.__doc__
+class PPOTrainer(_Served, _Preset, _Tracked, _Deployable, PPO):
+    """``PPOTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **PPOConfig fields)``: the RL core's
+    ``PPO`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
 
 
-class DQNTrainer(_Served, _Preset, _Tracked, _Deployable, _EngineDQNTrainer):
-    __doc__ = _EngineDQNTrainer.__doc__
+class DQNTrainer(_Served, _Preset, _Tracked, _Deployable, DQN):
+    """``DQNTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``: the RL core's
+    ``DQN`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
 
 
-class GRPOTrainer(_EngineGRPOTrainer):
+class SACTrainer(_Served, _Preset, _Tracked, _Deployable, SAC):
+    """``SACTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **SACConfig fields)``: the RL core's
+    ``SAC`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
+
+
+class TD3Trainer(_Served, _Preset, _Tracked, _Deployable, TD3):
+    """``TD3Trainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **TD3Config fields)``: the RL core's
+    ``TD3`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
+    ``opentinker.connect()`` training as a server job."""
+
+
+class GRPOTrainer(GRPO):
     """``GRPOTrainer(env, base_model="smollm2", seed=0, workers=1, backend="local", **GRPOConfig fields)``: GRPO on
     a text env — a shipped task's name, ``"package.module:factory"``, or your own ``TextEnv`` factory (called with
     ``split``: "train" or "heldout") or instance. ``train(updates)`` counts optimiser updates; ``evaluate()`` plays

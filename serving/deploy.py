@@ -21,7 +21,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from opentinker.envs.observations import batch_len, index_obs, to_jsonable
+from opentinker.envs.observations import batch_len, index_obs, map_obs, to_jsonable
 from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, start_http
 
 from .auth import API_KEY_ENV, HASH_ENV, hash_api_key, resolve_api_key
@@ -192,7 +192,8 @@ class ServedQuery:
     """One request to a freshly served policy: where it ran, what it was asked, what it answered."""
 
     url: str
-    observation: list[float]
+    observation: Any
+    """The observation as JSON sent it (floats rounded to 3 places): a list, or a dict for a Dict space."""
     action: Any
 
 
@@ -204,8 +205,13 @@ def query_once(model_ref: str, env_id: str) -> ServedQuery:
     observation, _ = env.reset(seed=0)
     env.close()
     with deploy(model_ref, api_key=secrets.token_urlsafe(24), host="127.0.0.1") as deployment:
-        action = deployment.predict(observation.tolist())
-        return ServedQuery(deployment.url, [round(float(x), 3) for x in observation], action)
+        action = deployment.predict(observation)
+        return ServedQuery(deployment.url, to_jsonable(map_obs(_three_places, observation)), action)
+
+
+def _three_places(leaf: Any) -> Any:
+    leaf = np.asarray(leaf)
+    return np.round(leaf.astype(np.float64), 3) if leaf.dtype.kind == "f" else leaf
 
 
 def serve_policy_until_stopped(

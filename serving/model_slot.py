@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .observation import ObservationSchema, StructSchema
+from .observation import ObservationSchema, StructSchema, observation_schema
 
 logger = logging.getLogger("opentinker.serving")
 BUNDLED_PREFIX = "bentoml:"
@@ -27,7 +27,7 @@ class ServedModel:
     ref: Any
     """``tracking.registry.ModelRef``: name, exact version, run id, the URI as configured."""
     policy: Any
-    """The engine's numpy ``InferencePolicy`` (``act``, ``act_with_info``, spaces, ``spec``)."""
+    """The RL core's numpy ``InferencePolicy`` (``act``, ``act_with_info``, spaces, ``spec``)."""
     schema: ObservationSchema | StructSchema
     loaded_at: float = field(default_factory=time.time)
 
@@ -67,7 +67,7 @@ def load_served_model(model_uri: str) -> ServedModel:
 
     ref = resolve(model_uri)
     policy = load_policy(download_policy(ref))
-    return ServedModel(ref, policy, ObservationSchema.from_space(policy.observation_space))
+    return ServedModel(ref, policy, observation_schema(policy.observation_space))
 
 
 class ModelSlot:

@@ -29,12 +29,10 @@ class ObservationSchema:
     """How errors name the observation (a Dict part: ``obs['image']``)."""
 
     @classmethod
-    def from_space(cls, space, name: str = "obs") -> ObservationSchema | StructSchema:
-        """The schema of ``space``: an ``ObservationSchema``, or a ``StructSchema`` for Dict/Tuple spaces."""
+    def from_space(cls, space, name: str = "obs") -> ObservationSchema:
+        """The schema of a plain (not Dict/Tuple) space; ``observation_schema`` takes any."""
         from gymnasium import spaces
 
-        if isinstance(space, (spaces.Dict, spaces.Tuple)):
-            return StructSchema.from_space(space)
         if isinstance(space, spaces.Box):
             low, high = space.low.astype(np.float64), space.high.astype(np.float64)
             return cls(tuple(space.shape), np.dtype(space.dtype), low, high, name)
@@ -210,6 +208,15 @@ def _element_error(name: str, arr: np.ndarray, mask: np.ndarray, message: str) -
 
 def _index(position: tuple[int, ...]) -> str:
     return "".join(f"[{i}]" for i in position)
+
+
+def observation_schema(space) -> ObservationSchema | StructSchema:
+    """What a request's observation must look like for ``space``: a ``StructSchema`` for Dict/Tuple spaces."""
+    from gymnasium import spaces
+
+    if isinstance(space, (spaces.Dict, spaces.Tuple)):
+        return StructSchema.from_space(space)
+    return ObservationSchema.from_space(space)
 
 
 @dataclass(frozen=True, eq=False)

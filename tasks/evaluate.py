@@ -2,7 +2,7 @@
 
 A registry reference is first pinned to its version (``resolve_model``) so that the cache key names
 an immutable model and the evaluation loads exactly that version even if an alias moves meanwhile. The episodes are
-the engine's (``agents.trainer.evaluate_episodes``, what ``Trainer.evaluate`` runs).
+the RL core's (``agents.trainer.evaluate_episodes``, what ``Trainer.evaluate`` runs).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
 def evaluate_policy(model: ModelRef, env_id: str, episodes: int = 10, seed: int = 10_000) -> EvalResult:
-    """The engine's evaluation (``evaluate_episodes``) of the exact version ``model`` pins, on ``env_id``."""
+    """The RL core's evaluation (``evaluate_episodes``) of the exact version ``model`` pins, on ``env_id``."""
     policy = load_registered_policy(model.download_uri)
     result = evaluate_episodes(env_id, policy.act, episodes, seed)
     get_run_logger().info("%s: mean return %.2f ± %.2f over %d episodes", model.key, result.mean, result.std, episodes)

@@ -104,17 +104,17 @@ def train_grpo(run_id: str, spec: RunSpec) -> GRPOTrainOutcome:
     """GRPO until ``spec.engine.updates`` optimiser updates; held-out success of the base first (update 0) and every
     ``eval_every`` updates."""
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.grpo_trainer import GRPOTrainer
+    from opentinker.agents.grpo_trainer import GRPO
 
     grpo = spec.engine
     root = spec_dir(spec)
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     configure_mlflow()
     if spec.resume and checkpoint.exists():
-        trainer = GRPOTrainer.load(checkpoint, workers=grpo.workers, backend=grpo.backend)
+        trainer = GRPO.load(checkpoint, workers=grpo.workers, backend=grpo.backend)
     else:
         config = grpo.config(task=spec.env_id)
-        trainer = GRPOTrainer(config, seed=spec.seed, workers=grpo.workers, backend=grpo.backend)
+        trainer = GRPO(config, seed=spec.seed, workers=grpo.workers, backend=grpo.backend)
     try:
         start_update, start_completions = trainer.updates, trainer.completions
         base_eval = None

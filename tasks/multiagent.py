@@ -19,7 +19,7 @@ class GroupTrainOutcome(BaseModel):
     """Where a group's checkpoint and per-kind exports are, how far it got."""
 
     run_id: str
-    checkpoint_path: str = Field(description="One file: every kind's engine checkpoint + env state + counters.")
+    checkpoint_path: str = Field(description="One file: every kind's trainer checkpoint + env state + counters.")
     export_dirs: dict[str, str] = Field(description="Kind -> numpy-only export (policy.json + weights.npz).")
     history_path: str
     start_step: int

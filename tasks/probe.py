@@ -3,7 +3,7 @@
 In ``train_flow`` it runs once before training: it proves
 the env builds and steps on the rollout workers (a bad env fails here, in seconds, not mid-training)
 and gives the random-policy baseline return for the learning curve. Training itself collects its
-rollouts inside the engine loop (see ``tasks/train.py`` for why that loop is one task).
+rollouts inside the training loop (see ``tasks/train.py`` for why that loop is one task).
 """
 
 from __future__ import annotations

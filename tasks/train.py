@@ -1,10 +1,10 @@
-"""The training stage: one Prefect task running the engine's whole loop (env copies in-process or on Ray actors).
+"""The training stage: one Prefect task running the RL core's whole loop (env copies in-process or on Ray actors).
 
 Why one task and not one per iteration: a Prefect task run costs tens of milliseconds of API
 round-trips and state bookkeeping, while a CartPole PPO iteration is ~0.1–0.3 s; per-iteration
 tasks would cost far more than the 15 % overhead budget. Per-iteration visibility comes from the
-engine's callback instead (metrics to MLflow in batches, progress to the CLI); crash safety from
-the engine's atomic checkpoints (``resume=True`` continues from the last one); worker death is
+RL core's callback instead (metrics to MLflow in batches, progress to the CLI); crash safety from
+the RL core's atomic checkpoints (``resume=True`` continues from the last one); worker death is
 handled inside the iteration by Ray (actor restarts, rollouts reseeded by (seed, iteration, worker)).
 """
 
@@ -57,8 +57,8 @@ def train_policy(run_id: str, spec: RunSpec, early: EarlyTraining | None = None)
     export, log every iteration. ``early``: the same spec's training already under way (adopted, not restarted).
 
     ``backend`` "local" steps the env copies in this process (gymnasium's vectorised implementation when the env has
-    one: the engine's fastest path for cheap envs); "ray" on rollout actors, whose Ray node ids are logged as run tags
-    at the start and at the end (they differ when a node was replaced). The engine rewrites
+    one: the RL core's fastest path for cheap envs); "ray" on rollout actors, whose Ray node ids are logged as run tags
+    at the start and at the end (they differ when a node was replaced). The trainer rewrites
     ``checkpoints/checkpoint.pt`` atomically every ``checkpoint_every`` env steps and at the end; with ``resume``
     training continues from it (a finished run just re-exports). The learner trains on the GPU Ray grants for
     ``num_gpus`` (``learner_device``).
@@ -117,7 +117,7 @@ def train_logged(
     callback: Any = None,
     metadata: dict[str, Any] | None = None,
 ) -> TrainOutcome:
-    """Train an engine trainer with metrics to the MLflow run ``run_id`` (and progress listeners), checkpoints under
+    """Train an RL-core trainer with metrics to the MLflow run ``run_id`` (and progress listeners), checkpoints under
     ``root/checkpoints``, then the export and the history; the flow's training stage and the SDK's
     ``train(track=True)`` both run this. ``callback`` (the SDK user's) runs after the logger; False stops."""
     from opentinker.agents.export import export_policy

@@ -1,7 +1,7 @@
 """Training in a child process that reports each iteration over a pipe: what ``opentinker train`` starts while
 Prefect's server and the MLflow run are still starting (``tasks.train.EarlyTraining``).
 
-Why a child process: the engine loop is Python-bound, so as a thread beside a flow's start-up (Prefect's client, the
+Why a child process: the training loop is Python-bound, so as a thread beside a flow's start-up (Prefect's client, the
 MLflow run, the probe) it ran at 60–80 % of its speed for its first hundreds of iterations; a child has its own
 interpreter and core. The parent keeps the tracking: each iteration's metrics come back to its callback, and the
 child exports the policy once the parent names the MLflow run. The child gets the run's spec as one JSON argument

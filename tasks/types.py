@@ -1,6 +1,6 @@
 """Small typed values passed between tasks: ids, URIs, numbers — never tensors.
 
-Evaluations are the engine's ``EvalResult``; model references are ``tracking.registry.ModelRef``."""
+Evaluations are the RL core's ``EvalResult``; model references are ``tracking.registry.ModelRef``."""
 
 from __future__ import annotations
 

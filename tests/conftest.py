@@ -1,6 +1,7 @@
 """Test-session wiring: every test runs against an isolated data dir; heavy services start once per session.
 
-Fixture modules live in tests/fixtures/ (one per area) and are star-imported here.
+Fixture modules live in tests/fixtures/ (one per area), registered here as plugins (``pytest_plugins``); tests import
+helpers (not fixtures) from them by name.
 """
 
 from __future__ import annotations
@@ -18,10 +19,29 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from opentinker.tasks import prefect_defaults  # noqa: E402
 
 prefect_defaults()  # the test session starts flows
-from fixtures.federated import *  # noqa: F403, E402
-from fixtures.llm import *  # noqa: F403, E402
-from fixtures.pipeline import *  # noqa: F403, E402
-from fixtures.ray import *  # noqa: F403, E402
-from fixtures.server import *  # noqa: F403, E402
-from fixtures.serving import *  # noqa: F403, E402
-from fixtures.stack import *  # noqa: F403, E402
+pytest_plugins = [
+    "fixtures.federated",
+    "fixtures.llm",
+    "fixtures.pipeline",
+    "fixtures.ray",
+    "fixtures.server",
+    "fixtures.serving",
+    "fixtures.stack",
+    "fixtures.tinker",
+]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Send the flow runs' last logs, then stop Prefect's temporary API server (the session's first flow started it),
+    quietly, while pytest still owns the output streams: left to its exit hook, it logs "Stopping temporary server"
+    to a stream pytest has closed (a logging traceback after the summary), and logs still queued find it gone."""
+    import logging
+    import sys
+
+    if "prefect.server.api.server" in sys.modules:
+        from prefect.logging.handlers import APILogHandler
+        from prefect.server.api.server import SubprocessASGIServer
+
+        APILogHandler().flush()
+        logging.getLogger("prefect").setLevel(logging.WARNING)
+        SubprocessASGIServer().stop()

@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from opentinker.agents import DQNTrainer, PPOTrainer
+from opentinker.agents import DQN, PPO
 
 KW = dict(num_envs=8, n_steps=16, num_minibatches=2, update_epochs=2)  # 4 optimiser steps per iteration
 
@@ -20,7 +20,7 @@ def record_dtypes(module: torch.nn.Module) -> list[torch.dtype]:
 
 @pytest.mark.parametrize("mode, dtype", [("off", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)])
 def test_autocast_dtype_per_mode(mode, dtype):
-    trainer = PPOTrainer("CartPole-v1", seed=0, device="cpu", amp_mode=mode, **KW)
+    trainer = PPO("CartPole-v1", seed=0, device="cpu", amp_mode=mode, **KW)
     seen = record_dtypes(trainer.policy.actor[0])
     metrics = trainer.train(128)
     assert seen and set(seen) == {dtype}
@@ -29,7 +29,7 @@ def test_autocast_dtype_per_mode(mode, dtype):
 
 
 def test_safe_mode_skips_a_nan_step_and_falls_back_to_fp32(caplog):
-    trainer = PPOTrainer("CartPole-v1", seed=0, device="cpu", amp_mode="safe", **KW)
+    trainer = PPO("CartPole-v1", seed=0, device="cpu", amp_mode="safe", **KW)
     dtypes = record_dtypes(trainer.policy.actor[0])
     injected = []
 
@@ -53,7 +53,7 @@ def test_safe_mode_skips_a_nan_step_and_falls_back_to_fp32(caplog):
 
 
 def test_safe_mode_fallback_survives_a_checkpoint(tmp_path):
-    trainer = DQNTrainer(
+    trainer = DQN(
         "CartPole-v1",
         seed=0,
         device="cpu",
@@ -65,13 +65,13 @@ def test_safe_mode_fallback_survives_a_checkpoint(tmp_path):
         buffer_size=64,
     )
     trainer.amp.fallback_reason = "non-finite gradients under torch.bfloat16"
-    resumed = DQNTrainer.load(trainer.save(tmp_path / "c.pt"))
+    resumed = DQN.load(trainer.save(tmp_path / "c.pt"))
     assert not resumed.amp.active and resumed.amp.fallback_reason == trainer.amp.fallback_reason
 
 
 def test_device_auto_picks_what_exists():
-    trainer = PPOTrainer("CartPole-v1", seed=0, **KW)
+    trainer = PPO("CartPole-v1", seed=0, **KW)
     assert trainer.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
-            PPOTrainer("CartPole-v1", device="cuda", **KW)
+            PPO("CartPole-v1", device="cuda", **KW)

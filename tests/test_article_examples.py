@@ -249,6 +249,7 @@ def test_transports_flower_lacks_are_refused_with_the_fix(transport):
         FLClient(transport=transport)
 
 
+@pytest.mark.slow  # a real Flower federation
 def test_connection_reset_names_cause_and_fix(article_federation):
     """A 'firewall' that resets every connection: the site's error says ConnectionReset, why, and what to do."""
     from opentinker.federated import deploy

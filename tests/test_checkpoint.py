@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from opentinker.agents import DQNTrainer, PPOTrainer
+from opentinker.agents import DQN, PPO
 
 PPO_KW = dict(num_envs=8, n_steps=16, num_minibatches=2, update_epochs=2, total_steps=8 * 16 * 6)
 DQN_KW = dict(
@@ -31,10 +31,10 @@ def assert_same_state(a: dict, b: dict) -> None:
 @pytest.mark.parametrize(
     "cls, env_id, kw, steps, split",
     [
-        (PPOTrainer, "CartPole-v1", PPO_KW, 8 * 16 * 6, 8 * 16 * 3),
-        (PPOTrainer, "Pendulum-v1", dict(PPO_KW, num_envs=4), 4 * 16 * 6, 4 * 16 * 2),
-        (PPOTrainer, "Pendulum-v1", dict(PPO_KW, num_envs=4, norm_obs=True, norm_reward=True), 4 * 16 * 6, 4 * 16 * 2),
-        (DQNTrainer, "CartPole-v1", DQN_KW, 4 * 8 * 12, 4 * 8 * 5),
+        (PPO, "CartPole-v1", PPO_KW, 8 * 16 * 6, 8 * 16 * 3),
+        (PPO, "Pendulum-v1", dict(PPO_KW, num_envs=4), 4 * 16 * 6, 4 * 16 * 2),
+        (PPO, "Pendulum-v1", dict(PPO_KW, num_envs=4, norm_obs=True, norm_reward=True), 4 * 16 * 6, 4 * 16 * 2),
+        (DQN, "CartPole-v1", DQN_KW, 4 * 8 * 12, 4 * 8 * 5),
     ],
 )
 def test_resume_is_bit_exact(tmp_path, cls, env_id, kw, steps, split):
@@ -56,30 +56,30 @@ def test_resume_is_bit_exact(tmp_path, cls, env_id, kw, steps, split):
     for idx in opt_a:
         for name in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(opt_a[idx][name], opt_b[idx][name])
-    if cls is DQNTrainer:
+    if cls is DQN:
         assert_same_state(straight.target.state_dict(), resumed.target.state_dict())
         assert len(straight.buffer) == len(resumed.buffer)
     assert straight.evaluate(2).returns == resumed.evaluate(2).returns
 
 
 def test_train_writes_checkpoints_and_resumes_from_a_directory(tmp_path):
-    trainer = PPOTrainer("CartPole-v1", seed=1, **PPO_KW)
+    trainer = PPO("CartPole-v1", seed=1, **PPO_KW)
     seen = []
     trainer.train(8 * 16 * 4, callback=lambda m, step: seen.append(step), checkpoint_dir=tmp_path, checkpoint_every=256)
     assert seen == [128, 256, 384, 512]
     assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt"]  # no temp files left behind
-    resumed = PPOTrainer.load(tmp_path)
+    resumed = PPO.load(tmp_path)
     assert resumed.global_step == 512 and resumed.iteration == 4
 
 
 def test_callback_false_stops_training():
-    trainer = PPOTrainer("CartPole-v1", seed=1, **PPO_KW)
+    trainer = PPO("CartPole-v1", seed=1, **PPO_KW)
     trainer.train(10_000, callback=lambda m, step: step < 256)
     assert trainer.global_step == 256
 
 
 def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    trainer = PPOTrainer("CartPole-v1", seed=1, **PPO_KW)
+    trainer = PPO("CartPole-v1", seed=1, **PPO_KW)
     path = trainer.save(tmp_path / "ckpt.pt")
     before = path.read_bytes()
 
@@ -95,8 +95,8 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_load_rejects_the_wrong_algorithm(tmp_path):
-    path = PPOTrainer("CartPole-v1", seed=1, **PPO_KW).save(tmp_path / "ppo.pt")
+    path = PPO("CartPole-v1", seed=1, **PPO_KW).save(tmp_path / "ppo.pt")
     with pytest.raises(ValueError, match="holds a ppo checkpoint, not dqn"):
-        DQNTrainer.load(path)
+        DQN.load(path)
     with pytest.raises(FileNotFoundError, match="no checkpoint at"):
-        PPOTrainer.load(tmp_path / "missing.pt")
+        PPO.load(tmp_path / "missing.pt")

@@ -157,10 +157,10 @@ def test_a_field_of_another_algorithm_is_an_error_naming_field_and_algorithm(tmp
 
 
 def test_the_engine_trainer_refuses_another_algorithms_field_and_keeps_its_env_copies():
-    from opentinker.agents import DQNTrainer, PPOTrainer
+    from opentinker.agents import DQN, PPO
     from opentinker.envs import RemoteEnv
 
     with pytest.raises(ValueError, match="'epsilon_decay' does not apply to algorithm 'ppo'"):
-        PPOTrainer("CartPole-v1", epsilon_decay=0.99)
+        PPO("CartPole-v1", epsilon_decay=0.99)
     with RemoteEnv("CartPole-v1", parallel=3, backend="local") as env:
-        assert DQNTrainer(env, learning_starts=10).config.num_envs == 3  # built with it, never overwritten
+        assert DQN(env, learning_starts=10).config.num_envs == 3  # built with it, never overwritten

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from opentinker.agents import DQNConfig, DQNTrainer
+from opentinker.agents import DQN, DQNConfig
 from opentinker.agents.buffers import ReplayBuffer
 from opentinker.agents.dqn import linear_schedule
 from opentinker.envs import EnvSpecError
@@ -15,7 +15,7 @@ TINY = dict(num_envs=2, n_steps=4, learning_starts=8, batch_size=4, buffer_size=
 
 
 def test_target_update_hard_and_soft():
-    trainer = DQNTrainer("CartPole-v1", seed=0, **TINY)
+    trainer = DQN("CartPole-v1", seed=0, **TINY)
     with torch.no_grad():
         for p in trainer.policy.parameters():
             p.fill_(1.0)
@@ -30,7 +30,7 @@ def test_target_update_hard_and_soft():
 
 
 def test_target_network_follows_its_frequency():
-    trainer = DQNTrainer("CartPole-v1", seed=0, **dict(TINY, target_network_frequency=24))
+    trainer = DQN("CartPole-v1", seed=0, **dict(TINY, target_network_frequency=24))
     trainer.train(16)  # 2 iterations of 8 steps: before the first target update at 24
     assert not all(torch.equal(p, q) for p, q in zip(trainer.target.parameters(), trainer.policy.parameters()))
     trainer.train(24)
@@ -58,11 +58,11 @@ def test_epsilon_schedule_and_config_errors():
     with pytest.raises(ValueError, match=r"buffer_size must be >= batch_size \(128\)"):
         DQNConfig(buffer_size=10)
     with pytest.raises(EnvSpecError, match="expected Discrete"):
-        DQNTrainer("Pendulum-v1")
+        DQN("Pendulum-v1")
 
 
 def test_dqn_learns_cartpole():
-    trainer = DQNTrainer(
+    trainer = DQN(
         "CartPole-v1",
         seed=0,
         num_envs=8,

@@ -19,6 +19,8 @@ from opentinker.flows.federated_flow import federated_flow
 from opentinker.infra.processes import wait_until
 from opentinker.tracking.registry import load_registered_policy
 
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
+
 
 def test_site_with_an_unregistered_key_is_refused(federation, tmp_path):
     stranger = CertPaths(tmp_path)

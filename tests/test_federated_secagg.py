@@ -12,6 +12,8 @@ from opentinker.federated.config import FederatedConfigError
 from opentinker.federated.server_app import checkpoint_dir
 from opentinker.federated.simulation import simulate
 
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
+
 
 def test_secure_aggregation_config_errors():
     with pytest.raises(FederatedConfigError, match="secure-aggregation needs strategy fedavg or fedprox"):

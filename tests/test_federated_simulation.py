@@ -17,6 +17,8 @@ from opentinker.federated.rounds import CompletionFloorError
 from opentinker.federated.server_app import build_server_app, checkpoint_dir
 from opentinker.federated.simulation import simulate
 
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
+
 
 def test_fedavg_improves_every_site_then_resumes_from_checkpoint(ray_session):
     config = small_fed_config(run_name="sim-fedavg", register_as="fed-sim")

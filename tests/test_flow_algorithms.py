@@ -51,7 +51,7 @@ def _deploy_all(model_refs: list[str]) -> list:
 
 
 def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
-    from opentinker.agents import PPOTrainer
+    from opentinker.agents import PPO
     from opentinker.flows.params import TrainParams
     from opentinker.flows.train import train_flow
     from opentinker.tracking.registry import load_registered_policy
@@ -95,7 +95,7 @@ def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
     assert ("champion" in pendulum.aliases) == pendulum.decision.startswith("promoted")
 
     # Observation statistics: learned, in the checkpoint, in the registered export, applied when serving.
-    trainer = PPOTrainer.load(pendulum.checkpoint_path, device="cpu")
+    trainer = PPO.load(pendulum.checkpoint_path, device="cpu")
     assert float(trainer.policy.obs_count) > 4096 - 100 and np.any(trainer.policy.obs_mean.numpy() != 0)
     trainer.env.close()
     served_pendulum = load_registered_policy(f"models:/{pendulum.model_name}/{pendulum.model_version}")
@@ -183,13 +183,13 @@ def test_gate_without_threshold_beats_champion_or_random_floor():
 
 
 def test_a_trainer_refuses_num_envs_that_contradicts_its_remote_env():
-    from opentinker.agents import PPOTrainer
+    from opentinker.agents import PPO
     from opentinker.envs import RemoteEnv
 
     with RemoteEnv("CartPole-v1", parallel=4, backend="local") as env:
         with pytest.raises(ValueError, match="num_envs=8 conflicts"):
-            PPOTrainer(env, num_envs=8)
-        assert PPOTrainer(env).config.num_envs == 4
+            PPO(env, num_envs=8)
+        assert PPO(env).config.num_envs == 4
 
 
 def test_sdk_train_with_track_logs_the_flow_layout():

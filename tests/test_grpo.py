@@ -19,7 +19,7 @@ from opentinker.agents.grpo import (
     reduce_loss,
     token_loss,
 )
-from opentinker.agents.grpo_trainer import GRPOTrainer
+from opentinker.agents.grpo_trainer import GRPO
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.text import TextEnv, TextExample
 from opentinker.envs.text_tasks import (
@@ -71,7 +71,7 @@ def test_equal_rewards_give_no_gradient_and_clipping_stops_it_outside_the_range(
 
 @pytest.fixture(scope="module")
 def tiny_trainer():
-    trainer = GRPOTrainer(GRPOConfig(**TINY, learning_rate=1e-2), seed=3, workers=1, backend="local")
+    trainer = GRPO(GRPOConfig(**TINY, learning_rate=1e-2), seed=3, workers=1, backend="local")
     yield trainer
     trainer.close()
 
@@ -133,7 +133,7 @@ def test_tiny_model_learns_a_target_behaviour_from_a_verifier_reward(shout_task)
             "kl_coef": 0.0,
         }
     )
-    trainer = GRPOTrainer(config, seed=0, workers=1, backend="local")
+    trainer = GRPO(config, seed=0, workers=1, backend="local")
     try:
         before = trainer.evaluate(split="train", prompts=8).mean_reward
         history = []
@@ -149,10 +149,10 @@ def test_resume_is_bit_exact(tmp_path, shout_task):
     from opentinker.agents.lm_policy import adapter_state
 
     config = GRPOConfig(**{**TINY, "task": "shout"}, learning_rate=1e-2, temperature=1.0)
-    straight = GRPOTrainer(config, seed=5, workers=1, backend="local")
+    straight = GRPO(config, seed=5, workers=1, backend="local")
     straight.train(2, checkpoint_dir=tmp_path)
     straight.train(4)
-    resumed = GRPOTrainer.load(tmp_path / "checkpoint.pt", workers=1, backend="local")
+    resumed = GRPO.load(tmp_path / "checkpoint.pt", workers=1, backend="local")
     assert resumed.updates == 2 and resumed.sampler.state() != {"epoch": 0, "position": 0}
     resumed.train(4)
     a, b = adapter_state(straight.policy), adapter_state(resumed.policy)
@@ -163,11 +163,12 @@ def test_resume_is_bit_exact(tmp_path, shout_task):
     assert straight.sampler.state() == resumed.sampler.state()
 
 
+@pytest.mark.slow  # model-holding Ray actors
 def test_rollouts_are_the_same_on_one_and_two_ray_workers(ray_session):
     config = GRPOConfig(**TINY, temperature=1.0)
     runs = []
     for workers in (1, 2):
-        trainer = GRPOTrainer(config, seed=7, workers=workers, backend="ray")
+        trainer = GRPO(config, seed=7, workers=workers, backend="ray")
         try:
             episodes, sent = trainer.rollout(3, [5, 9, 11])
             again = episodes

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 import mlflow
+import pytest
 from typer.testing import CliRunner
 
 from opentinker.envs.text import TextEnv, TextExample
@@ -54,6 +55,7 @@ def test_grpo_trainer_takes_a_user_text_env_factory():
     assert all(episode.reward == capitals(episode.answer, None) for episode in result.episodes)  # the user's verifier
 
 
+@pytest.mark.slow  # trains through a flow
 def test_cli_trains_a_user_text_env_with_grpo_and_registers_the_adapter(tmp_path):
     config = tmp_path / "shout.toml"
     cache = f'cache_dir = "{CACHE}"\n'

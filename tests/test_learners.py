@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from opentinker.agents import DQNTrainer, PPOTrainer
+from opentinker.agents import DQN, PPO, SAC, TD3
 from opentinker.agents.learners import learner_gpus
 
 # 2 learners sum two row-weighted half-minibatch gradients where 1 learner sums all rows at once: the same terms in
@@ -33,10 +33,11 @@ def weight_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 @pytest.mark.parametrize(
     "trainer_cls, config, steps, loss_key",
     [
-        (PPOTrainer, PPO_SMALL, 256, "losses/policy"),  # one iteration: 2 epochs x 2 minibatches of 128 rows
-        (DQNTrainer, dict(DQN_SMALL, total_steps=4096), 128, "losses/td_loss"),  # one iteration: 8 steps of 64 rows
+        (PPO, PPO_SMALL, 256, "losses/policy"),  # one iteration: 2 epochs x 2 minibatches of 128 rows
+        (DQN, dict(DQN_SMALL, total_steps=4096), 128, "losses/td_loss"),  # one iteration: 8 steps of 64 rows
     ],
 )
+@pytest.mark.slow  # a Ray gang of learner processes
 def test_two_learners_give_the_update_of_one(ray_session, trainer_cls, config, steps, loss_key):
     """One iteration of ``train`` (same seed, so the same first rollout) with 1 and with 2 learners."""
     single = trainer_cls("CartPole-v1", seed=3, **config)
@@ -51,17 +52,41 @@ def test_two_learners_give_the_update_of_one(ray_session, trainer_cls, config, s
     # One flat float32 gradient buffer per optimiser step, plus the statistics: PPO's 5 with every step (4 steps),
     # DQN's 2 once per iteration (8 steps).
     params = sum(p.numel() for p in single.params)
-    expected = 4 * (params + 5) * 4 if trainer_cls is PPOTrainer else 4 * (params * 8 + 2)
+    expected = 4 * (params + 5) * 4 if trainer_cls is PPO else 4 * (params * 8 + 2)
     assert metrics["perf/allreduce_bytes"] == expected
     assert metrics["perf/allreduce_ms"] > 0
-    if trainer_cls is DQNTrainer:  # the trainer took learner 0's whole state, replay buffer included
+    if trainer_cls is DQN:  # the trainer took learner 0's whole state, replay buffer included
         assert len(pair.buffer) == len(single.buffer) > 0
 
 
+OFF_POLICY_SMALL = dict(
+    num_envs=2, n_steps=32, learning_starts=0, train_frequency=8, batch_size=64, hidden_sizes=(32, 32), backend="local"
+)
+
+
+@pytest.mark.slow  # a Ray gang of learner processes
+@pytest.mark.parametrize("trainer_cls", [SAC, TD3])
+def test_two_learners_give_the_off_policy_update_of_one(ray_session, trainer_cls):
+    """One iteration (64 env steps, 8 gradient steps of 64 rows): both learners store the rollout, draw the same
+    batches and noise, and each computes its half of every batch's gradients for critics, actor (and temperature)."""
+    # fp32 (their default is bf16 where native): sums over half batches round differently in bf16 products
+    single = trainer_cls("Pendulum-v1", seed=3, amp_mode="off", **OFF_POLICY_SMALL)
+    pair = trainer_cls("Pendulum-v1", seed=3, amp_mode="off", num_learners=2, **OFF_POLICY_SMALL)
+    before = {k: v.clone() for k, v in single.critic.state_dict().items()}
+    single_metrics, metrics = single.train(64), pair.train(64)
+    for name in ("policy", "critic", "critic_target"):
+        gap = weight_gap(getattr(single, name).state_dict(), getattr(pair, name).state_dict())
+        assert gap <= ATOL, f"2 learners vs 1: {name} max weight gap {gap:.2e}"
+    assert weight_gap(before, pair.critic.state_dict()) > 100 * ATOL
+    assert metrics["losses/critic"] == pytest.approx(single_metrics["losses/critic"], rel=1e-4)
+    assert metrics["perf/allreduce_bytes"] > 0 and len(pair.buffer) == len(single.buffer) == 64
+
+
+@pytest.mark.slow  # a Ray gang of learner processes
 def test_killed_learner_restarts_from_checkpoint_with_the_same_weights(ray_session, tmp_path):
     """A PPO run with 2 learners trains; a copy whose learner 1 is killed between two checkpoints replays from the
     last one (env, RNG and learner-0 state) and ends bit-identical."""
-    reference = PPOTrainer("CartPole-v1", seed=5, num_learners=2, **PPO_SMALL)
+    reference = PPO("CartPole-v1", seed=5, num_learners=2, **PPO_SMALL)
     history = []
     reference.train(
         1024, callback=lambda m, s: history.append(m), checkpoint_dir=tmp_path / "ref", checkpoint_every=512
@@ -69,7 +94,7 @@ def test_killed_learner_restarts_from_checkpoint_with_the_same_weights(ray_sessi
     assert len(history) == 4 and all(m["perf/allreduce_bytes"] > 0 for m in history)
     assert history[-1]["charts/episodic_return_mean"] > history[0]["charts/episodic_return_mean"]
 
-    trainer = PPOTrainer("CartPole-v1", seed=5, num_learners=2, **PPO_SMALL)
+    trainer = PPO("CartPole-v1", seed=5, num_learners=2, **PPO_SMALL)
     killed: list[int] = []
 
     def kill_once(metrics: dict, step: int) -> None:
@@ -113,7 +138,7 @@ def test_num_learners_is_checked_and_refused_in_agent_groups():
     from opentinker.multiagent import AgentGroup
 
     with pytest.raises(ValueError, match="num_learners must be an int >= 1, got 0"):
-        PPOTrainer("CartPole-v1", num_learners=0, backend="local")
+        PPO("CartPole-v1", num_learners=0, backend="local")
     with pytest.raises(ValueError, match=r"configure\(prey=...\): num_learners must be 1 in an agent group"):
         AgentGroup(policy_mapping={"predator": "PPO", "prey": "DQN"}).configure(prey={"num_learners": 2})
 

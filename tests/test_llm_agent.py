@@ -144,6 +144,7 @@ def test_llm_option_errors_are_clear():
         LangChainAgent("scripted", [], memory_window=0, checkpointer="memory")
 
 
+@pytest.mark.slow  # a real bentoml serve
 def test_policy_tool_queries_the_served_policy(policy_server):
     from fixtures.serving import SERVING_API_KEY
 

@@ -8,6 +8,9 @@ import tempfile
 from pathlib import Path
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
 
 API_KEY = "grpo-agent-key-0123456789"
 CACHE = str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache")

@@ -185,6 +185,7 @@ def assert_same_rollouts(a, b):
     np.testing.assert_array_equal([fraction_a[k] for k in fraction_a], [fraction_b[k] for k in fraction_a])
 
 
+@pytest.mark.slow  # joint envs on Ray actors
 def test_ray_workers_give_the_local_rollouts_and_checkpoints_move_between_backends(ray_session, tmp_path):
     import os
     import signal

@@ -1,6 +1,9 @@
 """The multi-agent Prefect flow: per-kind metrics in one MLflow run, one registered model per kind."""
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
 
 SMALL = dict(n_predators=2, n_prey=3, grid_size=6, max_cycles=12)
 FAST_PREY = {"learning_starts": 64, "buffer_size": 512, "batch_size": 32, "train_frequency": 8}

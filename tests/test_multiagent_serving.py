@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import httpx
 import numpy as np
+import pytest
 from fixtures.serving import SERVING_API_KEY
 
 from opentinker.agents.multiagent import AgentGroup
 from opentinker.serving.deploy import deploy
+
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
 
 SMALL = dict(n_predators=2, n_prey=3, grid_size=6, max_cycles=12)
 FAST_PREY = {"learning_starts": 64, "buffer_size": 512, "batch_size": 32, "train_frequency": 8}

@@ -69,6 +69,7 @@ def _rows(db_uri: str, sql: str, *params) -> list[tuple]:
         return cursor.fetchall()
 
 
+@pytest.mark.slow  # a real PostgreSQL server
 def test_tracking_and_registry_are_stored_in_postgres(postgres_mlflow):
     import mlflow
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from opentinker.agents import PPOConfig, PPOTrainer
+from opentinker.agents import PPO, PPOConfig
 from opentinker.agents.export import export_policy, load_policy
 from opentinker.agents.ppo import clipped_policy_loss, explained_variance, normalize, value_loss
 from opentinker.envs import EnvSpecError
@@ -55,14 +55,14 @@ def test_normalize_and_explained_variance():
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="unknown PPOConfig field"):
-        PPOTrainer("CartPole-v1", n_stepz=4)
+        PPO("CartPole-v1", n_stepz=4)
     with pytest.raises(ValueError, match="gae_lambda must be in \\[0, 1\\]"):
         PPOConfig(gae_lambda=1.5)
     with pytest.raises(ValueError, match="amp_mode must be one of"):
-        PPOTrainer("CartPole-v1", amp_mode="fp8")
+        PPO("CartPole-v1", amp_mode="fp8")
     graph = gym.spaces.Graph(gym.spaces.Box(0.0, 1.0, (3,)), gym.spaces.Discrete(2))
     with pytest.raises(EnvSpecError, match=r"observation_space Graph\(.* is not supported: expected Box"):
-        PPOTrainer(EnvSpaces("graph", graph, gym.spaces.Discrete(2)))
+        PPO(EnvSpaces("graph", graph, gym.spaces.Discrete(2)))
 
 
 def test_every_config_field_is_documented():
@@ -81,7 +81,7 @@ def test_every_config_field_is_documented():
 
 
 def test_metrics_policy_act_and_export_round_trip(tmp_path):
-    trainer = PPOTrainer("CartPole-v1", seed=0, num_envs=16, n_steps=32)
+    trainer = PPO("CartPole-v1", seed=0, num_envs=16, n_steps=32)
     seen = []
     trainer.train(16 * 32 * 3, callback=lambda m, step: seen.append((step, m)))
     assert [s for s, _ in seen] == [512, 1024, 1536]
@@ -101,7 +101,7 @@ def test_metrics_policy_act_and_export_round_trip(tmp_path):
 
 
 def test_ppo_learns_cartpole():
-    trainer = PPOTrainer(
+    trainer = PPO(
         "CartPole-v1",
         seed=0,
         num_envs=64,
@@ -119,7 +119,7 @@ def test_ppo_learns_cartpole():
 
 
 def test_ppo_learns_pendulum_continuous():
-    trainer = PPOTrainer(
+    trainer = PPO(
         "Pendulum-v1",
         seed=0,
         num_envs=16,

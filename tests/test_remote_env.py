@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from opentinker.agents import PPOTrainer
+from opentinker.agents import PPO
 from opentinker.agents.policies import ActorCritic, policy_spec
 from opentinker.envs import EnvValidationError, RemoteEnv, remote
 
@@ -71,9 +71,9 @@ def test_killed_worker_is_replaced_and_its_collect_reproduced(envs):
 
 def test_training_on_ray_matches_training_locally(ray_session):
     kw = dict(num_minibatches=2, update_epochs=2, n_steps=32, hidden_sizes=(16, 16), total_steps=256)
-    local = PPOTrainer(RemoteEnv(ENV, parallel=4, workers=2, backend="local", seed=5), seed=5, **kw)
+    local = PPO(RemoteEnv(ENV, parallel=4, workers=2, backend="local", seed=5), seed=5, **kw)
     with RemoteEnv(ENV, parallel=4, workers=2, backend="ray", seed=5) as env:
-        on_ray = PPOTrainer(env, seed=5, **kw)
+        on_ray = PPO(env, seed=5, **kw)
         on_ray.train(256)
     local.train(256)
     for key, value in local.policy.state_dict().items():

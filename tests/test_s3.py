@@ -11,6 +11,8 @@ from opentinker.infra.processes import free_ports
 from opentinker.infra.s3 import S3Error, ensure_bucket, s3_client
 from opentinker.infra.settings import Settings
 
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
+
 
 def test_put_get_and_list_round_trip(s3_server):
     client = s3_client(s3_server.settings())

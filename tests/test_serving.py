@@ -15,6 +15,8 @@ from fixtures.serving import SERVER_SETTINGS, SERVING_API_KEY
 
 from opentinker.tracking import registry as model_store
 
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
+
 AUTH = {"Authorization": f"Bearer {SERVING_API_KEY}"}
 
 

@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 
 from opentinker.serving.deploy import deploy
 
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
+
 
 def test_trainer_deploy_serves_the_trainers_policy_and_stop_cleans_up():
     from opentinker import PPOTrainer

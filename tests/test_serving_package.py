@@ -8,8 +8,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import yaml
 from fixtures.serving import make_policy_export
+
+pytestmark = pytest.mark.slow  # starts real services or trains through a flow
 
 
 def test_package_builds_a_bento_that_serves_the_bundled_policy(tmp_path):

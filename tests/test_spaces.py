@@ -316,9 +316,9 @@ def test_sac_and_td3_actors_export_and_serve_like_ppo(tmp_path):
 
 
 def test_a_policy_whose_observation_cannot_fit_a_request_is_refused_at_start():
-    from opentinker.serving.observation import ObservationSchema, check_request_limit
+    from opentinker.serving.observation import check_request_limit, observation_schema
 
-    frames = ObservationSchema.from_space(gym.spaces.Box(0, 255, (600, 400, 3), np.uint8))
+    frames = observation_schema(gym.spaces.Box(0, 255, (600, 400, 3), np.uint8))
     with pytest.raises(ValueError, match=r"at least 1440000 bytes .* max_body_bytes=1048576; raise OPENTINKER_SERVE"):
         check_request_limit(frames, 1 << 20)
-    check_request_limit(ObservationSchema.from_space(DICT_ENV_SPACE), 1 << 20)  # 2 x (64 + 2) bytes: fits
+    check_request_limit(observation_schema(DICT_ENV_SPACE), 1 << 20)  # 2 x (64 + 2) bytes: fits

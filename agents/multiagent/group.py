@@ -13,7 +13,7 @@ from typing import Any
 from opentinker.agents.config import DQNConfig, PPOConfig, TrainerConfig
 
 ALGORITHMS: dict[str, type[TrainerConfig]] = {"PPO": PPOConfig, "DQN": DQNConfig}
-# Short names users know from other libraries -> engine config fields.
+# Short names users know from other libraries -> config fields.
 ALIASES = {"lr": "learning_rate", "epsilon_start": "start_e", "epsilon_end": "end_e"}
 # Set once for the whole group because every kind trains on the same rollouts.
 GROUP_FIELDS = ("num_envs", "n_steps", "workers", "backend", "state_diff")

@@ -1,13 +1,13 @@
 """``GroupTrainer``: every kind of an ``AgentGroup`` trains at the same time on the same joint rollouts.
 
-The group collects one joint rollout per iteration (all kinds acting together), cuts it into one engine
-``Rollout`` per kind, and calls ``update(rollout)`` of that kind's engine trainer (``PPOTrainer`` /
-``DQNTrainer``, built from ``EnvSpaces``: no env copies of its own) on its slice, so the engine's own update,
+The group collects one joint rollout per iteration (all kinds acting together), cuts it into one
+``Rollout`` per kind, and calls ``update(rollout)`` of that kind's RL-core trainer (``PPO`` /
+``DQN``, built from ``EnvSpaces``: no env copies of its own) on its slice, so the RL core's own update,
 replay buffer, schedules, metrics and checkpoints run unchanged. The loop (checkpoint cadence, callback, stop)
-is the engine's ``train_loop``. The env copies are an ``envs.multiagent.RemoteJointEnv`` (the env runtime, as
+is the RL core's ``train_loop``. The env copies are an ``envs.multiagent.RemoteJointEnv`` (the env runtime, as
 ``RemoteEnv`` is for ``Trainer``): with ``backend="ray"`` they are split over Ray actors; noise is drawn per env
 copy, so the rollouts are the same as in-process, bit for bit.
-The public shape mirrors the engine's trainers:
+The public shape mirrors the RL core's trainers:
 ``train(steps, callback, checkpoint_dir, checkpoint_every)``, ``evaluate``, ``save``/``load``, ``export``.
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from opentinker.agents.checkpoint import atomic_save, load_checkpoint
-from opentinker.agents.dqn import DQNTrainer
+from opentinker.agents.dqn import DQN
 from opentinker.agents.evaluation import EvalResult
 from opentinker.agents.export import export_policy
-from opentinker.agents.ppo import PPOTrainer
+from opentinker.agents.ppo import PPO
 from opentinker.agents.trainer import Trainer, check_train_args, torch_threads, train_loop
 from opentinker.envs.base import EnvSpaces
 from opentinker.envs.joint import JointEnvs, run_episodes
@@ -36,7 +36,7 @@ from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.remote_env import BACKENDS
 from opentinker.envs.rollout import Rollout, derive_seed
 
-ENGINE: dict[str, type[Trainer]] = {"PPO": PPOTrainer, "DQN": DQNTrainer}
+ENGINE: dict[str, type[Trainer]] = {"PPO": PPO, "DQN": DQN}
 # Small MLPs gain nothing from intra-op threads, and two learners sharing a few cores thrash with them.
 KIND_DEFAULTS = {"torch_threads": 1}
 GroupCallback = Callable[[dict[str, float], int], "bool | None"]
@@ -47,7 +47,7 @@ class GroupTrainer:
     that ``AgentGroup``; not imported here, since its ``build`` imports this module).
 
     ``global_step`` counts env steps over all env copies (``num_envs * n_steps`` per iteration); each kind's
-    engine trainer counts its own agent-steps. Frozen kinds (``freeze``) keep acting but are not updated.
+    RL-core trainer counts its own agent-steps. Frozen kinds (``freeze``) keep acting but are not updated.
     ``backend``: "local" (env copies in this process), "ray" (split over ``workers`` Ray actors; default one
     per CPU of the cluster) or "auto" (``RemoteEnv``'s rule: Ray only for 16+ copies of an env whose joint
     step takes >= 1 ms). Same seed, same rollouts on either backend and any number of workers.
@@ -115,7 +115,7 @@ class GroupTrainer:
         return self.envs.joint
 
     def kind_spaces(self, kind: str) -> EnvSpaces:
-        """What the kind's engine trainer knows of the env: a name and the kind's spaces (channel included)."""
+        """What the kind's RL-core trainer knows of the env: a name and the kind's spaces (channel included)."""
         return EnvSpaces(f"{self.env_id}:{kind}", self.observation_spaces[kind], self.action_spaces[kind])
 
     def env_state(self) -> JointEnvs:
@@ -160,7 +160,7 @@ class GroupTrainer:
     ) -> dict[str, float]:
         """Train every unfrozen kind until ``global_step >= steps``; metrics of the last iteration.
 
-        Metric names are the engine's prefixed by the kind (``predator/losses/policy``) plus the group's
+        Metric names are the RL core's prefixed by the kind (``predator/losses/policy``) plus the group's
         ``charts/sps`` and ``charts/agent_steps_per_s``. ``callback(metrics, global_step)`` returning False stops.
         """
         steps = check_train_args(steps, checkpoint_dir, checkpoint_every)
@@ -180,7 +180,7 @@ class GroupTrainer:
         # 1. One joint rollout with every kind's current policy.
         rollouts, terminated_fraction = self.collect()
         self.global_step += self.num_envs * self.n_steps
-        # 2. Each unfrozen kind runs exactly its engine update on its slice (and counts the iteration).
+        # 2. Each unfrozen kind runs exactly its update on its slice (and counts the iteration).
         metrics: dict[str, float] = {}
         for kind, t in self.trainers.items():
             rollout = rollouts[kind]
@@ -228,7 +228,7 @@ class GroupTrainer:
 
     # -- persistence -------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
-        """One atomic file: every kind's engine checkpoint, the env copies' state and the group's counters."""
+        """One atomic file: every kind's trainer checkpoint, the env copies' state and the group's counters."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".group-") as tmp:
@@ -306,7 +306,7 @@ class GroupTrainer:
         return trainer
 
     def export(self, directory: str | os.PathLike, metadata: dict | None = None) -> dict[str, Path]:
-        """One engine export per kind under ``directory/<kind>`` (serve any kind's policy on its own)."""
+        """One policy export per kind under ``directory/<kind>`` (serve any kind's policy on its own)."""
         out = {}
         for kind, t in self.trainers.items():
             meta = {

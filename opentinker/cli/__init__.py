@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from opentinker.cli import agent, client, cluster, federated, quickstart, serve, server, stack, train
+from opentinker.cli import agent, client, cluster, federated, quickstart, serve, server, stack, tinker, train
 
 app = typer.Typer(
     help="OpenTinker: train, track, federate and serve RL agents.",
@@ -25,5 +25,6 @@ app.add_typer(agent.app, name="agent")
 app.add_typer(server.app, name="server")
 app.add_typer(client.app)
 app.add_typer(client.jobs_app, name="jobs")
+app.add_typer(tinker.app, name="tinker")
 
 __all__ = ["app"]

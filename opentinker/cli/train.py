@@ -15,8 +15,8 @@ Algo = Annotated[
     str | None,
     typer.Option(
         "--algo",
-        help="Algorithm: ppo or dqn (default ppo); grpo trains an LLM agent's language model on a text env "
-        "(a shipped task: arithmetic, tool_arithmetic; or your TextEnv as package.module:factory).",
+        help="Algorithm: ppo, dqn, sac or td3 (default ppo); grpo trains an LLM agent's language model on a text "
+        "env (a shipped task: arithmetic, tool_arithmetic; or your TextEnv as package.module:factory).",
     ),
 ]
 Config = Annotated[Path | None, typer.Option(help="TOML or JSON file of RunSpec fields (docs/pipeline.md).")]

@@ -16,25 +16,48 @@ from opentinker.tracking.registry import ModelRef, PolicyStoreError, resolve_pol
 from opentinker.tracking.runs import configure_mlflow
 
 
-def log_adapter_model(adapter_dir: str | Path, run_id: str, registered_name: str, tags: dict[str, str]) -> str:
-    """Log the adapter folder into ``run_id`` and register it as a new version of ``registered_name``."""
+def log_adapter_model(
+    adapter_dir: str | Path, run_id: str, registered_name: str, tags: dict[str, str], tracking_uri: str | None = None
+) -> str:
+    """Log the adapter folder into ``run_id`` and register it as a new version of ``registered_name``.
+
+    ``tracking_uri``: a store other than the configured one (the server registers into each tenant's); MLflow's
+    fluent API is process-wide, so the caller serialises such calls."""
     from opentinker.agents.lm_policy import ADAPTER_META
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / ADAPTER_META).is_file():
         raise PolicyStoreError(f"adapter_dir: expected a folder with {ADAPTER_META}, got {adapter_dir}")
     mlflow = configure_mlflow()
-    client = mlflow.MlflowClient()
-    mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
-    with mlflow.start_run(run_id=run_id):
-        info = mlflow.pyfunc.log_model(
-            name="adapter",
-            loader_module="opentinker.tracking.llm_store",
-            data_path=str(adapter_dir),
-            metadata={"opentinker_llm": tags},
-        )
-    version = mlflow.register_model(info.model_uri, registered_name, tags=tags)
+    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_registry_uri(tracking_uri)
+    try:
+        client = mlflow.MlflowClient()
+        mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name="adapter",
+                loader_module="opentinker.tracking.llm_store",
+                data_path=str(adapter_dir),
+                metadata={"opentinker_llm": tags},
+                pip_requirements=_requirements(),
+            )
+        version = mlflow.register_model(info.model_uri, registered_name, tags=tags)
+    finally:
+        if tracking_uri:
+            mlflow.set_tracking_uri(previous[0])
+            mlflow.set_registry_uri(previous[1])
     return str(version.version)
+
+
+def _requirements() -> list[str]:
+    """What loading an adapter needs, pinned to this environment's versions (MLflow's inference of them runs the
+    loader in a subprocess: ~12 s a registration)."""
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name)}" for name in ("torch", "transformers", "peft", "safetensors", "tokenizers")]
 
 
 def download_adapter(model_uri: str) -> tuple[ModelRef, Path]:

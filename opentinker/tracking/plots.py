@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 RETURN_KEYS = ("charts/episodic_return_mean", "charts/episodic_return")
-"""Engine metric names tried, in order, for the mean episodic return."""
+"""Metric names tried, in order, for the mean episodic return."""
 
 
 def _series(history: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:

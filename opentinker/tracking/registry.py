@@ -1,6 +1,6 @@
 """Policies in the MLflow model registry: the one place that knows OpenTinker's MLflow model format.
 
-Format: an MLflow pyfunc model whose data is the engine's export directory
+Format: an MLflow pyfunc model whose data is the RL core's export directory
 (``agents.export.export_policy``: ``policy.json`` + ``weights.npz``), loaded through this module as
 its loader module (no pickled code), with a tensor signature derived from the policy's spaces and
 the export's spec as model metadata. Any MLflow client can ``mlflow.pyfunc.load_model(uri).predict(obs_batch)``;

@@ -1,6 +1,6 @@
 """MLflow edge: where runs go (the one setup function, from settings), and the per-iteration metrics callback.
 
-The RL engine never imports MLflow; it calls ``callback(metrics, step)`` once per iteration.
+The RL core never imports MLflow; it calls ``callback(metrics, step)`` once per iteration.
 ``MetricsLogger`` is that callback: it adds system metrics (CPU %, RSS, GPU via NVML), keeps
 the history for the plots and flushes metrics to MLflow in batches so that tracking costs
 milliseconds per iteration, not a round-trip each.
@@ -173,7 +173,7 @@ def _nvml_handles() -> list[Any]:
 
 
 class MetricsLogger:
-    """The engine's ``callback(metrics, step)``: history for plots, batched MLflow writes, progress.
+    """The RL core's ``callback(metrics, step)``: history for plots, batched MLflow writes, progress.
 
     Every iteration goes to the history; MLflow gets a row each ``total_steps / MAX_ROWS`` env steps (every
     iteration of a shorter run), holding the latest value of each metric reported since the previous row, so a

@@ -1,0 +1,273 @@
+"""Batched sampling with a KV cache: many requests at once, each with its own adapter, seed and stop rules.
+
+The requests' prompts are prefilled together (left-padded, one forward), each prompt's cache is repeated for its
+``num_samples`` rows, then all rows decode token by token; a row leaves the batch (and the cache) when it stops.
+Per row: temperature (0: greedy), top-k, top-p, a ``torch.Generator`` seeded from (seed, sample index), stop token
+ids and stop strings. Reported logprobs are the model's own (temperature 1, before top-k/top-p): the numbers the
+trainer's forward gives for the same tokens, so an importance ratio starts at 1.
+
+``Sampler`` is the seam for other engines. ``HFSampler`` runs transformers + peft (CPU or CUDA). A vLLM sampler
+(the field's standard on GPUs, multi-LoRA serving with a ``LoRARequest`` per adapter folder written by
+``MultiLoraModel.save``) would implement the same ``sample`` and ``add``/``remove`` of sampler adapters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from opentinker.agents.lm_rollout import sample_seed, stop_token_ids
+from opentinker.agents.multi_lora import BASE, MultiLoraModel
+
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+MAX_TOPK = 20
+
+
+class SamplingError(ValueError):
+    """A request the sampler cannot run: the message names the field and what was expected."""
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How one request samples (Tinker's ``SamplingParams``)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = -1
+    """<= 0: no limit."""
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_tokens: tuple[int, ...] = ()
+    """Token ids that end a row (kept as its last token), besides the end-of-text ones when ``stop_at_eos``."""
+    stop_strings: tuple[str, ...] = ()
+    """A row ends once its decoded text contains one of these."""
+    stop_at_eos: bool = True
+    """The model's end-of-text tokens end a row (Tinker's ``stop=[]`` turns this off: only max_tokens ends it)."""
+
+
+@dataclass(frozen=True)
+class SampleJob:
+    """One request: ``num_samples`` completions of ``prompt`` from ``adapter`` (None: the base model)."""
+
+    prompt: Sequence[int]
+    num_samples: int
+    spec: SamplingSpec
+    adapter: str | None = None
+    prompt_logprobs: bool = False
+    topk_prompt: int = 0
+    topk_sample: int = 0
+
+
+@dataclass
+class Completion:
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    topk: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    stop_reason: str = "length"
+    """"stop" (a stop token or string ended it) or "length" (max_tokens or the context ran out)."""
+
+
+@dataclass
+class JobResult:
+    completions: list[Completion]
+    prompt_logprobs: np.ndarray | None = None
+    """float32 (len(prompt),), NaN at position 0 (nothing before it)."""
+    prompt_topk: tuple[np.ndarray, np.ndarray] | None = None
+    """(token ids, logprobs), each (len(prompt), k); position 0 holds id 0 and -99999 (Tinker's empty cell)."""
+
+
+class Sampler(Protocol):
+    def sample(self, jobs: Sequence[SampleJob]) -> list[JobResult]: ...
+
+
+def check_job(job: SampleJob, vocab_size: int, max_context: int) -> None:
+    """Refuse what the sampler cannot do, naming the field (before any compute)."""
+    spec = job.spec
+    n = len(job.prompt)
+    if n == 0:
+        raise SamplingError("prompt: expected at least one token")
+    if min(job.prompt) < 0 or max(job.prompt) >= vocab_size:
+        raise SamplingError(f"prompt: token ids must be in [0, {vocab_size})")
+    if not 1 <= job.num_samples <= 256:
+        raise SamplingError(f"num_samples must be in [1, 256], got {job.num_samples}")
+    if not isinstance(spec.max_tokens, int) or spec.max_tokens < 1:
+        raise SamplingError(f"sampling_params.max_tokens must be an int >= 1, got {spec.max_tokens!r}")
+    if n + spec.max_tokens > max_context:
+        raise SamplingError(
+            f"prompt: {n} tokens + max_tokens {spec.max_tokens} exceed the model's context of {max_context}"
+        )
+    if not (math.isfinite(spec.temperature) and spec.temperature >= 0):
+        raise SamplingError(f"sampling_params.temperature must be >= 0, got {spec.temperature}")
+    if not 0 < spec.top_p <= 1:
+        raise SamplingError(f"sampling_params.top_p must be in (0, 1], got {spec.top_p}")
+    stops = list(spec.stop_tokens) + list(spec.stop_strings)
+    if len(stops) > MAX_STOPS:
+        raise SamplingError(f"sampling_params.stop: at most {MAX_STOPS} stop sequences, got {len(stops)}")
+    for token in spec.stop_tokens:
+        if not 0 <= token < vocab_size:
+            raise SamplingError(f"sampling_params.stop: token id {token} is not in [0, {vocab_size})")
+    for text in spec.stop_strings:
+        if not text or len(text) > MAX_STOP_CHARS:
+            raise SamplingError(
+                f"sampling_params.stop: stop strings must be 1-{MAX_STOP_CHARS} characters, got {text!r}"
+            )
+    for name in ("topk_prompt", "topk_sample"):
+        if not 0 <= getattr(job, name) <= MAX_TOPK:
+            raise SamplingError(f"{name}_logprobs must be in [0, {MAX_TOPK}], got {getattr(job, name)}")
+
+
+class HFSampler:
+    """Sampling on a ``MultiLoraModel`` (its adapters by name) with transformers' KV cache."""
+
+    def __init__(self, model: MultiLoraModel):
+        self.model = model
+        self.default_stops = tuple(stop_token_ids(model.tokenizer))
+
+    @torch.no_grad()
+    def sample(self, jobs: Sequence[SampleJob]) -> list[JobResult]:
+        for job in jobs:
+            check_job(job, self.model.vocab_size, self.model.max_context)
+        results = [JobResult([Completion() for _ in range(job.num_samples)]) for job in jobs]
+        logits, cache, attention = self._prefill(jobs, results)
+        rows = [(j, i) for j, job in enumerate(jobs) for i in range(job.num_samples)]
+        index = torch.tensor([j for j, _ in rows], device=self.model.device)
+        cache.reorder_cache(index)
+        attention, logits = attention[index], logits[index]
+        generators = [_generator(jobs[j].spec.seed, i) for j, i in rows]
+        while rows:
+            tokens, keep = [], []
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            drawn = _draw(logits, [jobs[j].spec for j, _ in rows], generators)
+            for r, (j, i) in enumerate(rows):
+                job, completion = jobs[j], results[j].completions[i]
+                token = drawn[r]
+                completion.tokens.append(token)
+                completion.logprobs.append(float(logp[r, token]))
+                if job.topk_sample:
+                    top = torch.topk(logp[r], job.topk_sample)
+                    completion.topk.append((top.indices.tolist(), top.values.tolist()))
+                if self._stopped(job, completion):
+                    completion.stop_reason = "stop"
+                elif len(completion.tokens) < job.spec.max_tokens:
+                    keep.append(r)
+                    tokens.append(token)
+            if not keep:
+                break
+            if len(keep) < len(rows):
+                selected = torch.tensor(keep, device=self.model.device)
+                cache.reorder_cache(selected)
+                attention = attention[selected]
+                rows, generators = [rows[r] for r in keep], [generators[r] for r in keep]
+            attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
+            positions = attention.sum(dim=1, keepdim=True) - 1
+            out = self._forward(
+                [jobs[j].adapter for j, _ in rows],
+                input_ids=torch.tensor(tokens, device=self.model.device).unsqueeze(1),
+                attention_mask=attention,
+                position_ids=positions,
+                cache=cache,
+                use_cache=True,
+            )
+            logits, cache = out.logits[:, -1], out.cache
+        return results
+
+    def _prefill(
+        self, jobs: Sequence[SampleJob], results: list[JobResult]
+    ) -> tuple[torch.Tensor, object, torch.Tensor]:
+        """One forward over the left-padded prompts: next-token logits per job, the cache, the attention mask; fills
+        the prompt logprobs of the jobs that asked."""
+        pad = self.model.tokenizer.pad_token_id or 0
+        width = max(len(job.prompt) for job in jobs)
+        ids = torch.tensor([[pad] * (width - len(j.prompt)) + list(j.prompt) for j in jobs], device=self.model.device)
+        attention = torch.tensor(
+            [[0] * (width - len(j.prompt)) + [1] * len(j.prompt) for j in jobs], device=self.model.device
+        )
+        scored = any(job.prompt_logprobs or job.topk_prompt for job in jobs)
+        out = self._forward(
+            [job.adapter for job in jobs],
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=(attention.cumsum(dim=1) - 1).clamp(min=0),
+            use_cache=True,
+            logits_to_keep=0 if scored else 1,
+        )
+        for j, job in enumerate(jobs):
+            if job.prompt_logprobs or job.topk_prompt:
+                n = len(job.prompt)
+                logp = torch.log_softmax(out.logits[j, width - n : width - 1].float(), dim=-1)
+                results[j].prompt_logprobs = _prompt_logprobs(logp, job.prompt)
+                if job.topk_prompt:
+                    results[j].prompt_topk = _prompt_topk(logp, job.topk_prompt)
+        return out.logits[:, -1], out.cache, attention
+
+    def _forward(self, names: Sequence[str | None], **inputs) -> Any:
+        """One forward, each row through its adapter: one adapter for the whole batch when they all share it, else
+        peft's mixed batch (``adapter_names``; ``"__base__"`` for the bare model)."""
+        unknown = [n for n in names if n is not None and n not in self.model.shapes]
+        if unknown:
+            raise SamplingError(f"no adapter {unknown[0]!r} is loaded")
+        if len(set(names)) == 1:
+            with self.model.using(names[0]):
+                return self.model.model(**inputs)
+        return self.model.model(**inputs, adapter_names=[name or BASE for name in names])
+
+    def _stopped(self, job: SampleJob, completion: Completion) -> bool:
+        last = completion.tokens[-1]
+        if last in job.spec.stop_tokens or (job.spec.stop_at_eos and last in self.default_stops):
+            return True
+        if job.spec.stop_strings:
+            text = self.model.tokenizer.decode(completion.tokens, skip_special_tokens=False)
+            return any(s in text for s in job.spec.stop_strings)
+        return False
+
+
+def _generator(seed: int | None, index: int) -> torch.Generator:
+    """Row ``index``'s own random stream: from (seed, index) when seeded, else fresh entropy."""
+    if seed is None:
+        seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1))
+    return torch.Generator().manual_seed(sample_seed(seed, index))
+
+
+def _draw(logits: torch.Tensor, specs: Sequence[SamplingSpec], generators: Sequence[torch.Generator]) -> list[int]:
+    """One token per row: greedy at temperature 0, else from softmax(logits / T) cut to the row's top-k and top-p
+    mass, by inverting the row's CDF at one uniform draw from the row's own generator (so a row's tokens do not
+    depend on the other rows of the batch)."""
+    scaled = logits.float().cpu()
+    temperature = torch.tensor([s.temperature if s.temperature > 0 else 1.0 for s in specs]).unsqueeze(1)
+    scaled = scaled / temperature
+    vocab = scaled.shape[1]
+    ks = torch.tensor([s.top_k if 0 < s.top_k < vocab else vocab for s in specs])
+    if (ks < vocab).any():
+        top = torch.topk(scaled, int(ks.max()), dim=-1).values
+        kth = top.gather(1, (ks - 1).clamp(max=top.shape[1] - 1).unsqueeze(1))
+        scaled = scaled.masked_fill((scaled < kth) & (ks < vocab).unsqueeze(1), -math.inf)
+    probs = torch.softmax(scaled, dim=-1)
+    top_p = torch.tensor([s.top_p for s in specs])
+    if (top_p < 1).any():
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p.unsqueeze(1)
+        probs = probs.scatter(1, order, sorted_probs.masked_fill(outside, 0.0))
+    cdf = probs.cumsum(-1)
+    uniform = torch.tensor([float(torch.rand(1, generator=g)) for g in generators]).unsqueeze(1)
+    drawn = torch.searchsorted(cdf, uniform * cdf[:, -1:], right=True).clamp(max=vocab - 1).squeeze(1)
+    greedy = torch.argmax(logits.float().cpu(), dim=-1)
+    return [int(greedy[r] if s.temperature == 0 else drawn[r]) for r, s in enumerate(specs)]
+
+
+def _prompt_logprobs(logp: torch.Tensor, prompt: Sequence[int]) -> np.ndarray:
+    targets = torch.as_tensor(list(prompt[1:]), device=logp.device)
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).cpu().numpy()
+    return np.concatenate([[np.nan], picked]).astype(np.float32)
+
+
+def _prompt_topk(logp: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    top = torch.topk(logp, k, dim=-1)
+    ids = np.concatenate([np.zeros((1, k), np.int32), top.indices.cpu().numpy().astype(np.int32)])
+    values = np.concatenate([np.full((1, k), -99999.0, np.float32), top.values.cpu().numpy().astype(np.float32)])
+    return ids, values

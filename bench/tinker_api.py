@@ -1,0 +1,362 @@
+"""A GRPO loop written against the official Tinker SDK, through OpenTinker's server, vs the built-in GRPO.
+
+    .venv/bin/python bench/tinker_api.py --steps 30 --prompts-per-step 4 --group-size 8 --lr 5e-4 --eval-prompts 32
+
+Both halves train a rank-16 LoRA adapter (alpha 32, attention and MLP projections) on SmolLM2-135M-Instruct for
+``arithmetic``'s train split, on the same prompts in the same order (``PromptSampler``), with the same group size,
+max new tokens, temperature, learning rate, AdamW settings (betas 0.9/0.999, eps 1e-8, clip 1.0), group-normalised
+advantages and token-level REINFORCE (one pass per batch, so PPO's ratio is 1): the SDK loop sends it as
+``importance_sampling`` with each token's advantage divided by the step's completion tokens, which is the built-in's
+token mean. Episodes are the env's (a ``python_repl`` call allowed, two turns); the SDK loop plays them client-side,
+sampling through the server (a group's first turn is one ``num_samples`` request). Held-out success: greedy, the
+first ``--eval-prompts`` held-out prompts, before and after. Then p50/p99 latencies of ``forward_backward``,
+``optim_step`` and ``sample`` futures (submit to result, one at a time) on the tiny model. Floors: the SDK loop's
+completions/s >= 0.8x the built-in's; held-out success after equal within noise (|difference| <= 2 standard errors).
+Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+RATIO_FLOOR = 0.8
+
+
+# -- the server -------------------------------------------------------------------------------------------------------
+def start_server(args, root: Path):
+    """``opentinker server up`` with the Tinker API on SmolLM2 and the tiny model, and a key for tenant ``bench``."""
+    from opentinker.server.db import Store
+    from opentinker.server.keys import KeyRing
+    from opentinker.server.launcher import start_server as launch
+
+    env = {
+        **os.environ,
+        "OPENTINKER_DATA_DIR": str(root / "data"),
+        "OPENTINKER_TINKER_BASE_MODELS": json.dumps([args.base, "tiny"]),
+        "OPENTINKER_TINKER_CACHE_DIR": args.cache_dir,
+    }
+    if args.server_threads:
+        env["OPENTINKER_TINKER_THREADS"] = str(args.server_threads)
+    service = launch(root / "server.log", jobs=False, env=env)
+    store = Store(f"sqlite:///{root / 'data' / 'server' / 'server.db'}")
+    try:
+        key = KeyRing(store).create("bench", ("tinker",))[1]
+    finally:
+        store.close()
+    return service, key
+
+
+# -- the SDK loop -----------------------------------------------------------------------------------------------------
+def play(sampler, tokenizer, envs, indices, group_size: int, max_tokens: int, temperature: float, seed: int):
+    """Play ``group_size`` episodes of each prompt index through the sampler, every turn's requests in flight at
+    once (the server batches them); returns the episodes and each turn's sampled logprobs."""
+    from tinker import types
+
+    from opentinker.agents.lm_rollout import Episode, Turn
+
+    episodes, chats, logprobs = [], [], []
+    for g, index in enumerate(indices):
+        for _ in range(group_size):
+            env = envs[len(episodes)]
+            obs, info = env.reset(options={"index": int(index)})
+            episodes.append(Episode(group=g, index=info["index"], prompt=obs))
+            chats.append(
+                [{"role": "system", "content": env.system_prompt}, *env.prefix, {"role": "user", "content": obs}]
+            )
+            logprobs.append([])
+    active, turn = list(range(len(episodes))), 0
+    while active:
+        prompts = {
+            i: tokenizer.apply_chat_template(chats[i], add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+            for i in active
+        }
+        params = types.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed * 1000 + turn)
+        if turn == 0:  # a group shares its first prompt: one request for the whole group
+            firsts = [active[k : k + group_size] for k in range(0, len(active), group_size)]
+            futures = [
+                (rows, sampler.sample(types.ModelInput.from_ints(prompts[rows[0]]), len(rows), params))
+                for rows in firsts
+            ]
+        else:
+            futures = [([i], sampler.sample(types.ModelInput.from_ints(prompts[i]), 1, params)) for i in active]
+        still = []
+        for rows, future in futures:
+            for i, sequence in zip(rows, future.result().sequences):
+                text = tokenizer.decode(sequence.tokens, skip_special_tokens=True).strip()
+                obs, reward, terminated, truncated, info = envs[i].step(text)
+                episode = episodes[i]
+                episode.turns.append(Turn(list(prompts[i]), list(sequence.tokens)))
+                logprobs[i].append(list(sequence.logprobs or []))
+                episode.reward += float(reward)
+                episode.tool_calls += len(info["tool_calls"])
+                episode.invalid_tool_calls += info["invalid_tool_calls"]
+                chats[i].append({"role": "assistant", "content": text})
+                if terminated or truncated:
+                    episode.success, episode.answer = bool(info["success"]), info.get("answer", "")
+                else:
+                    chats[i].append({"role": "user", "content": obs})
+                    still.append(i)
+        active, turn = sorted(still), turn + 1
+    return episodes, logprobs
+
+
+def grpo_datums(episodes, logprobs, group_size: int):
+    """The step's ``importance_sampling`` data: every generated turn of every episode with a non-zero
+    group-normalised advantage, each token's advantage divided by the step's completion tokens."""
+    import numpy as np
+    import torch
+    from tinker import types
+
+    from opentinker.agents.grpo import group_advantages
+
+    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float32).view(-1, group_size)
+    advantages = group_advantages(rewards, scale=True).flatten().tolist()
+    n_tokens = sum(len(t.completion_ids) for e in episodes for t in e.turns)
+    data = []
+    for episode, advantage, turn_logprobs in zip(episodes, advantages, logprobs):
+        if advantage == 0:
+            continue
+        for turn, sampled in zip(episode.turns, turn_logprobs):
+            if not turn.completion_ids:
+                continue
+            full, pad = turn.prompt_ids + turn.completion_ids, [0.0] * (len(turn.prompt_ids) - 1)
+            data.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(full[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": np.array(full[1:], dtype=np.int64),
+                        "logprobs": np.array(pad + sampled, dtype=np.float32),
+                        "advantages": np.array(pad + [advantage / n_tokens] * len(turn.completion_ids), np.float32),
+                    },
+                )
+            )
+    return data
+
+
+def heldout(sampler, tokenizer, args) -> float:
+    from opentinker.envs.text_tasks import make_text_env
+
+    envs = [make_text_env("arithmetic", "heldout", 0) for _ in range(args.eval_prompts)]
+    episodes, _ = play(sampler, tokenizer, envs, list(range(args.eval_prompts)), 1, args.max_new_tokens, 0.0, 0)
+    return sum(e.success for e in episodes) / len(episodes)
+
+
+def sdk_run(args, url: str, key: str) -> dict:
+    import tinker
+    from tinker import types
+
+    from opentinker.agents.grpo_trainer import PromptSampler
+    from opentinker.envs.text_tasks import make_text_env, task_examples
+    from opentinker.server.tinker.core import DISPLAY_NAMES
+
+    service = tinker.ServiceClient(base_url=url, api_key=key)
+    model = DISPLAY_NAMES[args.base]
+    try:
+        training = service.create_lora_training_client(model, rank=16, seed=args.seed, train_unembed=False).result()
+        tokenizer = training.get_tokenizer()
+        before = heldout(service.create_sampling_client(base_model=model).result(), tokenizer, args)
+        envs = [make_text_env("arithmetic", "train", 0) for _ in range(args.group_size * args.prompts_per_step)]
+        prompts = PromptSampler(len(task_examples("arithmetic", "train", 0)), args.seed)
+        adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=1.0)
+        curve, seconds = [], 0.0
+        for step in range(args.steps):
+            started = time.perf_counter()
+            sampler = training.save_weights_and_get_sampling_client().result()
+            episodes, logprobs = play(
+                sampler,
+                tokenizer,
+                envs,
+                prompts.draw(args.prompts_per_step),
+                args.group_size,
+                args.max_new_tokens,
+                args.temperature,
+                args.seed * 100_000 + step,
+            )
+            data = grpo_datums(episodes, logprobs, args.group_size)
+            if data:
+                fwd_bwd = training.forward_backward(data, "importance_sampling")
+                training.optim_step(adam).result()
+                fwd_bwd.result()
+            seconds += time.perf_counter() - started
+            reward = sum(e.reward for e in episodes) / len(episodes)
+            curve.append({"step": step + 1, "reward": reward, "seconds": seconds})
+            print(f"sdk step {step + 1}: train reward {reward:.3f} at {seconds:.0f} s", flush=True)
+        final = training.save_weights_for_sampler("final").result().path
+        after = heldout(service.create_sampling_client(model_path=final).result(), tokenizer, args)
+    finally:
+        service.close("success").result()
+    completions = args.steps * args.group_size * args.prompts_per_step
+    return {
+        "completions_per_s": completions / seconds,
+        "s_per_step": seconds / args.steps,
+        "heldout_before": before,
+        "heldout_after": after,
+        "curve": curve,
+    }
+
+
+def builtin_run(args) -> dict:
+    from opentinker.agents.grpo import GRPOConfig
+    from opentinker.agents.grpo_trainer import GRPOTrainer
+
+    config = GRPOConfig(
+        task="arithmetic",
+        base_model=args.base,
+        group_size=args.group_size,
+        prompts_per_step=args.prompts_per_step,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        learning_rate=args.lr,
+        kl_coef=0.0,
+        loss_norm="token",
+        eval_prompts=args.eval_prompts,
+        cache_dir=args.cache_dir,
+    )
+    trainer = GRPOTrainer(config, seed=args.seed, workers=args.workers, backend=args.builtin_backend)
+    try:
+        before = trainer.evaluate(base=True).success
+        curve, started = [], time.perf_counter()
+
+        def point(metrics, step):
+            seconds = time.perf_counter() - started
+            curve.append({"step": step, "reward": metrics["train/reward_mean"], "seconds": seconds})
+            print(
+                f"built-in step {step}: train reward {metrics['train/reward_mean']:.3f} at {seconds:.0f} s", flush=True
+            )
+
+        trainer.train(args.steps, callback=point)
+        seconds = time.perf_counter() - started
+        after = trainer.evaluate().success
+    finally:
+        trainer.close()
+        if args.builtin_backend == "ray":
+            import ray
+
+            ray.shutdown()
+    completions = args.steps * args.group_size * args.prompts_per_step
+    return {
+        "completions_per_s": completions / seconds,
+        "s_per_step": seconds / args.steps,
+        "heldout_before": before,
+        "heldout_after": after,
+        "curve": curve,
+    }
+
+
+# -- latency on the tiny model ----------------------------------------------------------------------------------------
+def latencies(args, url: str, key: str) -> dict:
+    """Submit-to-result milliseconds of each kind of future, one request at a time, on the tiny model."""
+    import numpy as np
+    import tinker
+    from tinker import types
+
+    service = tinker.ServiceClient(base_url=url, api_key=key)
+    try:
+        training = service.create_lora_training_client("opentinker/tiny-llama", rank=8, seed=0).result()
+        tokens = list(range(100, 164))
+        batch = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "weights": np.ones(63, np.float32)},
+            )
+        ] * 4
+        sampler = training.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=16, temperature=1.0)
+        calls = {
+            "forward_backward": lambda: training.forward_backward(batch, "cross_entropy").result(),
+            "optim_step": lambda: training.optim_step(types.AdamParams(learning_rate=1e-4)).result(),
+            "sample": lambda: sampler.sample(types.ModelInput.from_ints(tokens[:16]), 4, params).result(),
+        }
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(args.latency_iters):
+            for name, call in calls.items():
+                started = time.perf_counter()
+                call()
+                times[name].append((time.perf_counter() - started) * 1000)
+    finally:
+        service.close("success").result()
+    return {
+        name: {"p50_ms": float(np.percentile(t, 50)), "p99_ms": float(np.percentile(t, 99)), "n": len(t)}
+        for name, t in times.items()
+    }
+
+
+def within_noise(a: float, b: float, n: int) -> bool:
+    """|a - b| <= 2 standard errors of the difference of two success rates over ``n`` prompts each (at least one
+    prompt's worth, so two perfect or two zero rates are equal)."""
+    se = math.sqrt((a * (1 - a) + b * (1 - b)) / n)
+    return abs(a - b) <= max(2 * se, 1 / n)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--eval-prompts", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--base", default="smollm2", help="'smollm2' (the bench) or 'tiny' (a smoke test).")
+    parser.add_argument("--builtin-backend", choices=("ray", "local"), default="ray")
+    parser.add_argument("--workers", type=int, default=2, help="The built-in GRPO's rollout workers.")
+    parser.add_argument("--server-threads", type=int, default=None, help="torch threads of the server's worker.")
+    parser.add_argument("--latency-iters", type=int, default=30)
+    parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache"))
+    parser.add_argument("--out-dir", default="/tmp/opentinker-bench-tinker-api")
+    args = parser.parse_args()
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    load_at_start = round(os.getloadavg()[0], 2)  # figures count only from a quiet machine: say how busy it was
+    server, key = start_server(args, Path(tempfile.mkdtemp(prefix="server-", dir=out)))
+    try:
+        latency = latencies(args, server.url, key)
+        print("latency (tiny model):", json.dumps(latency), flush=True)
+        sdk = sdk_run(args, server.url, key)
+        print("sdk:", json.dumps({k: v for k, v in sdk.items() if k != "curve"}), flush=True)
+    finally:
+        server.stop()
+    builtin = builtin_run(args)
+    print("built-in:", json.dumps({k: v for k, v in builtin.items() if k != "curve"}), flush=True)
+    (out / "curves.json").write_text(json.dumps({"sdk": sdk, "builtin": builtin}, indent=1))
+    ratio = sdk["completions_per_s"] / builtin["completions_per_s"]
+    line = {
+        "bench": "tinker_api",
+        "base": args.base,
+        "steps": args.steps,
+        "group_size": args.group_size,
+        "prompts_per_step": args.prompts_per_step,
+        "max_new_tokens": args.max_new_tokens,
+        "lr": args.lr,
+        "eval_prompts": args.eval_prompts,
+        "builtin_backend": f"{args.builtin_backend} x{args.workers}",
+        "load_avg_1m_start_end": [load_at_start, round(os.getloadavg()[0], 2)],
+        **{f"sdk_{k}": v for k, v in sdk.items() if k != "curve"},
+        **{f"builtin_{k}": v for k, v in builtin.items() if k != "curve"},
+        "completions_per_s_ratio": ratio,
+        "ratio_floor": RATIO_FLOOR,
+        "ratio_ok": ratio >= RATIO_FLOOR,
+        "heldout_equal_within_noise": within_noise(sdk["heldout_after"], builtin["heldout_after"], args.eval_prompts),
+        "latency_tiny_ms": latency,
+        "rerun": "python bench/tinker_api.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {v}"
+            for k, v in vars(args).items()
+            if v is not None and k not in ("out_dir", "cache_dir")
+        ),
+    }
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()

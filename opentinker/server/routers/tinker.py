@@ -1,0 +1,326 @@
+"""``/api/v1``: the Tinker API as the official ``tinker`` SDK (0.38) calls it (docs/tinker_api.md lists every call).
+
+Every route but ``/api/v1/healthz`` needs a key with the ``tinker`` scope (the SDK sends it as ``X-API-Key``); bodies
+are parsed by the SDK's own request models, ``forward_backward`` bodies are its protobuf. The work is
+``opentinker.server.tinker.service``'s; this module only speaks HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from tinker import types
+
+from ..auth import Caller, require_scope
+from ..tinker import wire
+from ..tinker.errors import BadRequest, NotFound, TinkerHTTPError
+from ..tinker.service import TinkerService
+from ..tinker.store import CheckpointError, CheckpointNotFound
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _TinkerRoute(APIRoute):
+    """The service's errors as the HTTP answers the SDK acts on (402 pause, 404, 410, 429 back off, ...)."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except TinkerHTTPError as error:
+                headers = {"Retry-After": f"{error.retry_after:g}"} if error.retry_after else None
+                return JSONResponse({"detail": error.detail}, status_code=error.status, headers=headers)
+
+        return route
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI):
+    """The service (and its worker, tracking writer and reaper) for the life of the app."""
+    service = TinkerService(app.state.settings, asyncio.get_running_loop())
+    app.state.tinker = service
+    reaper = asyncio.create_task(service.maintain())
+    try:
+        yield
+    finally:
+        reaper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reaper
+        await asyncio.to_thread(service.close)
+
+
+router = APIRouter(prefix="/api/v1", tags=["tinker"], route_class=_TinkerRoute, lifespan=_lifespan)
+TinkerCaller = Annotated[Caller, Depends(require_scope("tinker"))]
+
+
+def _service(request: Request) -> TinkerService:
+    return request.app.state.tinker
+
+
+Service = Annotated[TinkerService, Depends(_service)]
+
+
+async def _parse(request: Request, model: type[M]) -> M:
+    """The body as the SDK's request model; a bad one is a 400 naming the field."""
+    try:
+        return model.model_validate(json.loads(await request.body() or b"{}"))
+    except json.JSONDecodeError as error:
+        raise BadRequest(f"body: not JSON ({error.msg})") from None
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "body"
+        raise BadRequest(f"{field}: {first['msg']}") from None
+
+
+def _json(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json")
+
+
+# -- client and service -------------------------------------------------------------------------------------------
+@router.post("/client/config")
+def client_config(request: Request, caller: TinkerCaller) -> dict[str, Any]:
+    """Feature flags the SDK reads once: plain httpx, fwd/bwd chunks one after another (they then arrive in sequence
+    order) and no larger than the server's body limit, no server-side custom losses or session-wide polling."""
+    body_limit = int(request.app.state.settings.server_max_upload_mb * 2**20)
+    config = types.ClientConfigResponse(
+        use_pyqwest_transport=False,
+        parallel_fwdbwd_chunks=False,
+        fwdbwd_max_chunk_bytes_count=min(5_000_000, body_limit // 2),
+    )
+    return _json(config)
+
+
+@router.post("/client/dynamic_config")
+def client_dynamic_config(caller: TinkerCaller) -> dict[str, Any]:
+    return _json(types.ClientDynamicConfigResponse())
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, Any]:
+    return {"status": "ok"}
+
+
+@router.get("/get_server_capabilities")
+def get_server_capabilities(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.capabilities())
+
+
+@router.post("/telemetry")
+def telemetry(caller: TinkerCaller) -> dict[str, Any]:
+    """The SDK's crash and usage reports: accepted and dropped (this server keeps no telemetry)."""
+    return {"status": "accepted"}
+
+
+@router.get("/usage")
+def usage(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    """OpenTinker's own: the caller's live sessions, training clients, samplers, requests and checkpoint bytes."""
+    return service.usage(caller.tenant)
+
+
+# -- sessions -----------------------------------------------------------------------------------------------------
+@router.post("/create_session")
+async def create_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.create_session(caller.tenant, await _parse(request, types.CreateSessionRequest)))
+
+
+@router.post("/session_heartbeat")
+async def session_heartbeat(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    body = await _parse(request, types.SessionHeartbeatRequest)
+    return _json(service.heartbeat(caller.tenant, body.session_id))
+
+
+@router.post("/sessions/{session_id}/finish")
+async def finish_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    session = service.session(caller.tenant, session_id)
+    if session.status == "active":
+        await service.close_session(session, "finished")
+    return {}
+
+
+@router.get("/sessions/{session_id}")
+def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    session = service.session(caller.tenant, session_id)
+    body = types.GetSessionResponse(
+        training_run_ids=list(session.models),
+        sampler_ids=list(session.samplers),
+        user_metadata=session.user_metadata,
+        display_name=session.display_name,
+    )
+    return {**_json(body), "status": session.status}
+
+
+@router.get("/sessions")
+def list_sessions(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    ids = [s.session_id for s in service.core.registry.sessions.values() if s.tenant == caller.tenant]
+    return _json(types.ListSessionsResponse(sessions=ids[offset : offset + limit]))
+
+
+# -- training -----------------------------------------------------------------------------------------------------
+@router.post("/create_model")
+async def create_model(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.training.create_model(caller.tenant, await _parse(request, types.CreateModelRequest)))
+
+
+@router.post("/get_info")
+async def get_info(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    body = await _parse(request, types.GetInfoRequest)
+    return _json(service.training.get_info(caller.tenant, body.model_id))
+
+
+@router.post("/forward_backward")
+async def forward_backward(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    """A protobuf ``ForwardBackwardRequest`` (``forward_only`` set for ``forward``)."""
+    try:
+        call = wire.decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
+    except wire.WireError as error:
+        raise BadRequest(str(error)) from None
+    return _json(service.training.forward_backward(caller.tenant, call))
+
+
+@router.post("/optim_step")
+async def optim_step(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.training.optim_step(caller.tenant, await _parse(request, types.OptimStepRequest)))
+
+
+@router.post("/save_weights")
+async def save_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.training.save_weights(caller.tenant, await _parse(request, types.SaveWeightsRequest)))
+
+
+@router.post("/save_weights_for_sampler")
+async def save_weights_for_sampler(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    body = await _parse(request, types.SaveWeightsForSamplerRequest)
+    return _json(service.training.save_weights_for_sampler(caller.tenant, body))
+
+
+@router.post("/load_weights")
+async def load_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.training.load_weights(caller.tenant, await _parse(request, types.LoadWeightsRequest)))
+
+
+# -- sampling -----------------------------------------------------------------------------------------------------
+@router.post("/create_sampling_session")
+async def create_sampling_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    body = await _parse(request, types.CreateSamplingSessionRequest)
+    return _json(await service.sampling.create_sampling_session(caller.tenant, body))
+
+
+@router.get("/samplers/{sampler_id}")
+def get_sampler(sampler_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.sampling.get_sampler(caller.tenant, sampler_id))
+
+
+@router.post("/asample")
+async def asample(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(service.sampling.asample(caller.tenant, await _parse(request, types.SampleRequest)))
+
+
+# -- checkpoints --------------------------------------------------------------------------------------------------
+def _checkpoints(service: TinkerService, tenant: str, model_id: str | None) -> dict[str, Any]:
+    listed = [types.Checkpoint.model_validate(meta) for meta in service.core.store.list(tenant, model_id)]
+    return _json(types.CheckpointsListResponse(checkpoints=listed))
+
+
+@router.get("/training_runs")
+def list_training_runs(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    """The caller's live training clients (a finished session's are gone; their checkpoints stay)."""
+    runs = service.training_runs(caller.tenant)
+    cursor = types.Cursor(offset=offset, limit=limit, total_count=len(runs))
+    return _json(types.TrainingRunsResponse(training_runs=runs[offset : offset + limit], cursor=cursor))
+
+
+@router.get("/training_runs/{model_id}")
+def get_training_run(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    runs = [run for run in service.training_runs(caller.tenant) if run.training_run_id == model_id]
+    if not runs:
+        raise NotFound(f"training run {model_id!r} not found")
+    return _json(runs[0])
+
+
+@router.get("/training_runs/{model_id}/checkpoints")
+def list_checkpoints(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _checkpoints(service, caller.tenant, model_id)
+
+
+@router.get("/checkpoints")
+def list_user_checkpoints(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _checkpoints(service, caller.tenant, None)
+
+
+def _checkpoint_call(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except CheckpointNotFound as error:
+        raise NotFound(str(error)) from None
+    except CheckpointError as error:
+        raise BadRequest(str(error)) from None
+
+
+@router.delete("/training_runs/{model_id}/checkpoints/{kind}/{name}")
+def delete_checkpoint(model_id: str, kind: str, name: str, service: Service, caller: TinkerCaller) -> dict:
+    _checkpoint_call(lambda: service.core.store.delete(caller.tenant, f"tinker://{model_id}/{kind}/{name}"))
+    return {}
+
+
+class CheckpointTtl(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_seconds: int | None = None
+
+
+@router.put("/training_runs/{model_id}/checkpoints/{kind}/{name}/ttl")
+async def set_checkpoint_ttl(
+    model_id: str, kind: str, name: str, request: Request, service: Service, caller: TinkerCaller
+) -> dict:
+    body = await _parse(request, CheckpointTtl)
+    uri = f"tinker://{model_id}/{kind}/{name}"
+    _checkpoint_call(lambda: service.core.store.set_ttl(caller.tenant, uri, body.ttl_seconds))
+    return {}
+
+
+class RegisterCheckpoint(BaseModel):
+    """OpenTinker's own: a sampler checkpoint into the tenant's model registry."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="tinker://<model_id>/sampler_weights/<name>")
+    model_name: str = Field(description="Registered as <tenant>.<model_name>.")
+    alias: str | None = Field(None, description="An alias to point at the new version (e.g. champion).")
+
+
+@router.post("/register_checkpoint")
+async def register_checkpoint(
+    request: Request, service: Service, caller: TinkerCaller, _: Annotated[Caller, Depends(require_scope("models"))]
+) -> dict[str, Any]:
+    """Needs the ``models`` scope too: it writes to the tenant's model registry."""
+    body = await _parse(request, RegisterCheckpoint)
+    return await service.register_checkpoint(caller.tenant, body.path, body.model_name, body.alias)
+
+
+# -- futures ------------------------------------------------------------------------------------------------------
+@router.post("/retrieve_future")
+async def retrieve_future(request: Request, service: Service, caller: TinkerCaller) -> Response:
+    """The result once ready (protobuf when asked and the type has a protobuf form); 408 "try again" with the queue
+    state while it is pending; ``{"error", "category"}`` if it failed."""
+    body = await _parse(request, types.FutureRetrieveRequest)
+    future, done = await service.retrieve(caller.tenant, body.request_id, service.settings.tinker_poll_s)
+    if not done:
+        state, reason = service.queue_state(future)
+        again = {"type": "try_again", "request_id": body.request_id, "queue_state": state, "queue_state_reason": reason}
+        return JSONResponse(again, status_code=408)
+    outcome = future.outcome
+    if outcome.error is not None:
+        return JSONResponse({"error": outcome.error, "category": outcome.category})
+    if outcome.proto is not None and wire.PROTOBUF in request.headers.get("accept", ""):
+        return Response(outcome.proto(), media_type=wire.PROTOBUF)
+    return JSONResponse(outcome.json())

@@ -1,0 +1,138 @@
+"""What every Tinker operation shares: the stores, the worker, admission (the SDK's 429 and 402) and queueing.
+
+Calls that do work answer with a future at once and queue an operation; a training model's operations run in its
+sequence order (``sessions.Sequencer``); an operation's error caused by the request fails its future with the
+category ``user`` (the SDK raises ``RequestFailedError``), any other with ``server``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tinker import types
+
+from opentinker.agents.lm_sampler import SamplingError
+from opentinker.agents.multi_lora import MultiLoraModel
+from opentinker.agents.token_losses import LossInputError
+from opentinker.infra.settings import Settings
+from opentinker.server import tenants
+
+from . import wire
+from .engine import Engine, Work
+from .errors import OverQuota, RateLimited
+from .futures import Future, FutureStore, Outcome
+from .sessions import Registry, TrainingModel
+from .store import CheckpointError, CheckpointStore
+from .tracking import TrackingWriter
+
+DISPLAY_NAMES = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "tiny": "opentinker/tiny-llama"}
+"""How the API names the built-in base models (clients may also use the short names)."""
+STATE_FILE = "state.pt"
+"""A training checkpoint's file: ``AdapterTrainer.state_dict()``."""
+USER_ERRORS = (LossInputError, SamplingError, CheckpointError, wire.WireError, ValueError, KeyError)
+"""Raised by an operation because of what the request asked: its future fails with category ``user``."""
+
+
+class Core:
+    """One per server process, created on the event loop it serves."""
+
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
+        self.settings = settings
+        self.futures = FutureStore(loop)
+        self.registry = Registry()
+        self.store = CheckpointStore(lambda tenant: tenants.data_dir(tenant, settings))
+        self.tracking = TrackingWriter(settings)
+        self.engine = Engine(self.futures, self.load_base, max_rows=settings.tinker_sample_batch_rows)
+        self.bases = {DISPLAY_NAMES.get(b, b): b for b in settings.tinker_base_models}
+        self.bases.update({b: b for b in settings.tinker_base_models})
+        self.tokenizers: dict[str, str] = {}
+        self._names = itertools.count()
+
+    # -- served models ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def display(base: str) -> str:
+        return DISPLAY_NAMES.get(base, base)
+
+    def base_of(self, name: str) -> str:
+        """The base model (``agents.lm_policy``'s name) a client's ``base_model`` means; not served: ValueError."""
+        if name not in self.bases:
+            served = ", ".join(self.display(b) for b in self.settings.tinker_base_models)
+            raise ValueError(f"base_model: {name!r} is not served here; this server trains and samples: {served}")
+        return self.bases[name]
+
+    def load_base(self, base: str) -> MultiLoraModel:
+        """The worker's loader: the base model on this server's device, its tokenizer's id remembered."""
+        device = self.settings.tinker_device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.settings.tinker_threads:
+            torch.set_num_threads(self.settings.tinker_threads)
+        cache = self.settings.tinker_cache_dir or str(self.settings.resolved_data_dir / "llm-cache")
+        model = MultiLoraModel(base, cache, device)
+        self.tokenizers[base] = self.settings.tinker_tokenizer_id or str(model.tokenizer.name_or_path)
+        return model
+
+    def adapter_name(self, prefix: str) -> str:
+        """A fresh name for an adapter on a shared base model."""
+        return f"{prefix}{next(self._names)}"
+
+    # -- admission -------------------------------------------------------------------------------------------------
+    def admit(self, tenant: str) -> None:
+        limit = self.settings.tinker_max_pending_per_tenant
+        if self.futures.pending(tenant) >= limit:
+            raise RateLimited(
+                f"tenant {tenant!r} has {limit} Tinker requests in flight (tinker_max_pending_per_tenant); retry later",
+                retry_after=1.0,
+            )
+
+    def admit_model(self, tenant: str) -> None:
+        self.admit(tenant)
+        limit = self.settings.tinker_max_models_per_tenant
+        if self.registry.live_models(tenant) >= limit:
+            raise OverQuota(
+                f"tenant {tenant!r} holds {limit} training clients, its limit (tinker_max_models_per_tenant): "
+                "finish a session or wait for one to end"
+            )
+
+    def admit_checkpoint(self, tenant: str) -> None:
+        limit_mb = self.settings.tinker_max_checkpoint_mb_per_tenant
+        if self.store.usage_bytes(tenant) >= limit_mb * 2**20:
+            raise OverQuota(
+                f"tenant {tenant!r} stores {limit_mb:g} MB of Tinker checkpoints, its limit "
+                "(tinker_max_checkpoint_mb_per_tenant): delete checkpoints or let their TTL expire"
+            )
+
+    # -- queueing --------------------------------------------------------------------------------------------------
+    def work(self, future: Future, op: Callable[[], Outcome]) -> Work:
+        """``op`` for the worker, a request-caused error turned into the future's ``user`` failure."""
+
+        def run() -> Outcome:
+            try:
+                return op()
+            except USER_ERRORS as error:
+                return Outcome.failed(str(error).strip("'\""))
+
+        return Work(future, run=run)
+
+    def sequenced(self, model: TrainingModel, seq_id: int | None, kind: str, op: Callable[[], Outcome]) -> Any:
+        """Queue ``op`` in ``model``'s sequence order; a re-sent ``seq_id`` gets the future of its first sending."""
+        seq_id = seq_id or 0
+        future = model.sequencer.duplicate(seq_id) if seq_id else None
+        if future is None:
+            self.admit(model.tenant)
+            future = self.futures.create(model.tenant, kind, model.model_id)
+
+            def checked() -> Outcome:
+                if model.closed:
+                    return Outcome.failed(f"model {model.model_id} was closed")
+                if model.trainer is None:
+                    return Outcome.failed(f"model {model.model_id} failed to start")
+                return op()
+
+            work = self.work(future, checked)
+            model.sequencer.offer(seq_id, future, lambda: self.engine.submit(work))
+        return types.UntypedAPIFuture(request_id=future.request_id, model_id=model.model_id)

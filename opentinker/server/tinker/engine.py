@@ -1,0 +1,208 @@
+"""The worker: one thread runs every model operation, first come first served, and batches sampling.
+
+Why one thread: a base model's LoRA adapters share one set of weights and one peft wrapper whose active adapter is
+global state; torch releases the GIL inside its kernels, so the event loop keeps answering while it works; and one
+runner per device is how a GPU is used best anyway. Training requests of one model reach the queue already in
+sequence order (``sessions.Sequencer``). When a sampling request reaches the head of the queue, every queued
+sampling request on the same base model joins its batch (up to ``max_rows`` completions): they share the decode steps.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentinker.agents.lm_sampler import HFSampler, SampleJob, SamplingError, check_job
+from opentinker.agents.multi_lora import MultiLoraModel
+
+from .futures import Future, FutureStore, Outcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Work:
+    """One request for the worker: an operation (``run``) or a sampling ``job`` on ``base``'s model."""
+
+    future: Future
+    run: Callable[[], Outcome] | None = None
+    job: SampleJob | None = None
+    base: str = ""
+    encode: Callable[[Any], Outcome] | None = None
+    """For a sampling job: its result as an ``Outcome``."""
+    after: Callable[[Any, float], None] | None = None
+    """For a sampling job: called on the worker with its result and the batch's seconds (tracking)."""
+
+
+@dataclass(eq=False)
+class _Call:
+    """A management operation (load or drop an adapter) run on the worker, awaited by its caller."""
+
+    fn: Callable[[], Any]
+    result: concurrent.futures.Future
+
+
+class Engine:
+    """The queue and its thread; ``model(base)`` (worker thread only) loads a base model on first use."""
+
+    def __init__(self, futures: FutureStore, loader: Callable[[str], MultiLoraModel], max_rows: int = 64):
+        self.futures, self.loader, self.max_rows = futures, loader, max_rows
+        self._models: dict[str, MultiLoraModel] = {}
+        self._samplers: dict[str, HFSampler] = {}
+        self._queue: deque[Work | _Call] = deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self.busy: Future | None = None
+        self._thread = threading.Thread(target=self._loop, name="tinker-engine", daemon=True)
+        self._thread.start()
+
+    # -- any thread ------------------------------------------------------------------------------------------------
+    def submit(self, work: Work) -> None:
+        with self._wake:
+            self._queue.append(work)
+            self._wake.notify()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn`` on the worker (after what is queued); await ``asyncio.wrap_future`` of the result."""
+        item = _Call(fn, concurrent.futures.Future())
+        with self._wake:
+            self._queue.append(item)
+            self._wake.notify()
+        return item.result
+
+    def queue_state(self, future: Future) -> tuple[str, str | None]:
+        """Tinker's queue state of a pending request: ``paused_capacity`` while other clients' work is ahead of it."""
+        with self._wake:
+            items = list(self._queue)
+        ahead = []
+        for item in items:
+            if isinstance(item, Work) and item.future is future:
+                break
+            ahead.append(item)
+        others = sum(1 for item in ahead if not isinstance(item, Work) or item.future.owner != future.owner)
+        if self.busy is not None and self.busy.owner != future.owner:
+            others += 1
+        if future.started is None and others:
+            return (
+                "paused_capacity",
+                f"the shared model is busy: {others} requests of other clients are ahead of this one",
+            )
+        return "active", None
+
+    def depth(self) -> int:
+        with self._wake:
+            return len(self._queue) + (self.busy is not None)
+
+    def close(self, timeout: float = 30.0) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    # -- worker thread ---------------------------------------------------------------------------------------------
+    def model(self, base: str) -> MultiLoraModel:
+        if base not in self._models:
+            log.info("loading base model %s", base)
+            self._models[base] = self.loader(base)
+        return self._models[base]
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                head = self._queue.popleft()
+                if isinstance(head, Work) and head.future.outcome is not None:
+                    continue  # failed while it waited (its session closed)
+                batch = self._take_batch(head) if isinstance(head, Work) and head.job is not None else [head]
+            if isinstance(head, _Call):
+                self._run_call(head)
+            elif head.job is not None:
+                self._run_samples(batch)
+            else:
+                self._run_work(head)
+            self.busy = None
+
+    def _take_batch(self, head: Work) -> list[Work]:
+        """``head`` and the queued sampling requests on its base model that fit ``max_rows`` (lock held)."""
+        batch, rows = [head], head.job.num_samples
+        for item in list(self._queue):
+            if (
+                isinstance(item, Work)
+                and item.job is not None
+                and item.base == head.base
+                and item.future.outcome is None
+            ):
+                if rows + item.job.num_samples > self.max_rows:
+                    break
+                batch.append(item)
+                rows += item.job.num_samples
+                self._queue.remove(item)
+        return batch
+
+    def _run_call(self, item: _Call) -> None:
+        try:
+            item.result.set_result(item.fn())
+        except BaseException as error:  # handed to the awaiting caller
+            item.result.set_exception(error)
+
+    def _run_work(self, work: Work) -> None:
+        self._start(work)
+        try:
+            outcome = work.run()
+        except Exception as error:
+            log.exception("tinker request %s failed", work.future.request_id)
+            outcome = Outcome.failed(f"internal error: {type(error).__name__}: {error}", "server")
+        self._finish(work, outcome)
+
+    def _run_samples(self, batch: list[Work]) -> None:
+        for work in batch:
+            self._start(work)
+        started = time.perf_counter()
+        runnable = []
+        try:
+            model = self.model(batch[0].base)
+        except Exception as error:
+            log.exception("loading %s failed", batch[0].base)
+            for work in batch:
+                self._finish(work, Outcome.failed(f"internal error loading the model: {error}", "server"))
+            return
+        for work in batch:
+            try:
+                check_job(work.job, model.vocab_size, model.max_context)
+                runnable.append(work)
+            except SamplingError as error:
+                self._finish(work, Outcome.failed(str(error)))
+        if not runnable:
+            return
+        try:
+            sampler = self._samplers.setdefault(model.base, HFSampler(model))
+            results = sampler.sample([work.job for work in runnable])
+        except Exception as error:
+            log.exception("sampling batch failed")
+            for work in runnable:
+                self._finish(work, Outcome.failed(f"internal error: {type(error).__name__}: {error}", "server"))
+            return
+        seconds = time.perf_counter() - started
+        for work, result in zip(runnable, results):
+            self._finish(work, work.encode(result))
+            if work.after is not None:
+                try:
+                    work.after(result, seconds)
+                except Exception:
+                    log.exception("tracking hook failed for %s", work.future.request_id)
+
+    def _start(self, work: Work) -> None:
+        self.busy = work.future
+        self.futures.mark_started(work.future)
+
+    def _finish(self, work: Work, outcome: Outcome) -> None:
+        self.futures.resolve(work.future, outcome)

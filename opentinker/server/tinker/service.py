@@ -1,0 +1,150 @@
+"""The Tinker service behind the router: its sessions and futures here, training clients in ``training``, sampling
+clients in ``sampling``, all on one ``core`` (stores, worker, admission).
+
+Sessions are reaped when their heartbeats stop; back-pressure goes through the SDK's own signals: 429 when a tenant
+has too many requests in flight, 402 when it is over its training-client or checkpoint quota, and the queue state
+``paused_capacity`` while other clients' work is ahead of a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from tinker import types
+
+from opentinker.infra.settings import Settings
+
+from .core import Core
+from .errors import NotFound
+from .futures import Future
+from .publish import register_checkpoint
+from .sampling import Sampling
+from .sessions import Session
+from .training import Training
+
+
+class TinkerService:
+    """One per server process (``app.state.tinker``), created on the event loop it serves."""
+
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
+        self.core = Core(settings, loop)
+        self.sampling = Sampling(self.core)
+        self.training = Training(self.core, self.sampling)
+
+    @property
+    def settings(self) -> Settings:
+        return self.core.settings
+
+    def capabilities(self) -> types.GetServerCapabilitiesResponse:
+        models = [
+            types.SupportedModel(model_name=self.core.display(b), trainable=True, sampleable=True)
+            for b in self.settings.tinker_base_models
+        ]
+        return types.GetServerCapabilitiesResponse(supported_models=models)
+
+    # -- sessions --------------------------------------------------------------------------------------------------
+    def create_session(self, tenant: str, request: types.CreateSessionRequest) -> types.CreateSessionResponse:
+        session = self.core.registry.new_session(tenant, request.user_metadata, request.display_name)
+        return types.CreateSessionResponse(session_id=session.session_id)
+
+    def heartbeat(self, tenant: str, session_id: str) -> types.SessionHeartbeatResponse:
+        self.core.registry.session(tenant, session_id)
+        return types.SessionHeartbeatResponse()
+
+    def session(self, tenant: str, session_id: str) -> Session:
+        return self.core.registry.session(tenant, session_id, live=False)
+
+    async def close_session(self, session: Session, status: str) -> None:
+        """Mark it ``status``, fail what it still has queued and free its adapters and optimiser state."""
+        core = self.core
+        session.status = status
+        models, samplers = core.registry.forget(session)
+        for owner in [m.model_id for m in models] + [s.sampler_id for s in samplers]:
+            core.futures.fail_owner(owner, f"session {session.session_id} is {status}")
+
+        def free() -> None:
+            for model in models:
+                if model.trainer is not None:
+                    model.trainer.close()
+            for sampler in samplers:
+                self.sampling.adapters.release(sampler)
+
+        await asyncio.wrap_future(core.engine.call(free))
+        for model in models:
+            if model.run is not None:
+                model.run.end("FINISHED" if status == "finished" else "KILLED")
+
+    async def maintain(self, period: float = 1.0) -> None:
+        """Reap sessions whose heartbeats stopped, skip sequence gaps, forget old futures, drop expired checkpoints."""
+        core, sweeps = self.core, 0
+        while True:
+            await asyncio.sleep(period)
+            for session in core.registry.lapsed(self.settings.tinker_session_timeout_s):
+                await self.close_session(session, "expired")
+            now = time.monotonic()
+            for model in list(core.registry.models.values()):
+                model.sequencer.release_stalled(now)
+            core.futures.sweep()
+            sweeps += 1
+            if sweeps % 60 == 0:
+                await asyncio.to_thread(core.store.sweep, self.settings.resolved_data_dir / "tenants")
+
+    def training_runs(self, tenant: str) -> list[types.TrainingRun]:
+        """The tenant's live training clients as Tinker's training runs, with their latest checkpoints."""
+        runs = []
+        for model in self.core.registry.models.values():
+            if model.tenant != tenant or model.closed or model.trainer is None:
+                continue
+            latest: dict[str, types.Checkpoint] = {}
+            for meta in sorted(self.core.store.list(tenant, model.model_id), key=lambda m: m["time"]):
+                latest[meta["checkpoint_type"]] = types.Checkpoint.model_validate(meta)
+            session = self.core.registry.sessions[model.session_id]
+            runs.append(
+                types.TrainingRun(
+                    training_run_id=model.model_id,
+                    base_model=self.core.display(model.base),
+                    model_owner=tenant,
+                    is_lora=True,
+                    lora_rank=model.shape.rank,
+                    last_request_time=datetime.fromtimestamp(time.time() - (time.monotonic() - session.last_seen), UTC),
+                    last_checkpoint=latest.get("training"),
+                    last_sampler_checkpoint=latest.get("sampler"),
+                    user_metadata={k: str(v) for k, v in (model.user_metadata or {}).items()} or None,
+                )
+            )
+        return runs
+
+    def usage(self, tenant: str) -> dict[str, Any]:
+        core = self.core
+        sessions = [s for s in core.registry.sessions.values() if s.tenant == tenant and s.status == "active"]
+        return {
+            "sessions": len(sessions),
+            "training_clients": core.registry.live_models(tenant),
+            "samplers": sum(len(s.samplers) for s in sessions),
+            "pending_requests": core.futures.pending(tenant),
+            "checkpoint_bytes": core.store.usage_bytes(tenant),
+            "queue_depth": core.engine.depth(),
+        }
+
+    # -- futures and the registry ----------------------------------------------------------------------------------
+    async def retrieve(self, tenant: str, request_id: str, timeout: float) -> tuple[Future, bool]:
+        """(the future, whether it resolved within ``timeout`` seconds); unknown: 404. A client polling its
+        results is alive: its session's reaping clock restarts."""
+        future = self.core.futures.get(tenant, request_id)
+        if future is None:
+            raise NotFound(f"request {request_id!r} not found")
+        self.core.registry.touch(future.owner)
+        return future, await self.core.futures.wait(future, timeout)
+
+    def queue_state(self, future: Future) -> tuple[str, str | None]:
+        return self.core.engine.queue_state(future)
+
+    async def register_checkpoint(self, tenant: str, uri: str, name: str, alias: str | None) -> dict[str, str]:
+        return await asyncio.to_thread(register_checkpoint, self.core, tenant, uri, name, alias)
+
+    def close(self) -> None:
+        self.core.engine.close()
+        self.core.tracking.close()

@@ -1,0 +1,223 @@
+"""Training clients: ``create_model``, ``get_info``, ``forward_backward`` / ``forward``, ``optim_step``,
+``save_weights`` (``save_state``), ``load_weights`` and ``save_weights_for_sampler``.
+
+A model is ``<session>:train:<model_seq_id>``: an adapter on the shared base model with its own AdamW state
+(``agents.adapter_trainer``) and an MLflow run. Every operation after ``create_model`` runs on the worker in the
+model's sequence order.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tinker import types
+
+from opentinker.agents.adapter_trainer import AdapterTrainer
+from opentinker.agents.multi_lora import AdapterShape
+
+from . import wire
+from .core import STATE_FILE, Core
+from .errors import BadRequest
+from .futures import Outcome
+from .sampling import Sampling
+from .sessions import Sequencer, Session, TrainingModel
+from .store import CheckpointPath
+
+
+def _json(response: Any) -> Outcome:
+    return Outcome.of(response.model_dump(mode="json"))
+
+
+class Training:
+    def __init__(self, core: Core, sampling: Sampling):
+        self.core, self.sampling = core, sampling
+
+    # -- creating a model ------------------------------------------------------------------------------------------
+    def create_model(self, tenant: str, request: types.CreateModelRequest) -> types.UntypedAPIFuture:
+        core = self.core
+        session = core.registry.session(tenant, request.session_id)
+        core.admit_model(tenant)
+        model = self._new_model(session, request.model_seq_id, request.user_metadata)
+        future = core.futures.create(tenant, "CreateModel", model.model_id)
+
+        def op() -> Outcome:
+            model.base = core.base_of(request.base_model)
+            if request.optimizer_config.type != "adamw":
+                raise ValueError(f"optimizer_config: only adamw is supported, got {request.optimizer_config.type!r}")
+            lora = request.lora_config or types.LoraConfig(rank=32)
+            model.shape = AdapterShape(lora.rank, lora.train_attn, lora.train_mlp, lora.train_unembed)
+            self._start(model, seed=lora.seed)
+            return _json(types.CreateModelResponse(model_id=model.model_id))
+
+        core.engine.submit(core.work(future, self._or_forget(model, op)))
+        return types.UntypedAPIFuture(request_id=future.request_id, model_id=model.model_id)
+
+    def _new_model(self, session: Session, model_seq_id: int | None, metadata: dict | None) -> TrainingModel:
+        if model_seq_id is None:
+            raise BadRequest("model_seq_id: required")
+        model = TrainingModel(
+            model_id=f"{session.session_id}:train:{model_seq_id}",
+            tenant=session.tenant,
+            session_id=session.session_id,
+            base="",
+            shape=AdapterShape(),
+            adapter=self.core.adapter_name("m"),
+            sequencer=Sequencer(),
+            user_metadata=metadata,
+        )
+        self.core.registry.add_model(session, model)
+        return model
+
+    @staticmethod
+    def _or_forget(model: TrainingModel, op: Callable[[], Outcome]) -> Callable[[], Outcome]:
+        """``op``, after which a model that did not start is dropped (its quota slot released)."""
+
+        def run() -> Outcome:
+            outcome = None
+            try:
+                outcome = op()
+                return outcome
+            finally:
+                if model.trainer is None or outcome is None or outcome.error:
+                    model.closed = True
+
+        return run
+
+    def _start(self, model: TrainingModel, seed: int | None) -> AdapterTrainer:
+        """On the worker: the model's adapter and optimiser, and its MLflow run."""
+        core = self.core
+        model.trainer = AdapterTrainer(core.engine.model(model.base), model.adapter, model.shape, seed)
+        params = {"base_model": core.display(model.base), "lora_rank": model.shape.rank, **vars(model.shape)}
+        tags = {"tinker.model_id": model.model_id, "tinker.session_id": model.session_id}
+        model.run = core.tracking.start_run(model.tenant, f"tinker-{model.model_id}", params, tags)
+        core.tracking.flush()  # the run exists before the client hears of its model (its store, too, on first use)
+        return model.trainer
+
+    def get_info(self, tenant: str, model_id: str) -> types.GetInfoResponse:
+        model = self.core.registry.model(tenant, model_id)
+        name = self.core.display(model.base)
+        data = types.ModelData(arch="llama", model_name=name, tokenizer_id=self.core.tokenizers.get(model.base))
+        return types.GetInfoResponse(
+            model_id=model_id, model_data=data, is_lora=True, lora_rank=model.shape.rank, model_name=name
+        )
+
+    # -- the training loop -----------------------------------------------------------------------------------------
+    def forward_backward(self, tenant: str, call: wire.ForwardBackwardCall) -> types.UntypedAPIFuture:
+        model = self.core.registry.model(tenant, call.model_id)
+
+        def op() -> Outcome:
+            started = time.perf_counter()
+            result = model.trainer.forward_backward(call.data, call.loss_fn, call.loss_fn_config, call.forward_only)
+            if not call.forward_only:
+                model.run.forward_backward(result.loss, result.tokens, time.perf_counter() - started)
+            metrics = {"loss:sum": result.loss}
+            return Outcome(
+                json=lambda: wire.forward_backward_json(result, metrics),
+                proto=lambda: wire.forward_backward_proto(result, metrics),
+            )
+
+        kind = "Forward" if call.forward_only else "ForwardBackward"
+        return self.core.sequenced(model, call.seq_id, kind, op)
+
+    def optim_step(self, tenant: str, request: types.OptimStepRequest) -> types.UntypedAPIFuture:
+        model = self.core.registry.model(tenant, request.model_id)
+
+        def op() -> Outcome:
+            metrics = model.trainer.optim_step(wire.adam_step(request))
+            model.run.optim_step(metrics)
+            reported = {"grad_norm:mean": metrics["grad_norm"], "learning_rate:mean": metrics["learning_rate"]}
+            return _json(types.OptimStepResponse(metrics=reported))
+
+        return self.core.sequenced(model, request.seq_id, "OptimStep", op)
+
+    # -- checkpoints -----------------------------------------------------------------------------------------------
+    def save_weights(self, tenant: str, request: types.SaveWeightsRequest) -> types.UntypedAPIFuture:
+        core = self.core
+        model = core.registry.model(tenant, request.model_id)
+        core.admit_checkpoint(tenant)
+
+        def op() -> Outcome:
+            path = CheckpointPath.make(model.model_id, "weights", request.path or f"step-{model.trainer.steps:06d}")
+            state = model.trainer.state_dict()
+            core.store.write(
+                tenant,
+                path,
+                lambda folder: torch.save(state, folder / STATE_FILE),
+                request.ttl_seconds,
+                request.overwrite,
+                request.user_metadata,
+                extra={"base_model": model.base},
+            )
+            model.run.checkpoint(path.uri)
+            return _json(types.SaveWeightsResponse(path=path.uri))
+
+        return core.sequenced(model, request.seq_id, "SaveWeights", op)
+
+    def save_weights_for_sampler(
+        self, tenant: str, request: types.SaveWeightsForSamplerRequest
+    ) -> types.UntypedAPIFuture:
+        """Named: a peft adapter folder on the store (what sampling clients and the registry read). Unnamed
+        (``save_weights_and_get_sampling_client``): a sampler on a snapshot of the adapter."""
+        core = self.core
+        model = core.registry.model(tenant, request.model_id)
+        if request.path is None:
+            return self.sampling.snapshot(model, request)
+        core.admit_checkpoint(tenant)
+
+        def op() -> Outcome:
+            path = CheckpointPath.make(model.model_id, "sampler_weights", request.path)
+            meta = {"tinker_model_id": model.model_id, "step": model.trainer.steps}
+            core.store.write(
+                tenant,
+                path,
+                lambda folder: core.engine.model(model.base).save(model.adapter, folder, **meta),
+                request.ttl_seconds,
+                True,
+                request.user_metadata,
+                extra={"base_model": model.base},
+            )
+            model.run.checkpoint(path.uri)
+            return _json(types.SaveWeightsForSamplerResponseInternal(path=path.uri))
+
+        return core.sequenced(model, request.seq_id, "SaveWeightsForSampler", op)
+
+    def load_weights(self, tenant: str, request: types.LoadWeightsRequest) -> types.UntypedAPIFuture:
+        """Into an existing model (the SDK's ``load_state``), or as a new model's first request
+        (``create_training_client_from_state[_with_optimizer]``: ``session_id`` + ``model_seq_id``)."""
+        core = self.core
+        if request.weights_access_token:
+            raise BadRequest("weights_access_token: loading another account's checkpoints is not supported")
+        if request.model_id is not None:
+            model = core.registry.model(tenant, request.model_id)
+            return core.sequenced(model, request.seq_id, "LoadWeights", lambda: self._load_into(model, request))
+        session = core.registry.session(tenant, request.session_id or "")
+        core.admit_model(tenant)
+        model = self._new_model(session, request.model_seq_id, request.user_metadata)
+        future = core.futures.create(tenant, "LoadWeights", model.model_id)
+
+        def op() -> Outcome:
+            state = self._training_state(tenant, request.path)
+            model.base, model.shape = state["base_model"], AdapterShape(**state["shape"])
+            if request.base_model and core.base_of(request.base_model) != model.base:
+                raise ValueError(f"base_model: the checkpoint is of {model.base!r}, not {request.base_model!r}")
+            self._start(model, seed=0).load_state_dict(state, optimizer=request.optimizer)
+            return _json(types.LoadWeightsResponse(path=request.path, model_id=model.model_id))
+
+        core.engine.submit(core.work(future, self._or_forget(model, op)))
+        return types.UntypedAPIFuture(request_id=future.request_id, model_id=model.model_id)
+
+    def _load_into(self, model: TrainingModel, request: types.LoadWeightsRequest) -> Outcome:
+        state = self._training_state(model.tenant, request.path)
+        if state["base_model"] != model.base:
+            raise ValueError(f"path: the checkpoint is of {state['base_model']!r}, this model's base is {model.base!r}")
+        model.trainer.load_state_dict(state, optimizer=request.optimizer)
+        return _json(types.LoadWeightsResponse(path=request.path, model_id=model.model_id))
+
+    def _training_state(self, tenant: str, uri: str) -> dict[str, Any]:
+        path, folder, _ = self.core.store.open(tenant, uri)
+        if path.kind != "weights":
+            raise ValueError(f"path: {uri} holds sampler weights; load a tinker://.../weights/... checkpoint")
+        return torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)

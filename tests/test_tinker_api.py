@@ -1,0 +1,350 @@
+"""The Tinker API through the official SDK (``tinker`` 0.38, unmodified) against a real OpenTinker server on loopback,
+on the tiny Llama: supervised and RL learning, bit-exact resume, tenants kept apart, bad requests answered in the
+SDK's error form, back-pressure through the SDK's own signals, the registry path, and a dead client's session reaped."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import tinker
+from fixtures.tinker import MAX_MODELS, MAX_PENDING, SESSION_TIMEOUT_S, TINY, wait_for
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+
+pytestmark = pytest.mark.slow
+
+TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun."
+
+
+@pytest.fixture
+def sdk(tinker_server):
+    """``sdk(tenant)``: a ``tinker.ServiceClient`` of that tenant, closed after the test."""
+    clients = []
+
+    def make(tenant: str) -> tinker.ServiceClient:
+        clients.append(tinker_server.service_client(tenant))
+        return clients[-1]
+
+    yield make
+    for client in clients:
+        client.close("success").result()
+
+
+def _sft_datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "weights": np.ones(len(tokens) - 1, np.float32)},
+    )
+
+
+def _train(training, batch, steps: int, lr: float = 1e-2) -> list[float]:
+    losses = []
+    for _ in range(steps):
+        step = training.forward_backward(batch, "cross_entropy")
+        optim = training.optim_step(types.AdamParams(learning_rate=lr, grad_clip_norm=1.0))
+        losses.append(step.result().metrics["loss:sum"])
+        optim.result()
+    return losses
+
+
+def _tracked_run(client, experiment: str, model_id: str, steps: int, timeout: float = 30.0):
+    """The client's MLflow run once ``steps`` optimiser steps are logged (the server writes in the background)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = client.get_experiment_by_name(experiment)
+        runs = client.search_runs([found.experiment_id], f"tags.`tinker.model_id` = '{model_id}'") if found else []
+        if runs and len(client.get_metric_history(runs[0].info.run_id, "train/loss")) >= steps:
+            return client.get_run(runs[0].info.run_id)
+        assert time.monotonic() < deadline, f"no run with {steps} steps for {model_id}"
+        time.sleep(0.5)
+
+
+def _logprobs(training, batch) -> list[np.ndarray]:
+    return [o["logprobs"].to_numpy() for o in training.forward(batch, "cross_entropy").result().loss_fn_outputs]
+
+
+def test_supervised_steps_lower_the_loss_and_each_client_is_an_mlflow_run(tinker_server, sdk):
+    from mlflow import MlflowClient
+
+    training = sdk("sft").create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    info = training.get_info()
+    assert info.model_data.model_name == TINY and info.lora_rank == 8 and info.model_id == training.model_id
+    tokenizer = training.get_tokenizer()  # offline: get_info names the server's tokenizer folder
+    tokens = tokenizer.encode(TEXT)
+    batch = [_sft_datum(tokens), _sft_datum(tokens[5:])]
+    before = _logprobs(training, batch)
+    assert np.array_equal(before[0], _logprobs(training, batch)[0])  # forward alone changes nothing
+    losses = _train(training, batch, 4)
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert np.isclose(-sum(lp.sum() for lp in before), losses[0], rtol=1e-4)
+    assert before[1].shape == (len(tokens) - 6,)
+
+    client = MlflowClient(tinker_server.tracking_uri("sft"))
+    run = _tracked_run(client, "tenant-sft", training.model_id, steps=4)
+    history = [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert history == pytest.approx(losses, rel=1e-5)
+    assert run.data.params["lora_rank"] == "8"
+    assert run.data.metrics["train/tokens_per_s"] > 0
+
+
+def test_an_rl_loop_raises_a_verifier_reward(sdk):
+    """sample -> reward -> importance_sampling: the reward is the share of capital letters in a 4-token reply."""
+    training = sdk("rl").create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
+    tokenizer = training.get_tokenizer()
+    prompts = [tokenizer.encode(f"Shout {i}.") for i in range(4)]
+
+    def reward(tokens: list[int]) -> float:
+        letters = [c for c in tokenizer.decode(tokens) if c.isalpha()]
+        return sum(c.isupper() for c in letters) / max(len(letters), 1)
+
+    history = []
+    for step in range(20):
+        sampler = training.save_weights_and_get_sampling_client().result()
+        params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=step)
+        futures = [sampler.sample(types.ModelInput.from_ints(p), 8, params) for p in prompts]
+        data, rewards = [], []
+        for prompt, future in zip(prompts, futures):
+            sequences = future.result().sequences
+            scores = np.array([reward(s.tokens) for s in sequences])
+            rewards.append(scores.mean())
+            for sequence, advantage in zip(sequences, scores - scores.mean()):
+                if advantage == 0:
+                    continue
+                full, n = prompt + sequence.tokens, len(sequence.tokens)
+                pad = [0.0] * (len(prompt) - 1)
+                data.append(
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints(full[:-1]),
+                        loss_fn_inputs={
+                            "target_tokens": np.array(full[1:]),
+                            "logprobs": np.array(pad + sequence.logprobs, np.float32),
+                            "advantages": np.array(pad + [advantage / 32] * n, np.float32),
+                        },
+                    )
+                )
+        history.append(float(np.mean(rewards)))
+        if data:
+            step_future = training.forward_backward(data, "importance_sampling")
+            training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+            assert step_future.result().loss_fn_outputs[0]["logprobs"].shape[0] == len(data[0].model_input.to_ints())
+    assert np.mean(history[-5:]) > np.mean(history[:5]) + 0.15, history
+
+
+def test_save_state_then_load_resumes_bit_exact(tinker_server, sdk):
+    service = sdk("resume")
+    training = service.create_lora_training_client(base_model=TINY, rank=8, seed=1).result()
+    tokens = training.get_tokenizer().encode(TEXT)
+    batch, probe = [_sft_datum(tokens)], [_sft_datum(tokens[3:])]
+    _train(training, batch, 2, lr=5e-3)
+    saved = training.save_state("half", ttl_seconds=3600).result().path
+    assert saved == f"tinker://{training.model_id}/weights/half"
+    _train(training, batch, 2, lr=5e-3)
+    want = _logprobs(training, probe)
+
+    resumed = service.create_training_client_from_state_with_optimizer(saved).result()
+    assert resumed.get_info().lora_rank == 8
+    _train(resumed, batch, 2, lr=5e-3)
+    assert all(np.array_equal(a, b) for a, b in zip(want, _logprobs(resumed, probe)))
+
+    with pytest.warns(FutureWarning):  # the SDK's deprecated in-place load, on the original client
+        training.load_state_with_optimizer(saved).result()
+    _train(training, batch, 2, lr=5e-3)
+    assert all(np.array_equal(a, b) for a, b in zip(want, _logprobs(training, probe)))
+
+    weights_only = service.create_training_client_from_state(saved).result()
+    _train(weights_only, batch, 2, lr=5e-3)  # a fresh optimiser takes different steps
+    assert not all(np.array_equal(a, b) for a, b in zip(want, _logprobs(weights_only, probe)))
+    listed = tinker.RestClient(base_url=tinker_server.url, api_key=tinker_server.key("resume"))
+    checkpoints = listed.list_checkpoints(training.model_id).result().checkpoints
+    assert [c.tinker_path for c in checkpoints] == [saved] and checkpoints[0].expires_at is not None
+    run = listed.get_training_run(training.model_id).result()
+    assert run.last_checkpoint.tinker_path == saved and run.lora_rank == 8 and run.model_owner == "resume"
+
+
+def test_two_tenants_cannot_see_each_others_models_checkpoints_or_samplers(tinker_server, sdk):
+    alpha = sdk("alpha")
+    training = alpha.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+    tokens = training.get_tokenizer().encode(TEXT)
+    _train(training, [_sft_datum(tokens)], 1)
+    state = training.save_state("mine").result().path
+    weights = training.save_weights_for_sampler("mine").result().path
+    sampler = alpha.create_sampling_client(model_path=weights).result()
+
+    beta = sdk("beta")
+    with pytest.raises(tinker.NotFoundError):
+        beta.create_sampling_client(model_path=weights).result()
+    with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
+        beta.create_training_client_from_state(state).result()
+    with tinker_server.http("beta") as http, tinker_server.http("alpha") as owner:
+        proto = forward_backward_request_to_proto(
+            types.ForwardBackwardRequest(
+                forward_backward_input=types.ForwardBackwardInput(data=[_sft_datum(tokens)], loss_fn="cross_entropy"),
+                model_id=training.model_id,
+                seq_id=99,
+            )
+        ).SerializeToString()
+        headers = {"Content-Type": "application/x-protobuf"}
+        assert http.post("/api/v1/forward_backward", content=proto, headers=headers).status_code == 404
+        assert http.post("/api/v1/get_info", json={"model_id": training.model_id}).status_code == 404
+        assert http.get(f"/api/v1/samplers/{sampler._sampling_session_id}").status_code == 404
+        session_id = training.model_id.split(":")[0]
+        assert http.post("/api/v1/session_heartbeat", json={"session_id": session_id}).status_code == 404
+        assert http.get(f"/api/v1/training_runs/{training.model_id}/checkpoints").json()["checkpoints"] == []
+        alpha_request = owner.post(
+            "/api/v1/save_weights_for_sampler", json={"model_id": training.model_id, "path": "again", "seq_id": 0}
+        ).json()["request_id"]
+        assert http.post("/api/v1/retrieve_future", json={"request_id": alpha_request}).status_code == 404
+        assert wait_for(owner, alpha_request)["path"].endswith("/sampler_weights/again")
+        sample = {
+            "sampling_session_id": sampler._sampling_session_id,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": tokens[:4]}]},
+            "sampling_params": {"max_tokens": 2},
+        }
+        assert http.post("/api/v1/asample", json=sample).status_code == 404
+
+
+def test_bad_requests_get_the_sdks_error_and_the_server_keeps_serving(tinker_server, sdk):
+    service = sdk("errors")
+    training = service.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+    tokens = training.get_tokenizer().encode(TEXT)
+    good = _sft_datum(tokens)
+    malformed = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs={"target_tokens": np.array(tokens[2:])}
+    )
+    too_long = _sft_datum(list(range(100, 2200)))
+    cases = [
+        ([malformed], "cross_entropy", "target_tokens']: expected shape"),
+        ([good], "hinge", "'hinge' is not supported by this server"),
+        ([good], "importance_sampling", "missing logprobs, advantages"),
+        ([too_long], "cross_entropy", "longer than the model's context of 2048"),
+    ]
+    for data, loss, message in cases:
+        with pytest.raises(tinker.RequestFailedError, match=message) as caught:
+            training.forward_backward(data, loss).result()
+        assert caught.value.category == types.RequestErrorCategory.User
+    sampler = service.create_sampling_client(base_model=TINY).result()
+    prompt = types.ModelInput.from_ints(tokens[:5])
+    for stop, message in (([""], "stop strings must be 1-256 characters"), ([10**9], "token id 1000000000")):
+        with pytest.raises(tinker.RequestFailedError, match=message):
+            sampler.sample(prompt, 1, types.SamplingParams(max_tokens=4, stop=stop)).result()
+    with tinker_server.http("errors") as http:
+        garbage = http.post("/api/v1/forward_backward", content=b"\xff" * 64, headers={"Content-Type": "x"})
+        assert garbage.status_code == 400 and "protobuf" in garbage.json()["detail"]
+        assert http.post("/api/v1/create_model", json={"session_id": 1}).status_code == 400
+    assert _train(training, [good], 1)[0] > 0  # the same client keeps working
+    sequence = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=6, stop=[tokens[7]], seed=3)).result()
+    assert len(sequence.sequences) == 2 and all(len(s.tokens) <= 6 for s in sequence.sequences)
+
+
+def test_back_pressure_speaks_the_sdks_signals(tinker_server):
+    """402 over the models quota, 429 over the requests-in-flight limit, ``paused_capacity`` behind others' work."""
+
+    def session(client) -> str:
+        body = {"tags": [], "user_metadata": None, "sdk_version": "test"}
+        return client.post("/api/v1/create_session", json=body).json()["session_id"]
+
+    def create(client, session_id: str, seq: int):
+        body = {"session_id": session_id, "model_seq_id": seq, "base_model": TINY, "lora_config": {"rank": 4}}
+        return client.post("/api/v1/create_model", json=body)
+
+    with tinker_server.http("busy") as http, tinker_server.http("queued") as other:
+        mine = session(http)
+        models = [create(http, mine, i).json() for i in range(MAX_MODELS)]
+        over = create(http, mine, MAX_MODELS)
+        assert over.status_code == 402 and "tinker_max_models_per_tenant" in over.json()["detail"]
+        for model in models:
+            wait_for(http, model["request_id"])
+
+        sampler = http.post(
+            "/api/v1/create_sampling_session",
+            json={"session_id": mine, "sampling_session_seq_id": 0, "base_model": TINY},
+        ).json()["sampling_session_id"]
+        long_sample = {
+            "sampling_session_id": sampler,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 3]}]},
+            "sampling_params": {"max_tokens": 400, "stop": [], "seed": 0},
+            "num_samples": 32,
+        }
+        busy = http.post("/api/v1/asample", json={**long_sample}).json()
+        theirs = session(other)
+        waiting = create(other, theirs, 0).json()
+        pending = other.post("/api/v1/retrieve_future", json={"request_id": waiting["request_id"]})
+        assert pending.status_code == 408, pending.text
+        state = pending.json()
+        assert state["queue_state"] == "paused_capacity" and "other clients" in state["queue_state_reason"]
+        assert other.get("/api/v1/usage").json()["pending_requests"] == 1
+        assert wait_for(other, waiting["request_id"])["model_id"] == waiting["model_id"]
+        done = wait_for(http, busy["request_id"])
+        assert len(done.get("sequences", [])) == 32, done
+
+        # requests waiting for an earlier sequence number are in flight without costing the worker anything
+        step = {"model_id": models[0]["model_id"], "adam_params": {"learning_rate": 1e-3}}
+        held = [http.post("/api/v1/optim_step", json={**step, "seq_id": 10 + i}) for i in range(MAX_PENDING)]
+        assert all(r.status_code == 200 for r in held)
+        refused = http.post("/api/v1/optim_step", json={**step, "seq_id": 100})
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+        assert "tinker_max_pending_per_tenant" in refused.json()["detail"]
+
+        http.post(f"/api/v1/sessions/{mine}/finish", json={"reason": {"type": "success"}})
+        assert "finished" in wait_for(http, held[0].json()["request_id"])["error"]  # the held requests fail
+        usage = http.get("/api/v1/usage").json()
+        assert usage["training_clients"] == 0 and usage["pending_requests"] == 0
+        assert http.post("/api/v1/session_heartbeat", json={"session_id": mine}).status_code == 410
+        other.post(f"/api/v1/sessions/{theirs}/finish", json={"reason": {"type": "success"}})
+
+
+def test_a_sampler_checkpoint_registers_and_serves_through_the_agent_path(tinker_server, sdk, monkeypatch):
+    from typer.testing import CliRunner
+
+    from opentinker.agents.lm_policy import load_adapted_model
+    from opentinker.cli import app
+    from opentinker.infra.settings import get_settings
+    from opentinker.tracking.llm_store import download_adapter
+
+    service = sdk("registry")
+    training = service.create_lora_training_client(base_model=TINY, rank=4, seed=2).result()
+    tokens = training.get_tokenizer().encode(TEXT)
+    _train(training, [_sft_datum(tokens)], 2)
+    path = training.save_weights_for_sampler("final").result().path
+    cli = CliRunner()
+    args = ["tinker", "register", path, "--name", "shouter", "--alias", "champion"]
+    env = {"TINKER_BASE_URL": tinker_server.url, "TINKER_API_KEY": tinker_server.key("registry")}
+    registered = cli.invoke(app, args, env=env)
+    assert registered.exit_code == 0, registered.output
+    assert (
+        "models:/registry.shouter/1" in registered.output and "models:/registry.shouter@champion" in registered.output
+    )
+    refused = cli.invoke(app, [*args[:2], path.replace("sampler_weights", "weights"), *args[3:]], env=env)
+    assert refused.exit_code == 1 and "error: 404" in refused.output  # no such checkpoint: it was never saved
+    monkeypatch.setenv("OPENTINKER_MLFLOW_TRACKING_URI", tinker_server.tracking_uri("registry"))
+    get_settings.cache_clear()
+    try:
+        ref, folder = download_adapter("models:/registry.shouter@champion")  # what `agent serve --llm` resolves
+        model, _, meta = load_adapted_model(folder)
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    assert ref.version == "1" and meta["base_model"] == "tiny" and meta["tinker_model_id"] == training.model_id
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([tokens[:-1]])).logits[0]
+    served = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(tokens[1:]).unsqueeze(-1)).squeeze(-1)
+    assert np.allclose(served.numpy(), _logprobs(training, [_sft_datum(tokens)])[0], atol=1e-4)
+
+
+def test_a_session_whose_heartbeats_stop_is_reaped_and_its_memory_freed(tinker_server):
+    """The orphan the fixture left at start (a session and a model, no heartbeats): gone within the timeout."""
+    orphan = tinker_server.orphan
+    deadline = orphan["created"] + SESSION_TIMEOUT_S + 15
+    with tinker_server.http("orphan") as http:
+        while time.monotonic() < deadline:
+            if http.get(f"/api/v1/sessions/{orphan['session_id']}").json()["status"] == "expired":
+                break
+            time.sleep(0.5)
+        assert http.get(f"/api/v1/sessions/{orphan['session_id']}").json()["status"] == "expired"
+        assert http.post("/api/v1/get_info", json={"model_id": orphan["model_id"]}).status_code == 404
+        assert http.post("/api/v1/session_heartbeat", json={"session_id": orphan["session_id"]}).status_code == 410
+        assert http.get("/api/v1/usage").json()["training_clients"] == 0

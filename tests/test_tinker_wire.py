@@ -1,0 +1,145 @@
+"""The Tinker API's server side without a model: the wire format both ways on the SDK's own converters, the order a
+model's requests run in, and the checkpoint store's paths, tenants and time-to-live."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from tinker import types
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
+
+from opentinker.agents.adapter_trainer import ForwardResult
+from opentinker.agents.lm_sampler import Completion, JobResult
+from opentinker.server.tinker import wire
+from opentinker.server.tinker.errors import BadRequest
+from opentinker.server.tinker.futures import Future
+from opentinker.server.tinker.sessions import Sequencer
+from opentinker.server.tinker.store import CheckpointError, CheckpointNotFound, CheckpointPath, CheckpointStore
+
+
+def _request(data, loss="importance_sampling", config=None) -> bytes:
+    request = types.ForwardBackwardRequest(
+        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=loss, loss_fn_config=config),
+        model_id="s:train:0",
+        seq_id=7,
+    )
+    return forward_backward_request_to_proto(request).SerializeToString()
+
+
+def test_a_forward_backward_request_decodes_from_the_sdks_protobuf():
+    import zstandard
+
+    rl = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={
+            "target_tokens": np.array([2, 3, 4]),
+            "logprobs": np.array([-1.0, -2.0, -0.5], np.float32),
+            "advantages": np.array([0.0, 1.5, -1.0], np.float32),
+        },
+    )
+    body = _request([rl], "ppo", {"clip_low_threshold": 0.7})
+    for encoded, encoding in ((body, None), (zstandard.ZstdCompressor().compress(body), "zstd")):
+        call = wire.decode_forward_backward(encoded, encoding)
+        assert (call.model_id, call.seq_id, call.loss_fn, call.forward_only) == ("s:train:0", 7, "ppo", False)
+        assert call.loss_fn_config == {"clip_low_threshold": pytest.approx(0.7)}
+        datum = call.data[0]
+        assert list(datum.tokens) == [1, 2, 3] and datum.inputs["target_tokens"].tolist() == [2, 3, 4]
+        assert datum.inputs["advantages"].dtype == np.float32 and datum.inputs["advantages"][1] == 1.5
+    distill = types.Datum(  # (N, K) targets, sent sparse by the SDK
+        model_input=types.ModelInput.from_ints([5, 6]),
+        loss_fn_inputs={
+            "target_tokens": torch.tensor([[7, 0, 0, 0], [0, 0, 0, 9]]),
+            "weights": torch.tensor([[1.0, 0, 0, 0], [0, 0, 0, 0.5]]),
+        },
+    )
+    dense = wire.decode_forward_backward(_request([distill], "cross_entropy")).data[0]
+    assert dense.inputs["target_tokens"].tolist() == [[7, 0, 0, 0], [0, 0, 0, 9]]
+    assert dense.inputs["weights"][1, 3] == np.float32(0.5)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [(b"\xff" * 40, "not a tinker ForwardBackwardRequest"), (b"", "model_id: required")],
+)
+def test_an_undecodable_body_is_named(body, message):
+    with pytest.raises(wire.WireError, match=message):
+        wire.decode_forward_backward(body)
+
+
+def test_results_encode_to_what_the_sdks_decoders_read():
+    result = ForwardResult([np.array([-1.0, -2.5], np.float32), np.zeros((3, 2), np.float32)], loss=3.5, tokens=5)
+    output = deserialize_forward_backward_output(wire.forward_backward_proto(result, {"loss:sum": 3.5}))
+    assert output.metrics == {"loss:sum": 3.5}
+    assert output.loss_fn_outputs[0]["logprobs"].to_numpy().tolist() == [-1.0, -2.5]
+    assert output.loss_fn_outputs[1]["logprobs"].shape == [3, 2]
+    sampled = JobResult(
+        [Completion([5, 2], [-0.5, -0.25], [([5, 7], [-0.5, -1.0]), ([2, 3], [-0.25, -3.0])], "stop")],
+        prompt_logprobs=np.array([np.nan, -1.5], np.float32),
+    )
+    response = deserialize_sample_response(wire.sample_proto(sampled))
+    sequence = response.sequences[0]
+    assert sequence.tokens == [5, 2] and sequence.logprobs == [-0.5, -0.25] and sequence.stop_reason == "stop"
+    assert sequence.topk_logprobs[1] == [(2, -0.25), (3, -3.0)]
+    assert response.prompt_logprobs == [None, -1.5]
+
+
+def test_stop_sequences_take_each_form_the_sdk_sends():
+    spec = wire.sampling_spec(types.SamplingParams(max_tokens=4, stop="\n\n"))
+    assert spec.stop_strings == ("\n\n",) and spec.stop_at_eos
+    spec = wire.sampling_spec(types.SamplingParams(max_tokens=4, stop=[7, 9]))
+    assert spec.stop_tokens == (7, 9) and spec.stop_at_eos
+    assert not wire.sampling_spec(types.SamplingParams(max_tokens=4, stop=[])).stop_at_eos
+    with pytest.raises(wire.WireError, match="max_tokens: required"):
+        wire.sampling_spec(types.SamplingParams())
+
+
+def test_a_models_requests_run_in_sequence_order_once_each():
+    ran: list[int] = []
+    sequencer = Sequencer(gap_timeout=0.05)
+
+    def offer(seq: int) -> Future:
+        future = Future(f"r{seq}", "t", "k", "m")
+        sequencer.offer(seq, future, lambda: ran.append(seq))
+        return future
+
+    third = offer(3)
+    offer(2)
+    assert ran == []  # 1 has not arrived
+    offer(1)
+    assert ran == [1, 2, 3]
+    assert sequencer.duplicate(3) is third and sequencer.duplicate(4) is None  # a re-sent request: its first answer
+    with pytest.raises(BadRequest, match="seq_id: 2 was already used"):
+        offer(2)
+    offer(6)  # 4 and 5 never come
+    sequencer.release_stalled(time.monotonic())
+    assert ran == [1, 2, 3]
+    time.sleep(0.1)
+    sequencer.release_stalled(time.monotonic())
+    offer(0)  # a request without a seq_id runs next
+    assert ran == [1, 2, 3, 6, 0] and sequencer.next == 8
+
+
+def test_checkpoints_belong_to_a_tenant_and_expire(tmp_path):
+    store = CheckpointStore(lambda tenant: tmp_path / tenant)
+    path = CheckpointPath.make("s:train:0", "weights", "step-1")
+    meta = store.write("acme", path, lambda folder: (folder / "state.pt").write_bytes(b"x" * 10), ttl_seconds=1)
+    assert meta["tinker_path"] == "tinker://s:train:0/weights/step-1" and meta["size_bytes"] == 10
+    assert store.open("acme", path.uri)[1].joinpath("state.pt").read_bytes() == b"x" * 10
+    with pytest.raises(CheckpointNotFound):
+        store.open("other", path.uri)  # another tenant's path is not found
+    with pytest.raises(CheckpointError, match="already exists"):
+        store.write("acme", path, lambda folder: None)
+    store.set_ttl("acme", path.uri, None)
+    assert store.list("acme")[0]["expires_at"] is None
+    store.set_ttl("acme", path.uri, 1)
+    time.sleep(1.1)
+    with pytest.raises(CheckpointNotFound, match="expired"):
+        store.open("acme", path.uri)
+    assert store.usage_bytes("acme") == 0 and store.sweep(tmp_path) == 1
+    for bad in ("tinker://x/other/y", "s3://bucket/key", "tinker://x/weights/../../etc"):
+        with pytest.raises(CheckpointError):
+            CheckpointPath.parse(bad)
