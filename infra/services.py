@@ -169,11 +169,18 @@ def start_mlflow(
     return start_http("mlflow", cmd, log, port=port, health="/health", timeout=timeout, env=env, cwd=directory)
 
 
-def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = DEFAULT_TIMEOUT_S) -> ServiceProcess:
+def start_prefect(
+    directory: Path,
+    log: Path,
+    ui: bool = True,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    settings: dict[str, str] | None = None,
+) -> ServiceProcess:
     """Prefect server (API, UI, scheduler and other services) with its own PREFECT_HOME and SQLite database.
 
     The caller's ``PREFECT_*`` variables are dropped (they describe a client, not this server); the UI is told
     this server's API URL, else it calls Prefect's default ``127.0.0.1:4200`` and shows "Can't connect".
+    ``settings``: more ``PREFECT_*`` variables for the server.
     """
     directory.mkdir(parents=True, exist_ok=True)
     (port,) = free_ports(1)
@@ -187,6 +194,7 @@ def start_prefect(directory: Path, log: Path, ui: bool = True, timeout: float = 
         PREFECT_UI_API_URL=f"{url}/api",
         PREFECT_UI_URL=url,
     )
+    env.update(settings or {})
     cmd = [
         venv_bin("prefect"),
         "server",

@@ -15,8 +15,10 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import httpx
 import mlflow
 import pytest
+from fixtures.server import wait_for_job
 
 pytestmark = pytest.mark.slow
 
@@ -305,3 +307,24 @@ def test_mlflow_pages_show_curves_dashboard_metrics_plots_and_the_champion(
     )
     _close_mlflow_overlays(browser)
     browser.save_screenshot(str(screenshots / "mlflow-model-version.png"))
+
+
+def test_prefect_shows_a_server_job_in_its_tenants_work_queue(job_server, browser, screenshots):
+    """A job submitted to `opentinker server up` is a flow run in its tenant's work queue, whose concurrency limit is
+    the tenant's running-jobs quota."""
+    server = job_server
+    key = server.make_key("dashboards")
+    spec = {"env_id": "CartPole-v1", "steps": 2048, "num_envs": 4, "eval_episodes": 2, "champion_threshold": 0.0}
+    job = httpx.post(f"{server.url}/v1/jobs", headers=server.headers(key), json={"spec": spec}, timeout=120).json()
+    wait_for_job(server, key, job["id"], lambda s: s["state"] == "SUCCEEDED")
+    page = _open(
+        browser,
+        f"{server.prefect_url}/work-pools/work-pool/opentinker-jobs/queue/tenant-dashboards",
+        "tenant-dashboards",
+        "Jobs of tenant dashboards",
+        "Flow Run Concurrency",
+    )
+    assert "Can't connect" not in page
+    browser.find_element("xpath", "//li[contains(@class, 'p-tab') and normalize-space()='Runs']").click()
+    _wait_for(browser, job["id"], "tenant:dashboards", "Completed")
+    browser.save_screenshot(str(screenshots / "prefect-tenant-queue.png"))

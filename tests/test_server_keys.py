@@ -125,7 +125,7 @@ def test_tenants_and_quotas_admin_sets_others_see_only_their_own(api_server):
     assert updated.status_code == 200, updated.text
     assert updated.json()["max_running_jobs"] == 3 and updated.json()["max_gpus"] is None
     assert (
-        httpx.patch(f"{api_server.url}/v1/tenants/quota-co", headers=admin, json={"max_running_jobs": 0}).status_code
+        httpx.patch(f"{api_server.url}/v1/tenants/quota-co", headers=admin, json={"max_running_jobs": -1}).status_code
         == 422
     )
     own = api_server.headers(api_server.make_key("quota-co", ("read",)))

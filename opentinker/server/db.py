@@ -82,6 +82,7 @@ class Job(Base):
     attempts: Mapped[int] = mapped_column(default=1)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     token_hash: Mapped[str] = mapped_column(sa.String(200), default="")
+    launch_host: Mapped[str] = mapped_column(sa.String(255), default="")
     updated_at: Mapped[float] = mapped_column(default=time.time, onupdate=time.time)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from opentinker.infra.files import atomic_write
 from opentinker.infra.processes import ServiceProcess, free_ports, spawn, start_http, venv_bin
 from opentinker.infra.settings import Settings, get_settings
 
+WATCH_S = 2.0
+"""How often ``up`` checks that its worker still runs."""
 WORKER_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OPENTINKER_SANDBOX")
 """What the worker inherits from ``server up``'s environment (no keys, no database URL, no store credentials)."""
 
@@ -47,15 +50,29 @@ def serve(
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
 
+    stop = threading.Event()
+
     def ready() -> None:
         if jobs and worker:
             key_file = _worker_key(settings)
-            services.ensure("worker", lambda log: start_worker(log, url, key_file, settings.prefect_api_url))
+            start = lambda log: start_worker(log, url, key_file, settings.prefect_api_url)  # noqa: E731
+            services.ensure("worker", start)
+            threading.Thread(target=_keep_up, args=(services, "worker", start, stop), daemon=True).start()
         if on_ready is not None:
             on_ready(url)
 
-    _around_uvicorn(server, after_startup=ready, after_shutdown=services.stop_all)
+    def shut_down() -> None:
+        stop.set()
+        services.stop_all()
+
+    _around_uvicorn(server, after_startup=ready, after_shutdown=shut_down)
     server.run()
+
+
+def _keep_up(services: _Services, name: str, start: Callable[[Path], ServiceProcess], stop: threading.Event) -> None:
+    """Start the service again whenever it has died (a Prefect worker exits after repeated API errors)."""
+    while not stop.wait(WATCH_S):
+        services.ensure(name, start)
 
 
 def stop_services(settings: Settings | None = None) -> list[str]:
@@ -87,10 +104,15 @@ def start_server(
     return start_http("opentinker-server", cmd, log, port=port, health="/healthz", timeout=timeout, env=env)
 
 
+PREFECT_SETTINGS = {"PREFECT_SERVER_DATABASE_TIMEOUT": "60", "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "30"}
+"""The embedded Prefect server keeps SQLite: several jobs' logs and states at once make it wait for its write lock,
+which by default fails after 10 s (and a worker whose polls keep failing exits). Use PostgreSQL to scale out."""
+
+
 def _start_prefect(root: Path, log: Path) -> ServiceProcess:
     from opentinker.infra.services import start_prefect
 
-    return start_prefect(root / "prefect", log, ui=True)
+    return start_prefect(root / "prefect", log, ui=True, settings=PREFECT_SETTINGS)
 
 
 def _worker_key(settings: Settings) -> Path:

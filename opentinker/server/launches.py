@@ -21,13 +21,14 @@ from opentinker.infra.settings import Settings
 
 from . import tenants
 from .db import Job, Store, Upload
+from .models import prepare_store
 from .schemas import LaunchInfo, ProgressReport
 
 PASSED_SETTINGS = ("ray_address", "ray_num_cpus", "rollout_resource", "rollout_node_timeout_s")
 """Settings a job inherits from the server as they are (where its compute is); stores are the tenant's own."""
 
 
-def launch(store: Store, settings: Settings, flow_run_id: str) -> LaunchInfo | None:
+def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -> LaunchInfo | None:
     """The launch of the job attempt behind ``flow_run_id``, with a new token; None when no unfinished job has it."""
     token = secrets.token_urlsafe(32)
     with store.session() as session:
@@ -36,11 +37,12 @@ def launch(store: Store, settings: Settings, flow_run_id: str) -> LaunchInfo | N
         ).first()
         if job is None or job.cancel_requested:
             return None
-        job.token_hash = _digest(token)
+        job.token_hash, job.launch_host = _digest(token), host
         upload = session.get(Upload, job.upload_id) if job.upload_id else None
         tenant, job_id = job.tenant, job.id
     home = tenants.data_dir(tenant, settings)
     (home / ".prefect").mkdir(parents=True, exist_ok=True)
+    prepare_store(tenant, settings)
     env = {
         "OPENTINKER_DATA_DIR": str(home),
         "OPENTINKER_MLFLOW_TRACKING_URI": tenants.tracking_uri(tenant, settings),

@@ -29,6 +29,26 @@ from . import tenants
 from .db import Job, Service, Store
 
 _mlflow_lock = threading.Lock()
+_ready: set[str] = set()
+
+
+def prepare_store(tenant: str, settings: Settings) -> None:
+    """The tenant's MLflow store and experiment, made before its first job starts (once per process): two first jobs
+    would otherwise create the same SQLite store at once, and MLflow's schema migrations do not survive that race."""
+    import mlflow
+
+    from opentinker.tracking.runs import EXPERIMENT_KIND
+
+    uri = tenants.tracking_uri(tenant, settings)
+    with _mlflow_lock:
+        if uri in _ready:
+            return
+        client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+        name = tenants.experiment(tenant)
+        if client.get_experiment_by_name(name) is None:
+            location = None if uri.startswith("http") else (tenants.data_dir(tenant, settings) / "artifacts").as_uri()
+            client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
+        _ready.add(uri)
 
 
 @contextlib.contextmanager

@@ -9,6 +9,11 @@
 - **Pickup.** Workers poll every ``PREFECT_WORKER_QUERY_SECONDS`` (15 s by default); the server's workers are started
   with 1 s, Prefect's own setting for prompt pickup.
 - **Cluster capacity** is the pool's concurrency limit (None: the workers' own limits).
+- **Lost runs.** A job's flow run sends Prefect a heartbeat event every ``HEARTBEAT_S``; Prefect's automation
+  ``ZOMBIES`` (a proactive trigger, Prefect's documented zombie detection) marks a run whose heartbeats stopped
+  Crashed, so a run whose worker machine died, or whose server went down with its worker, is not Running forever:
+  the server re-queues it and it resumes from its last checkpoint. On the server's own machine the sync loop does
+  not wait for that: a run whose process (Prefect's ``infrastructure_pid``) is gone is Crashed at once.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ ENTRYPOINT = "opentinker/server/job_flow.py:train_job"
 PRIORITY_STEP = datetime.timedelta(days=1)
 WORKER_QUERY_SECONDS = 1.0
 """``PREFECT_WORKER_QUERY_SECONDS`` of the server's workers (Prefect's default: 15)."""
+HEARTBEAT_S = 30
+"""``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` of a job's flow run (Prefect's minimum): a heartbeat event this often."""
+HEARTBEAT_LOST_S = 90
+"""A running flow run whose heartbeats stop this long is marked Crashed (``ZOMBIES``), then re-queued."""
+ZOMBIES = "opentinker: crash flow runs that lost their heartbeat"
 
 
 class Orchestrator:
@@ -58,6 +68,7 @@ class Orchestrator:
             self.client.update_work_pool(POOL, WorkPoolUpdate(concurrency_limit=pool_limit))
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
+        self.ensure_zombie_detection()
         with temporary_settings({PREFECT_API_URL: self.api_url}):
             flow = Flow.from_source(source=str(SOURCE_ROOT), entrypoint=ENTRYPOINT)
             self.deployment_id = flow.deploy(
@@ -69,6 +80,27 @@ class Orchestrator:
                 ignore_warnings=True,
                 description="OpenTinker server jobs: each flow run is one attempt of one job (docs/service.md).",
             )
+
+    def ensure_zombie_detection(self) -> None:
+        """The automation that marks a flow run Crashed once its heartbeats stop (made once per Prefect server)."""
+        from prefect.client.schemas.objects import StateType
+        from prefect.events.actions import ChangeFlowRunState
+        from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
+
+        if self.client.read_automations_by_name(ZOMBIES):
+            return
+        final = ("Completed", "Failed", "Cancelled", "Crashed")
+        trigger = EventTrigger(
+            after={"prefect.flow-run.heartbeat"},
+            expect={"prefect.flow-run.heartbeat", *(f"prefect.flow-run.{state}" for state in final)},
+            match={"prefect.resource.id": ["prefect.flow-run.*"]},
+            for_each={"prefect.resource.id"},
+            posture=Posture.Proactive,
+            threshold=1,
+            within=datetime.timedelta(seconds=HEARTBEAT_LOST_S),
+        )
+        action = ChangeFlowRunState(state=StateType.CRASHED, message=f"no heartbeat for {HEARTBEAT_LOST_S} s")
+        self.client.create_automation(AutomationCore(name=ZOMBIES, trigger=trigger, actions=[action]))
 
     def ensure_queue(self, tenant: str, concurrency_limit: int | None) -> None:
         """The tenant's work queue in the pool, with its running-jobs quota as concurrency limit."""
@@ -130,6 +162,12 @@ class Orchestrator:
             Cancelling() if run.state is not None and run.state.type.value in ("PENDING", "RUNNING") else Cancelled()
         )
         self.client.set_flow_run_state(uuid.UUID(flow_run_id), state, force=True)
+
+    def crash(self, flow_run_id: str, message: str) -> None:
+        """Mark a run whose process is gone Crashed (what Prefect's worker reports when it sees its process die)."""
+        from prefect.states import Crashed
+
+        self.client.set_flow_run_state(uuid.UUID(flow_run_id), Crashed(message=message), force=True)
 
     def requeue(self, flow_run_id: str, message: str) -> None:
         """Put a crashed run back in its queue (the worker that ran it died with it); it resumes from its checkpoint."""

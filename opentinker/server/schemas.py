@@ -154,6 +154,7 @@ class LaunchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     flow_run_id: str
+    host: str = Field("", description="The worker's host name (the server watches the processes of its own host).")
 
 
 class LaunchInfo(BaseModel):

@@ -3,18 +3,21 @@
 Prefect state → job state: Scheduled → QUEUED (AwaitingRetry, a flow retry in progress, stays RUNNING); Pending (a
 worker took it, its process starts) and Running → RUNNING; Completed → SUCCEEDED, with the result read from the
 tenant's MLflow store; Failed → FAILED with Prefect's message; Cancelled → CANCELLED. Crashed (the flow-run process
-died: killed, out of memory, its worker gone) puts the run back in its queue, up to ``MAX_ATTEMPTS`` attempts of the
-job: the next one resumes from the last checkpoint. Every server process may run this loop; each change is a
-compare-and-set on the job's row, so two of them never apply the same change twice.
+died: killed, out of memory, its worker gone; a run whose process on this host is gone is marked so at once) puts
+the run back in its queue, up to ``MAX_ATTEMPTS`` attempts of the job: the next one resumes from the last
+checkpoint. Every server process may run this loop; each change is a compare-and-set on the job's row, so two of
+them never apply the same change twice.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 from typing import Any
 
+import psutil
 import sqlalchemy as sa
 
 from . import tenants
@@ -75,6 +78,10 @@ class JobSync:
         if state == "SCHEDULED" and name != "AwaitingRetry":
             if job.state != "QUEUED":
                 changes = {"state": "QUEUED", "phase": ""}
+        elif state in ("RUNNING", "CANCELLING") and self._process_gone(job, run):
+            self.orchestrator.crash(
+                job.flow_run_id, f"its process {run.infrastructure_pid} on {job.launch_host} is gone"
+            )
         elif state in ("PENDING", "RUNNING", "CANCELLING") or (state == "SCHEDULED" and name == "AwaitingRetry"):
             phase = {"PENDING": "starting", "CANCELLING": "cancelling", "SCHEDULED": "retrying"}.get(state, "running")
             changes = {"state": "RUNNING", "phase": phase}
@@ -90,6 +97,13 @@ class JobSync:
             changes = self._after_crash(job, message)
         if changes and any(getattr(job, key) != value for key, value in changes.items()):
             self._apply(job, changes)
+
+    @staticmethod
+    def _process_gone(job: Job, run: Any) -> bool:
+        """Whether the run's process was started on this host and no longer exists (its worker died with it)."""
+        if job.launch_host != socket.gethostname() or not (run.infrastructure_pid or "").isdigit():
+            return False
+        return not psutil.pid_exists(int(run.infrastructure_pid))
 
     def _after_crash(self, job: Job, message: str) -> dict[str, Any]:
         if job.cancel_requested:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ from prefect.workers.process import ProcessWorker
 
 from opentinker.infra.settings import get_settings
 
-from .orchestration import POOL, WORKER_QUERY_SECONDS
+from .orchestration import HEARTBEAT_S, POOL, WORKER_QUERY_SECONDS
 from .sandbox import Sandbox, base_env, check_available, write_seccomp_program
 from .schemas import LaunchInfo
 
@@ -52,9 +53,9 @@ class SandboxWorker(ProcessWorker):
     def _launch(self, flow_run_id: str) -> LaunchInfo:
         answer = httpx.post(
             f"{self.server_url}/v1/internal/launches",
-            json={"flow_run_id": flow_run_id},
+            json={"flow_run_id": flow_run_id, "host": socket.gethostname()},
             headers={"Authorization": f"Bearer {self._key}"},
-            timeout=30,
+            timeout=300,  # a tenant's first launch makes its MLflow store (schema migrations: seconds to a minute)
         )
         if answer.status_code == 404:
             raise LaunchRefused(f"flow run {flow_run_id}: no unfinished OpenTinker job; refusing to start it")
@@ -69,6 +70,7 @@ class SandboxWorker(ProcessWorker):
             **launch.env,
             "PREFECT_API_URL": os.environ["PREFECT_API_URL"],
             "PREFECT__FLOW_RUN_ID": str(flow_run.id),
+            "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
             "OPENTINKER_JOB_ID": launch.job_id,
             "OPENTINKER_JOB_TOKEN": launch.token,
             "OPENTINKER_JOB_REPORT_URL": self.server_url,

@@ -19,7 +19,7 @@ def create_launch(
 ) -> LaunchInfo:
     """The sandbox layout, environment and token of the job attempt behind a flow run; 404 when no unfinished job
     has that flow run (the worker then refuses to start it)."""
-    info = launch(request.app.state.store, request.app.state.settings, body.flow_run_id)
+    info = launch(request.app.state.store, request.app.state.settings, body.flow_run_id, body.host)
     if info is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"flow run {body.flow_run_id}: no unfinished job")
     return info
