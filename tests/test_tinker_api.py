@@ -88,6 +88,14 @@ def test_supervised_steps_lower_the_loss_and_each_client_is_an_mlflow_run(tinker
     assert run.data.params["lora_rank"] == "8"
     assert run.data.metrics["train/tokens_per_s"] > 0
 
+    def custom(data, logprobs):  # forward_backward_custom runs client-side: a forward, then a weighted CE backward
+        loss = sum(-lp.sum() for lp in logprobs)
+        return loss, {"custom/nll:sum": float(loss)}
+
+    custom_out = training.forward_backward_custom(batch, custom).result()
+    plain = training.forward(batch, "cross_entropy").result().metrics["loss:sum"]
+    assert custom_out.metrics["loss:sum"] == pytest.approx(plain, rel=1e-5)
+
 
 def test_an_rl_loop_raises_a_verifier_reward(sdk):
     """sample -> reward -> importance_sampling: the reward is the share of capital letters in a 4-token reply."""
