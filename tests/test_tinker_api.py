@@ -244,6 +244,8 @@ def test_bad_requests_get_the_sdks_error_and_the_server_keeps_serving(tinker_ser
     assert _train(training, [good], 1)[0] > 0  # the same client keeps working
     sequence = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=6, stop=[tokens[7]], seed=3)).result()
     assert len(sequence.sequences) == 2 and all(len(s.tokens) <= 6 for s in sequence.sequences)
+    scored = sampler.compute_logprobs(prompt).result()  # the prompt's own logprobs, nothing before its first token
+    assert scored[0] is None and len(scored) == 5 and all(lp < 0 for lp in scored[1:])
 
 
 def test_back_pressure_speaks_the_sdks_signals(tinker_server):
