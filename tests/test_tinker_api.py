@@ -169,6 +169,17 @@ def test_save_state_then_load_resumes_bit_exact(tinker_server, sdk):
     assert [c.tinker_path for c in checkpoints] == [saved] and checkpoints[0].expires_at is not None
     run = listed.get_training_run(training.model_id).result()
     assert run.last_checkpoint.tinker_path == saved and run.lora_rank == 8 and run.model_owner == "resume"
+    assert listed.get_server_capabilities().result().supported_models[0].model_name == TINY
+    session = training.model_id.split(":")[0]
+    assert session in listed.list_sessions().result().sessions
+    assert training.model_id in listed.get_session(session).result().training_run_ids
+    listed.set_checkpoint_ttl_from_tinker_path(saved, None).result()
+    assert [c.expires_at for c in listed.list_user_checkpoints().result().checkpoints] == [None]
+    listed.delete_checkpoint_from_tinker_path(saved).result()
+    assert listed.list_checkpoints(training.model_id).result().checkpoints == []
+    service.close("success").result()  # frees its three training clients: a fourth would be over the quota (402)
+    with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
+        sdk("resume").create_training_client_from_state(saved).result()
 
 
 def test_two_tenants_cannot_see_each_others_models_checkpoints_or_samplers(tinker_server, sdk):
