@@ -1,6 +1,6 @@
 """The server's Prefect worker: Prefect's own process worker, whose every run starts in the job's sandbox.
 
-``opentinker server worker`` (and ``server up``, for its embedded worker) runs it: it polls the work pool every
+``opentinker server worker`` (and ``server up``, for its embedded worker) runs it: it polls the work pool twice a
 second (``PREFECT_WORKER_QUERY_SECONDS``), respects the pool's and queues' concurrency limits and cancels runs as
 Prefect's process worker does. Only the command differs, and it is fixed in code, not taken from the pool's job
 template: before a run starts, the worker asks the server for that run's launch (``launches.py``), then starts
@@ -64,8 +64,16 @@ class SandboxWorker(ProcessWorker):
 
     async def run(self, flow_run, configuration, task_status=None):
         import anyio.to_thread
+        from prefect.states import Cancelled
+        from prefect.workers.process import ProcessWorkerResult
 
-        launch = await anyio.to_thread.run_sync(self._launch, str(flow_run.id))
+        try:
+            launch = await anyio.to_thread.run_sync(self._launch, str(flow_run.id))
+        except LaunchRefused as refused:  # cancelled before it started, or not the server's: it never runs
+            await self.client.set_flow_run_state(flow_run.id, Cancelled(message=str(refused)), force=True)
+            if task_status is not None:
+                task_status.started(refused)
+            return ProcessWorkerResult(identifier="", status_code=0)
         env = {
             **launch.env,
             "PREFECT_API_URL": os.environ["PREFECT_API_URL"],
