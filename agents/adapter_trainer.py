@@ -127,7 +127,7 @@ class AdapterTrainer:
                     for datum, logp in zip(chunk, logps)
                 ]
                 chunk_loss = torch.stack(losses).sum()
-            if not forward_only:
+            if not forward_only and chunk_loss.requires_grad:  # no graph: no position of the chunk has a gradient
                 chunk_loss.backward()
             total += float(chunk_loss.detach())
             tokens += sum(t.numel() for t in targets)

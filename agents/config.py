@@ -171,7 +171,8 @@ class DQNConfig(TrainerConfig):
 @dataclass
 class OffPolicyConfig(TrainerConfig):
     """What SAC and TD3 share: a replay buffer fed by env copies acting with the current actor, twin Q critics with
-    Polyak-averaged targets, uniform random actions until ``learning_starts``. Defaults follow CleanRL's sac/td3."""
+    Polyak-averaged targets, uniform random actions until ``learning_starts``. Defaults are SB3's (batch 256, buffer
+    1M, tau 0.005, one gradient step per env step, 256x256 ReLU) with CleanRL's 5k-step warm-up."""
 
     num_envs: int = 1
     """Env copies stepped together (RL-Zoo's MuJoCo settings step one)."""

@@ -11,7 +11,8 @@ rollout, evaluation, registration, gate, plots, uploads). ``ratio = flow_s / bar
 is the mean of a bare run before and one after the flows, so a change in machine load hits both sides.
 ``plain_flow_s``: the same spec through ``train_flow`` alone (training starts inside the flow run);
 ``early_gain_s = plain_flow_s - flow_s``. Each flow runs in a fresh process with a fresh data dir and Prefect home,
-as on a first ``opentinker train``. The last line is JSON.
+as on a first ``opentinker train``; ``--pairs`` plain/early pairs run alternately (medians reported), so neither
+side always runs first. The last line is JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=1_000_000, help="PPO env steps for each side.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pairs", type=int, default=2, help="plain/early flow pairs, run alternately.")
     parser.add_argument("--flow", choices=("early", "plain"), help=argparse.SUPPRESS)  # one flow run (a child)
     args = parser.parse_args()
     if args.flow:
@@ -94,8 +97,12 @@ def main() -> None:
         return seconds, mean
 
     before_s, bare_eval = bare()
-    early = run_flow("early", args.steps, args.seed)  # what `opentinker train` runs
-    plain = run_flow("plain", args.steps, args.seed)
+    runs: dict[str, list[dict]] = {"plain": [], "early": []}
+    for pair in range(args.pairs):
+        for variant in ("plain", "early") if pair % 2 == 0 else ("early", "plain"):
+            runs[variant].append(run_flow(variant, args.steps, args.seed))
+    early = {key: statistics.median(run[key] for run in runs["early"]) for key in runs["early"][0]}
+    plain = {key: statistics.median(run[key] for run in runs["plain"]) for key in runs["plain"][0]}
     after_s, _ = bare()
     bare_s = (before_s + after_s) / 2  # bare runs on both sides of the flows: load drift hits both alike
     print(
@@ -106,7 +113,9 @@ def main() -> None:
                 "num_envs": resolved.engine.num_envs,
                 "bare_s": round(bare_s, 2),
                 "bare_runs_s": [round(before_s, 2), round(after_s, 2)],
-                "flow_s": round(early["flow_s"], 2),
+                "flow_s": round(early["flow_s"], 2),  # early: what `opentinker train` runs
+                "flow_runs_s": [round(run["flow_s"], 2) for run in runs["early"]],
+                "plain_flow_runs_s": [round(run["flow_s"], 2) for run in runs["plain"]],
                 "ratio": round(early["flow_s"] / bare_s, 4),
                 "flow_train_loop_s": round(early["train_s"], 2),
                 "flow_fixed_s": round(early["flow_s"] - early["train_s"], 2),
@@ -115,7 +124,7 @@ def main() -> None:
                 "bare_eval_mean": bare_eval,
                 "flow_eval_mean": early["eval_mean"],
                 "load_avg_1m": round(os.getloadavg()[0], 2),
-                "rerun": "python bench/pipeline_overhead.py --steps " + str(args.steps),
+                "rerun": f"python bench/pipeline_overhead.py --steps {args.steps} --pairs {args.pairs}",
             }
         )
     )

@@ -314,22 +314,26 @@ def main() -> None:
     parser.add_argument("--latency-iters", type=int, default=30)
     parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache"))
     parser.add_argument("--out-dir", default="/tmp/opentinker-bench-tinker-api")
+    parser.add_argument("--only", choices=("sdk", "builtin"), default=None, help="Run one half (no ratio then).")
     args = parser.parse_args()
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     load_at_start = round(os.getloadavg()[0], 2)  # figures count only from a quiet machine: say how busy it was
-    server, key = start_server(args, Path(tempfile.mkdtemp(prefix="server-", dir=out)))
-    try:
-        latency = latencies(args, server.url, key)
-        print("latency (tiny model):", json.dumps(latency), flush=True)
-        sdk = sdk_run(args, server.url, key)
-        print("sdk:", json.dumps({k: v for k, v in sdk.items() if k != "curve"}), flush=True)
-    finally:
-        server.stop()
-    builtin = builtin_run(args)
-    print("built-in:", json.dumps({k: v for k, v in builtin.items() if k != "curve"}), flush=True)
+    sdk = builtin = latency = None
+    if args.only != "builtin":
+        server, key = start_server(args, Path(tempfile.mkdtemp(prefix="server-", dir=out)))
+        try:
+            latency = latencies(args, server.url, key)
+            print("latency (tiny model):", json.dumps(latency), flush=True)
+            sdk = sdk_run(args, server.url, key)
+            print("sdk:", json.dumps({k: v for k, v in sdk.items() if k != "curve"}), flush=True)
+        finally:
+            server.stop()
+    if args.only != "sdk":
+        builtin = builtin_run(args)
+        print("built-in:", json.dumps({k: v for k, v in builtin.items() if k != "curve"}), flush=True)
     (out / "curves.json").write_text(json.dumps({"sdk": sdk, "builtin": builtin}, indent=1))
-    ratio = sdk["completions_per_s"] / builtin["completions_per_s"]
+    halves = {"sdk": sdk, "builtin": builtin}
     line = {
         "bench": "tinker_api",
         "base": args.base,
@@ -341,20 +345,22 @@ def main() -> None:
         "eval_prompts": args.eval_prompts,
         "builtin_backend": f"{args.builtin_backend} x{args.workers}",
         "load_avg_1m_start_end": [load_at_start, round(os.getloadavg()[0], 2)],
-        **{f"sdk_{k}": v for k, v in sdk.items() if k != "curve"},
-        **{f"builtin_{k}": v for k, v in builtin.items() if k != "curve"},
-        "completions_per_s_ratio": ratio,
-        "ratio_floor": RATIO_FLOOR,
-        "ratio_ok": ratio >= RATIO_FLOOR,
-        "heldout_equal_within_noise": within_noise(sdk["heldout_after"], builtin["heldout_after"], args.eval_prompts),
-        "latency_tiny_ms": latency,
-        "rerun": "python bench/tinker_api.py "
-        + " ".join(
-            f"--{k.replace('_', '-')} {v}"
-            for k, v in vars(args).items()
-            if v is not None and k not in ("out_dir", "cache_dir")
-        ),
+        **{f"{name}_{k}": v for name, half in halves.items() if half for k, v in half.items() if k != "curve"},
     }
+    if sdk and builtin:
+        ratio = sdk["completions_per_s"] / builtin["completions_per_s"]
+        line["completions_per_s_ratio"] = ratio
+        line["ratio_floor"] = RATIO_FLOOR
+        line["ratio_ok"] = ratio >= RATIO_FLOOR
+        line["heldout_equal_within_noise"] = within_noise(
+            sdk["heldout_after"], builtin["heldout_after"], args.eval_prompts
+        )
+    line["latency_tiny_ms"] = latency
+    line["rerun"] = "python bench/tinker_api.py " + " ".join(
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in vars(args).items()
+        if v is not None and k not in ("out_dir", "cache_dir")
+    )
     print(json.dumps(line))
 
 

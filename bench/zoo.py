@@ -10,14 +10,15 @@ tuning here. SB3: RL-Zoo's hyper-parameters (CleanRL's ``ppo_atari.py`` for Brea
 (``make_env``: for Atari ids gymnasium's ``AtariPreprocessing`` and 4 stacked frames).
 
 Repeatable by construction: both sides are evaluated after the same env steps (every ``eval_every``: 10 deterministic
-episodes, seeds 10000..10009, the engine's one evaluation function), and evaluation time is kept out of both clocks.
+episodes, seeds 10000..10009, the RL core's one evaluation function), and evaluation time is kept out of both clocks.
 Time to target: training seconds (construction included) until the first evaluation at or above the target (the env's
-``reward_threshold``, or the score named in the case); a run that does not reach it within the case's env-step budget
-counts as never reaching it. By default a run stops at its target (``--to-budget`` trains on to the budget, for the
-return there). Breakout has no target: ours trains its budget of env steps, SB3 then trains for the same training
-seconds, and both are evaluated at the end (the return each reaches in equal wall time). Each case runs its default
-seeds (5 for the cases that take seconds) unless ``--seeds`` says otherwise; every seed's figures are printed, then a
-table (medians, per-seed range) and, last, one JSON line.
+``reward_threshold``, or the score named in the case); a run that does not reach it within its env-step budget counts
+as never reaching it (SB3: RL-Zoo's ``n_timesteps``, where its schedules end; ours: the run ``opentinker train ENV``
+makes, ``RunSpec.steps``; the SAC cases: the issue's 100k for both). By default a run stops at its target
+(``--to-budget`` trains on to the budget, for the return there). Breakout has no target: ours trains its budget of env
+steps, SB3 then trains for the same training seconds, and both are evaluated at the end (the return each reaches in
+equal wall time). Each case runs its default seeds (5 for the cases that take seconds) unless ``--seeds`` says
+otherwise; every seed's figures are printed, then a table (medians, per-seed range) and, last, one JSON line.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class Case:
     """Return to reach; None: an equal-wall-time case (returns compared after the same training seconds)."""
     target_source: str
     budget_steps: int
-    """Env steps a side may take (time-to-target cases: both sides; equal-time cases: ours)."""
+    """SB3's env steps: RL-Zoo's ``n_timesteps`` (where its schedules end), or the issue's budget."""
     eval_every: int
     """Env steps between evaluations, both sides (a multiple of both sides' iteration sizes)."""
     seeds: int
@@ -57,6 +58,9 @@ class Case:
     sb3_policy: str = "MlpPolicy"
     eval_kwargs: dict[str, Any] = field(default_factory=dict)
     """Env options for evaluation only (Breakout: an episode cap, so a policy that never serves cannot stall it)."""
+    ours_budget: int | None = None
+    """Our env steps; None: the run ``opentinker train ENV`` makes (``RunSpec.steps``, its schedules' horizon) when
+    longer than ``budget_steps``. The SAC cases give both sides the issue's budget, Breakout ours its own."""
 
 
 # RL-Zoo hyper-parameters (rl-baselines3-zoo hyperparams/{ppo,dqn,sac}.yml) and reported scores (benchmark.md);
@@ -152,10 +156,28 @@ CASES = {
         4,
     ),
     "halfcheetah-sac": Case(
-        "halfcheetah-sac", "HalfCheetah-v5", "sac", 1500.0, "issue 27", 100_000, 5000, 1, dict(learning_starts=10_000)
+        "halfcheetah-sac",
+        "HalfCheetah-v5",
+        "sac",
+        1500.0,
+        "issue 27",
+        100_000,
+        5000,
+        1,
+        dict(learning_starts=10_000),
+        ours_budget=100_000,
     ),
     "hopper-sac": Case(
-        "hopper-sac", "Hopper-v5", "sac", 1000.0, "issue 27", 100_000, 5000, 1, dict(learning_starts=10_000)
+        "hopper-sac",
+        "Hopper-v5",
+        "sac",
+        1000.0,
+        "issue 27",
+        100_000,
+        5000,
+        1,
+        dict(learning_starts=10_000),
+        ours_budget=100_000,
     ),
     "breakout-ppo": Case(
         "breakout-ppo",
@@ -181,6 +203,7 @@ CASES = {
         8,
         "CnnPolicy",
         dict(max_episode_steps=4_500),  # 5 minutes of play (18,000 frames)
+        ours_budget=100_000,
     ),
 }
 
@@ -246,6 +269,7 @@ def run_ours(case: Case, seed: int, threads: int, to_budget: bool, train_seconds
     from opentinker.tasks.spec import RunSpec
 
     horizon = RunSpec(env_id=case.env_id, algorithm=case.algorithm).steps  # the pipeline's default horizon
+    budget = case.ours_budget or max(horizon, case.budget_steps)
     clock = Clock(case, to_budget, train_seconds)
     trainer = getattr(opentinker, f"{case.algorithm.upper()}Trainer")(  # an env id: the CLI's preset
         case.env_id, seed=seed, device="cpu", torch_threads=threads, backend="local"
@@ -253,9 +277,9 @@ def run_ours(case: Case, seed: int, threads: int, to_budget: bool, train_seconds
     act = lambda obs: trainer.numpy_policy().act(obs)  # noqa: E731
 
     def callback(metrics: dict, step: int) -> bool:
-        return not clock.at_step(step, act) and step < case.budget_steps
+        return not clock.at_step(step, act) and step < budget
 
-    trainer.train(max(horizon, case.budget_steps), callback=callback)
+    trainer.train(max(horizon, budget), callback=callback)
     result = clock.result(trainer.global_step, act)
     trainer.env.close()
     return result
@@ -366,7 +390,9 @@ def main() -> None:
     for name in names:
         case, ours, sb3 = CASES[name], [], []
         if args.max_steps:
-            case = dataclasses.replace(case, budget_steps=min(case.budget_steps, args.max_steps))
+            case = dataclasses.replace(
+                case, budget_steps=min(case.budget_steps, args.max_steps), ours_budget=args.max_steps
+            )
         for seed in range(args.seeds or case.seeds):
             if "ours" in sides:
                 ours.append(run_ours(case, seed, args.threads, args.to_budget))

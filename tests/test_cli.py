@@ -10,7 +10,7 @@ from opentinker.cli import app
 
 runner = CliRunner()
 
-GROUPS = ["stack", "cluster", "federated", "agent", "server"]
+GROUPS = ["stack", "cluster", "federated", "agent", "server", "tinker"]
 COMMANDS = ["quickstart", "train", "evaluate", "release", "schedule", "publish", "serve", "package"]
 
 
@@ -43,6 +43,7 @@ def test_each_command_and_group_has_help(args):
         (["federated", "run", "--strategy", "nope", "--simulate"], "strategy"),
         (["stack", "up", "--backend", "mysql"], "backend"),
         (["cluster", "up", "--nodes", "0"], "nodes"),
+        (["tinker", "usage"], "TINKER_BASE_URL"),
     ],
     ids=lambda value: value if isinstance(value, str) else " ".join(value[:2]),
 )

@@ -55,30 +55,36 @@ def _secret_in_environment(monkeypatch):
     monkeypatch.setenv("OPENTINKER_TEST_SECRET", SECRET)
 
 
-def sandbox_processes() -> list[psutil.Process]:
-    """Live host processes of a sandbox: in a PID namespace other than ours, or bwrap itself.
+def sandbox_processes(since: float) -> list[psutil.Process]:
+    """Live host processes of a sandbox started at ``since`` or later: bwrap itself or in a PID namespace other than
+    ours, and either ours (descendants of this process) or orphans adopted by init — where an escaped process would
+    end up.
 
-    Not ``psutil.Process().children()``: the suite's session services (Ray, MLflow, ...) are this process's
-    children and start helpers of their own at any time."""
+    Not only ``psutil.Process().children()``: the suite's session services (Ray, MLflow, ...) are this process's
+    children and start helpers of their own at any time; not every sandbox on the host either: other programs
+    (another test run, a server's job sandboxes) run their own."""
     own = os.readlink("/proc/self/ns/pid")
+    ours = {child.pid for child in psutil.Process().children(recursive=True)}
     found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
+    for proc in psutil.process_iter(["cmdline", "status", "ppid", "create_time"]):
         try:
             namespace = os.readlink(f"/proc/{proc.pid}/ns/pid")
         except OSError:
             continue  # gone, or not ours to read
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue  # dead: a namespace's init waits to be reaped by the host's init after bwrap exits
+        if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.info["create_time"] < since:
+            continue  # dead (a namespace's init waits to be reaped by the host's init after bwrap exits), or older
         cmdline = proc.info["cmdline"] or [""]
-        if namespace != own or os.path.basename(cmdline[0]) == "bwrap":
+        sandboxed = namespace != own or os.path.basename(cmdline[0]) == "bwrap"
+        if sandboxed and (proc.pid in ours or proc.info["ppid"] == 1):
             found.append(proc)
     return found
 
 
 def invoke(code: str, guard: str = "on") -> str:
     """Run through the public tool; assert nothing the call started is still alive and no known secret leaked."""
+    started = time.time() - 1.0  # process start times are rounded to clock ticks
     out = PythonREPL(limits=LIMITS).invoke({"code": (DISARM if guard == "disarmed" else "") + TRY + code})
-    assert sandbox_processes() == [], "a process of the call outlived it"
+    assert sandbox_processes(started) == [], "a process of the call outlived it"
     for leak in LEAKS:
         assert leak not in out, f"leaked {leak!r}:\n{out}"
     return out
@@ -263,6 +269,7 @@ def test_process_creation_paths_reach_nothing(name, guard):
 
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
 def test_host_processes_are_invisible_and_unsignallable(guard):
+    since = time.time() - 1.0  # process start times are rounded to clock ticks
     received: list[int] = []
     previous = signal.signal(signal.SIGUSR1, lambda signum, _: received.append(signum))
     canary = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -287,7 +294,7 @@ attempt("kill_all", lambda: os.kill(-1, signal.SIGKILL))
         canary.kill()
         canary.wait()
         signal.signal(signal.SIGUSR1, previous)
-    assert sandbox_processes() == []
+    assert sandbox_processes(since) == []
 
 
 @pytest.mark.parametrize("guard", ["on", "disarmed"])
@@ -375,15 +382,17 @@ print("written_mb", written)
 
 
 def test_output_flood_is_cut_and_killed():
+    since = time.time() - 1.0  # process start times are rounded to clock ticks
     started = time.monotonic()
     result = run_python("while True:\n    print('y' * 10_000)", LIMITS)
     assert result.truncated and len(result.output) <= LIMITS.max_output_chars
     assert "[output truncated]" in result.report()
     assert time.monotonic() - started < LIMITS.wall_time_s  # killed at the cap, not at the wall-time limit
-    assert sandbox_processes() == []
+    assert sandbox_processes(since) == []
 
 
 def test_infinite_loop_is_killed_with_its_children():
+    since = time.time() - 1.0  # process start times are rounded to clock ticks
     token = secrets.token_hex(8)
     result = run_python(
         DISARM
@@ -394,7 +403,7 @@ while True:
         LIMITS,
     )
     assert result.timed_out, result.report()
-    assert sandbox_processes() == []
+    assert sandbox_processes(since) == []
     assert not [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or ())]
 
 

@@ -15,6 +15,8 @@ from opentinker.tasks.spec import MEMBERS, RunSpec
 SPECS = {
     "ppo": dict(env_id="Pendulum-v1", steps=4096, ppo={"hidden_sizes": (32, 32), "norm_obs": True}),
     "dqn": dict(env_id="CartPole-v1", algorithm="dqn", num_envs=2, dqn={"epsilon_decay": 0.99}),
+    "sac": dict(env_id="Pendulum-v1", algorithm="sac", num_envs=1, sac={"learning_starts": 100, "alpha": 0.2}),
+    "td3": dict(env_id="Pendulum-v1", algorithm="td3", td3={"policy_delay": 3}),
     "grpo": dict(env_id="arithmetic", algorithm="grpo", updates=3, backend="local", grpo={"base_model": "tiny"}),
     "group": dict(policy_mapping={"predator": "PPO", "prey": "DQN"}, configs={"prey": {"lr": 1e-3}}, steps=64),
 }

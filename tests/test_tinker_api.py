@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import tinker
-from fixtures.tinker import MAX_MODELS, MAX_PENDING, SESSION_TIMEOUT_S, TINY, wait_for
+from fixtures.tinker import MAX_MODELS, MAX_PENDING, SESSION_TIMEOUT_S, TINY, wait_all, wait_for
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
@@ -252,6 +252,7 @@ def test_back_pressure_speaks_the_sdks_signals(tinker_server):
     with tinker_server.http("busy") as http, tinker_server.http("queued") as other:
         mine = session(http)
         models = [create(http, mine, i).json() for i in range(MAX_MODELS)]
+        assert create(http, mine, 0).json() == models[0]  # re-sent (a lost answer): the first sending's future
         over = create(http, mine, MAX_MODELS)
         assert over.status_code == 402 and "tinker_max_models_per_tenant" in over.json()["detail"]
         for model in models:
@@ -275,9 +276,8 @@ def test_back_pressure_speaks_the_sdks_signals(tinker_server):
         state = pending.json()
         assert state["queue_state"] == "paused_capacity" and "other clients" in state["queue_state_reason"]
         assert other.get("/api/v1/usage").json()["pending_requests"] == 1
-        assert wait_for(other, waiting["request_id"])["model_id"] == waiting["model_id"]
-        done = wait_for(http, busy["request_id"])
-        assert len(done.get("sequences", [])) == 32, done
+        created, done = wait_all((other, waiting["request_id"]), (http, busy["request_id"]))
+        assert created["model_id"] == waiting["model_id"] and len(done.get("sequences", [])) == 32, done
 
         # requests waiting for an earlier sequence number are in flight without costing the worker anything
         step = {"model_id": models[0]["model_id"], "adam_params": {"learning_rate": 1e-3}}

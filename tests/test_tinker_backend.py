@@ -271,5 +271,11 @@ def test_positions_without_a_loss_skip_their_backward_not_their_logprobs(model):
                 full = logp.detach()
         assert torch.allclose(logp.detach(), full, atol=1e-5)
         assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+        flat = {
+            "logprobs": np.zeros(len(SEQUENCE) - 1, np.float32),
+            "advantages": np.zeros(len(SEQUENCE) - 1, np.float32),
+        }
+        result = trainer.forward_backward([_datum(**flat)], "importance_sampling")  # a group of equal rewards
+        assert result.loss == 0.0 and all(p.grad is None for p in model.parameters("masked"))
     finally:
         trainer.close()

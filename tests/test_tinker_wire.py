@@ -102,7 +102,7 @@ def test_a_models_requests_run_in_sequence_order_once_each():
     sequencer = Sequencer(gap_timeout=0.05)
 
     def offer(seq: int) -> Future:
-        future = Future(f"r{seq}", "t", "k", "m")
+        future = Future(f"r{seq}", "t", "k", "m", "s")
         sequencer.offer(seq, future, lambda: ran.append(seq))
         return future
 

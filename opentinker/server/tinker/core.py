@@ -124,7 +124,7 @@ class Core:
         future = model.sequencer.duplicate(seq_id) if seq_id else None
         if future is None:
             self.admit(model.tenant)
-            future = self.futures.create(model.tenant, kind, model.model_id)
+            future = self.futures.create(model.tenant, kind, model.model_id, model.session_id)
 
             def checked() -> Outcome:
                 if model.closed:

@@ -85,8 +85,8 @@ class Engine:
             if isinstance(item, Work) and item.future is future:
                 break
             ahead.append(item)
-        others = sum(1 for item in ahead if not isinstance(item, Work) or item.future.owner != future.owner)
-        if self.busy is not None and self.busy.owner != future.owner:
+        others = sum(1 for item in ahead if not isinstance(item, Work) or item.future.session != future.session)
+        if self.busy is not None and self.busy.session != future.session:
             others += 1
         if future.started is None and others:
             return (

@@ -43,6 +43,8 @@ class Future:
     """The SDK's request type (``ForwardBackward``, ``OptimStep``, ``Sample``, ...): logs and metrics."""
     owner: str
     """The model or sampler the request is for."""
+    session: str = ""
+    """The client (SDK session) that sent it."""
     created: float = field(default_factory=time.monotonic)
     started: float | None = None
     finished: float | None = None
@@ -57,8 +59,8 @@ class FutureStore:
         self.loop, self.keep_s = loop, keep_s
         self._futures: dict[str, Future] = {}
 
-    def create(self, tenant: str, kind: str, owner: str) -> Future:
-        future = Future(f"req-{uuid.uuid4().hex}", tenant, kind, owner)
+    def create(self, tenant: str, kind: str, owner: str, session: str) -> Future:
+        future = Future(f"req-{uuid.uuid4().hex}", tenant, kind, owner, session)
         self._futures[future.request_id] = future
         return future
 

@@ -95,6 +95,8 @@ class Sampling:
         except CheckpointError as error:
             raise NotFound(str(error)) from None
         base = meta["base_model"]
+        if base not in core.settings.tinker_base_models:
+            raise BadRequest(f"model_path: {request.model_path} is of {core.display(base)!r}, not served here")
         if request.base_model and core.bases.get(request.base_model) != base:
             raise BadRequest(f"base_model: {request.model_path} is of {core.display(base)!r}")
         sampler = Sampler(sampler_id, tenant, session.session_id, base, None, request.model_path)
@@ -111,6 +113,10 @@ class Sampling:
         """``save_weights_and_get_sampling_client``: a sampler on a copy of the adapter as it is at this point of
         the model's sequence."""
         core = self.core
+        earlier = model.sequencer.duplicate(request.seq_id) if request.seq_id else None
+        if earlier is not None:  # the SDK sent it again: the first sending's future
+            return types.UntypedAPIFuture(request_id=earlier.request_id, model_id=model.model_id)
+        core.admit(model.tenant)
         session = core.registry.session(model.tenant, model.session_id)
         sampler = Sampler(
             f"{session.session_id}:sample:{request.sampling_session_seq_id}",
@@ -145,7 +151,7 @@ class Sampling:
             raise BadRequest("sampling_session_id: required (create a sampling client first)")
         sampler = core.registry.sampler(tenant, request.sampling_session_id)
         core.admit(tenant)
-        future = core.futures.create(tenant, "Sample", sampler.sampler_id)
+        future = core.futures.create(tenant, "Sample", sampler.sampler_id, sampler.session_id)
         ids = [f"{future.request_id}:{i}" for i in range(request.num_samples)]
         try:
             job = wire.sample_job(request, sampler.adapter)

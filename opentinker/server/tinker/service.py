@@ -9,6 +9,7 @@ has too many requests in flight, 402 when it is over its training-client or chec
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +25,10 @@ from .publish import register_checkpoint
 from .sampling import Sampling
 from .sessions import Session
 from .training import Training
+
+log = logging.getLogger(__name__)
+SESSIONS_KEPT_S = 3600.0
+"""A finished or reaped session is remembered this long (its status answers ``get_session`` and heartbeats 410)."""
 
 
 class TinkerService:
@@ -82,15 +87,19 @@ class TinkerService:
         core, sweeps = self.core, 0
         while True:
             await asyncio.sleep(period)
-            for session in core.registry.lapsed(self.settings.tinker_session_timeout_s):
-                await self.close_session(session, "expired")
-            now = time.monotonic()
-            for model in list(core.registry.models.values()):
-                model.sequencer.release_stalled(now)
-            core.futures.sweep()
-            sweeps += 1
-            if sweeps % 60 == 0:
-                await asyncio.to_thread(core.store.sweep, self.settings.resolved_data_dir / "tenants")
+            try:
+                for session in core.registry.lapsed(self.settings.tinker_session_timeout_s):
+                    await self.close_session(session, "expired")
+                now = time.monotonic()
+                for model in list(core.registry.models.values()):
+                    model.sequencer.release_stalled(now)
+                core.futures.sweep()
+                core.registry.prune(keep_s=SESSIONS_KEPT_S)
+                sweeps += 1
+                if sweeps % 60 == 0:
+                    await asyncio.to_thread(core.store.sweep, self.settings.resolved_data_dir / "tenants")
+            except Exception:  # the reaper must outlive one bad round
+                log.exception("tinker maintenance round failed")
 
     def training_runs(self, tenant: str) -> list[types.TrainingRun]:
         """The tenant's live training clients as Tinker's training runs, with their latest checkpoints."""

@@ -79,6 +79,8 @@ class TrainingModel:
     """Its tracking run (``tracking.ClientRun``)."""
     user_metadata: dict[str, Any] | None = None
     closed: bool = False
+    creation: Future | None = None
+    """The request that created it (a re-sent ``create_model`` gets it back)."""
     snapshots: list[Sampler] = field(default_factory=list)
     """Its ``save_weights_and_get_sampling_client`` samplers, oldest first (the service keeps the last few)."""
 
@@ -180,6 +182,13 @@ class Registry:
         for model in models:
             model.closed = True
         return models, samplers
+
+    def prune(self, keep_s: float) -> None:
+        """Forget sessions that ended more than ``keep_s`` seconds ago."""
+        horizon = time.monotonic() - keep_s
+        for session_id, session in list(self.sessions.items()):
+            if session.status != "active" and session.last_seen < horizon:
+                del self.sessions[session_id]
 
     def lapsed(self, timeout: float) -> list[Session]:
         horizon = time.monotonic() - timeout

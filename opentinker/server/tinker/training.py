@@ -39,9 +39,11 @@ class Training:
     def create_model(self, tenant: str, request: types.CreateModelRequest) -> types.UntypedAPIFuture:
         core = self.core
         session = core.registry.session(tenant, request.session_id)
+        if (earlier := self._creation(session, request.model_seq_id)) is not None:
+            return earlier
         core.admit_model(tenant)
         model = self._new_model(session, request.model_seq_id, request.user_metadata)
-        future = core.futures.create(tenant, "CreateModel", model.model_id)
+        future = model.creation = core.futures.create(tenant, "CreateModel", model.model_id, session.session_id)
 
         def op() -> Outcome:
             model.base = core.base_of(request.base_model)
@@ -54,6 +56,14 @@ class Training:
 
         core.engine.submit(core.work(future, self._or_forget(model, op)))
         return types.UntypedAPIFuture(request_id=future.request_id, model_id=model.model_id)
+
+    @staticmethod
+    def _creation(session: Session, model_seq_id: int | None) -> types.UntypedAPIFuture | None:
+        """The future of the request that already created this model, when the SDK sends its creation again."""
+        model = session.models.get(f"{session.session_id}:train:{model_seq_id}")
+        if model is None or model.creation is None:
+            return None
+        return types.UntypedAPIFuture(request_id=model.creation.request_id, model_id=model.model_id)
 
     def _new_model(self, session: Session, model_seq_id: int | None, metadata: dict | None) -> TrainingModel:
         if model_seq_id is None:
@@ -194,9 +204,11 @@ class Training:
             model = core.registry.model(tenant, request.model_id)
             return core.sequenced(model, request.seq_id, "LoadWeights", lambda: self._load_into(model, request))
         session = core.registry.session(tenant, request.session_id or "")
+        if (earlier := self._creation(session, request.model_seq_id)) is not None:
+            return earlier
         core.admit_model(tenant)
         model = self._new_model(session, request.model_seq_id, request.user_metadata)
-        future = core.futures.create(tenant, "LoadWeights", model.model_id)
+        future = model.creation = core.futures.create(tenant, "LoadWeights", model.model_id, session.session_id)
 
         def op() -> Outcome:
             state = self._training_state(tenant, request.path)

@@ -96,7 +96,7 @@ def _tensor(field: str, tensor: pb.Tensor) -> np.ndarray:
             rows = np.repeat(np.arange(shape[0]), np.diff(crow))
             dense[rows, col] = values
             return dense
-        values = np.frombuffer(tensor.dense, dtype=dtype)
+        values = np.frombuffer(tensor.dense, dtype=dtype).copy()  # writable: torch refuses read-only buffers
         return values.reshape(shape) if shape else values
     except (ValueError, IndexError) as error:
         raise WireError(
