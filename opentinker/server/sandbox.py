@@ -42,6 +42,8 @@ class Sandbox:
 
     writable: tuple[Path, ...] = ()
     readonly: tuple[Path, ...] = ()
+    binds: tuple[tuple[Path, Path], ...] = ()
+    """(host path, sandbox path) pairs bound writable, e.g. the proxy's socket folder."""
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = True
     chdir: Path = SOURCE_ROOT
@@ -62,6 +64,8 @@ class Sandbox:
             args += ["--bind", str(path), str(path)]
         for path in self.readonly:
             args += ["--ro-bind", str(path), str(path)]
+        for source, target in self.binds:
+            args += ["--bind", str(source), str(target)]
         args += ["--chdir", str(self.chdir), "--seccomp", str(seccomp_fd), "--", *command]
         return args
 
