@@ -5,7 +5,8 @@ second (``PREFECT_WORKER_QUERY_SECONDS``), respects the pool's and queues' concu
 Prefect's process worker does. Only the command differs, and it is fixed in code, not taken from the pool's job
 template: before a run starts, the worker asks the server for that run's launch (``launches.py``), then starts
 ``python -m opentinker.server.job_entry`` inside the sandbox the launch describes. A run the server does not know
-is refused, so nothing else reaching Prefect's API can make this worker run a command.
+is refused, so nothing else reaching Prefect's API can make this worker run a command. With the embedded stack the
+sandbox has no network: the worker's ``JobProxy`` (one Unix socket, bound into every sandbox) is its way to Prefect.
 """
 
 from __future__ import annotations
