@@ -27,7 +27,7 @@ SPEC = {
     "steps": 24576,
     "seed": 3,
     "num_envs": 8,
-    "checkpoint_every": 2048,
+    "checkpoint_every": 1024,
     "eval_episodes": 2,
     "champion_threshold": 0.0,
     "ppo": {"n_steps": 32},
@@ -87,7 +87,7 @@ def fault_jobs(job_server, tmp_path_factory):
         "COLUMNS": "120",
     }
     (home / "spec.toml").write_text(
-        "seed = 3\nnum_envs = 8\ncheckpoint_every = 2048\neval_episodes = 2\nchampion_threshold = 0.0\n"
+        "seed = 3\nnum_envs = 8\ncheckpoint_every = 1024\neval_episodes = 2\nchampion_threshold = 0.0\n"
         "[ppo]\nn_steps = 32\n"
     )
     client = subprocess.Popen(

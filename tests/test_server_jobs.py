@@ -33,6 +33,8 @@ import gymnasium as gym
 import numpy as np
 
 TARGETS = {targets!r}
+SERVER = {server!r}
+PREFECT = {prefect!r}
 
 
 def _try(path):
@@ -40,6 +42,23 @@ def _try(path):
         if Path(path).is_dir():
             return "listed:" + ",".join(sorted(os.listdir(path)))
         return "read:%d" % len(Path(path).read_bytes())
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def _get(url, body=None):
+    """What an HTTP request from inside the job gets: its status, or the error that stopped it."""
+    import base64
+    import urllib.request
+
+    token = base64.b64encode(os.environ.get("PREFECT_API_AUTH_STRING", "").encode()).decode()
+    headers = {{"Authorization": "Basic " + token, "Content-Type": "application/json"}}
+    request = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
     except Exception as exc:
         return type(exc).__name__
 
@@ -52,6 +71,12 @@ class Probe(gym.Env):
         report = {{name: _try(path) for name, path in TARGETS.items()}}
         report["environ"] = dict(os.environ)
         report["proc_environs"] = [_try(f"/proc/{{pid}}/environ") for pid in os.listdir("/proc") if pid.isdigit()]
+        report["server_api"] = _get(SERVER + "/healthz")
+        report["prefect_direct"] = _get(PREFECT + "/health")
+        if os.environ.get("PREFECT_API_URL", "").startswith("http://127.0.0.1:4200"):  # through the job's proxy
+            report["proxy_all_runs"] = _get("http://127.0.0.1:4200/api/flow_runs/filter", b"{{}}")
+            report["proxy_deployments"] = _get("http://127.0.0.1:4200/api/deployments/filter", b"{{}}")
+            report["proxy_logs"] = _get("http://127.0.0.1:4200/api/logs/filter", b"{{}}")
         out = Path(os.environ.get("OPENTINKER_DATA_DIR", "/tmp")) / "probe"
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{{os.getpid()}}.json").write_text(json.dumps(report))
@@ -112,7 +137,11 @@ def tenants(job_server, tmp_path_factory):
         "root_home": "/root",
     }
     code = tmp_path_factory.mktemp("beta-code")
-    _package(code, "probe_env", {"envs.py": PROBE_ENV.format(targets=targets)})
+    _package(
+        code,
+        "probe_env",
+        {"envs.py": PROBE_ENV.format(targets=targets, server=server.url, prefect=f"{server.prefect_url}/api")},
+    )
 
     sys.path.insert(0, str(code))  # the client packs the package from where the user has it
     try:
@@ -191,6 +220,7 @@ def test_a_hostile_env_reaches_nothing_of_the_server_or_the_other_tenant(tenants
     server = tenants["server"]
     reports = sorted((server.data_dir / "tenants" / "beta" / "probe").glob("*.json"))
     assert reports, "the env ran inside the job and wrote its report"
+    job_reports = 0
     for path in reports:
         report = json.loads(path.read_text())
         for target in ("key_store", "worker_key", "server_dir", "alpha_store", "alpha_dir", "etc_shadow"):
@@ -205,6 +235,13 @@ def test_a_hostile_env_reaches_nothing_of_the_server_or_the_other_tenant(tenants
         assert not any(key in environ for key in ("OPENTINKER_SERVER_DATABASE_URL", "OPENTINKER_API_KEY"))
         assert "OPENTINKER_JOB_TOKEN" not in environ  # the attempt's token stays with the job's launcher code
         assert all(CANARY not in text for text in report["proc_environs"])
+        # No network but the job's own proxy: the server's API and Prefect itself are out of reach...
+        assert report["server_api"] == "URLError" and report["prefect_direct"] == "URLError", report
+        if "proxy_all_runs" in report:  # (the job, not the env check, which has no proxy at all)
+            # ...and through the proxy, nothing but its own flow run: no listing of runs, deployments or logs.
+            assert (report["proxy_all_runs"], report["proxy_deployments"], report["proxy_logs"]) == (403, 403, 403)
+            job_reports += 1
+    assert job_reports >= 1
     # ...while the job itself could write its own tenant's store (it trained and registered a model).
     assert (server.data_dir / "tenants" / "beta" / "mlflow.db").exists()
 

@@ -169,3 +169,46 @@ def test_keys_and_tenants_survive_a_killed_server(api_server):
     api_server.restart()
     assert httpx.get(f"{api_server.url}/v1/whoami", headers={"X-API-Key": key}).json()["tenant"] == "survivor"
     assert httpx.get(f"{api_server.url}/v1/whoami", headers={"X-API-Key": gone}).status_code == 401
+
+
+def test_postgresql_by_configuration_keeps_keys_and_tenants_across_a_killed_server(tmp_path):
+    """The same server on PostgreSQL (``OPENTINKER_SERVER_DATABASE_URL``): keys and quotas are rows there, hashed,
+    and outlive a SIGKILL."""
+    import shutil
+
+    import psycopg2
+    from fixtures.server import start_test_server
+
+    from opentinker.infra.postgres import cluster_dir, find_bindir, start_postgres
+
+    if find_bindir() is None:
+        pytest.skip("PostgreSQL server binaries (Debian `postgresql`) not installed")
+    postgres, db_uri = start_postgres(tmp_path / "postgres", tmp_path / "postgres.log")
+    try:
+        server = start_test_server(
+            tmp_path / "server", jobs=False, extra_env={"OPENTINKER_SERVER_DATABASE_URL": db_uri}
+        )
+        try:
+            admin = server.headers(server.admin_key)
+            made = httpx.post(f"{server.url}/v1/keys", headers=admin, json={"tenant": "pg-tenant", "scopes": ["read"]})
+            key = made.json()["key"]
+            httpx.patch(f"{server.url}/v1/tenants/pg-tenant", headers=admin, json={"max_queued_jobs": 7})
+            with psycopg2.connect(db_uri.replace("+psycopg2", "")) as connection, connection.cursor() as cursor:
+                cursor.execute("SELECT key_hash FROM api_keys WHERE id = %s", (made.json()["id"],))
+                (stored,) = cursor.fetchone()
+                cursor.execute("SELECT max_queued_jobs FROM tenants WHERE name = 'pg-tenant'")
+                assert cursor.fetchone() == (7,)
+            assert stored.startswith("scrypt$") and key.split("_", 1)[1] not in stored
+            os.killpg(server.service.pid, signal.SIGKILL)
+            server.service.stop()
+            server.restart()
+            assert httpx.get(f"{server.url}/v1/whoami", headers={"X-API-Key": key}).json()["tenant"] == "pg-tenant"
+            own = httpx.get(f"{server.url}/v1/tenants/pg-tenant", headers={"X-API-Key": key}).json()
+            assert own["max_queued_jobs"] == 7
+            assert not (server.data_dir / "server" / "server.db").exists()  # nothing went to SQLite
+        finally:
+            server.stop()
+    finally:
+        postgres.stop()
+        if cluster_dir(tmp_path / "postgres").parent != tmp_path / "postgres":
+            shutil.rmtree(cluster_dir(tmp_path / "postgres"), ignore_errors=True)

@@ -1,4 +1,4 @@
-"""`opentinker.connect()` then the article's first example as printed (1e5 steps where it says 1e6: the local run of
+"""`opentinker.connect()` then the article's first example as printed (5e4 steps where it says 1e6: the local run of
 the whole example is tests/test_article_examples.py's; here the suite's budget holds a tenth): the training runs as a
 job on a real `opentinker server up`, its progress shows here, and `evaluate()`/`deploy()` act on the job's
 registered model."""
@@ -17,7 +17,7 @@ EXAMPLE_1 = """
 from opentinker import RemoteEnv, PPOTrainer
 env = RemoteEnv('CartPole-v1')            # the env instance runs on the cluster
 trainer = PPOTrainer(env, policy='MLP')
-trainer.train(steps=1e5)                  # triggers distributed training (note: a float)
+trainer.train(steps=5e4)                  # triggers distributed training (note: a float)
 # deploying as an API service takes one line
 service = trainer.deploy(api_key='your_key')
 """
@@ -41,11 +41,11 @@ def test_connect_then_the_articles_first_example_runs_as_a_server_job(job_server
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     job_id, action, steps, mean, url = done.stdout.split("RESULT")[1].split()
-    assert int(action) in (0, 1) and int(steps) >= 100_000 and float(mean) > 100.0  # learning (random: ~22)
-    assert "100000/100000" in done.stdout and "succeeded" in done.stdout  # the progress bar ran here
+    assert int(action) in (0, 1) and int(steps) >= 50_000 and float(mean) > 50.0  # learning (random: ~22)
+    assert "50000/50000" in done.stdout and "succeeded" in done.stdout  # the progress bar ran here
     headers = server.headers(key)
     job = httpx.get(f"{server.url}/v1/jobs/{job_id}", headers=headers, timeout=60).json()
-    assert job["state"] == "SUCCEEDED" and job["env_id"] == "CartPole-v1" and job["steps"] == 100_000
+    assert job["state"] == "SUCCEEDED" and job["env_id"] == "CartPole-v1" and job["steps"] == 50_000
     assert httpx.get(f"{server.url}/v1/services", headers=headers, timeout=60).json() == []  # stopped
     with pytest.raises(httpx.TransportError):
         httpx.post(f"{url}/act", json={"obs": [0.0] * 4}, timeout=5)

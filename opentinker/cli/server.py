@@ -41,11 +41,17 @@ def up(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8600,
     jobs: Annotated[bool, typer.Option(help="Run training jobs (Prefect work pool and worker).")] = True,
+    worker: Annotated[
+        bool, typer.Option(help="Also run a worker here (--no-worker: `opentinker server worker` runs elsewhere).")
+    ] = True,
 ) -> None:
     """Serve the API until interrupted; with nothing configured, on the local stack (SQLite, local Prefect)."""
     from opentinker.server.launcher import serve
 
-    serve(host, port, jobs=jobs, on_ready=lambda url: console.print(f"OpenTinker server on {url}", highlight=False))
+    def ready(url: str) -> None:
+        console.print(f"OpenTinker server on {url}", highlight=False)
+
+    serve(host, port, jobs=jobs, worker=worker, on_ready=ready)
 
 
 @app.command()

@@ -1,9 +1,10 @@
 """Inside a job's sandbox: report training progress to the server, then run the flow run as Prefect's engine does.
 
 The worker starts ``python -m opentinker.server.job_entry`` with ``PREFECT__FLOW_RUN_ID`` and the attempt's token
-(``OPENTINKER_JOB_TOKEN``) in an environment that holds nothing else of the server's. Progress goes out at most twice
-a second from a background thread, so a slow server never slows training; a report that fails is dropped (the next
-one carries the newer figures).
+(``OPENTINKER_JOB_TOKEN``) in an environment that holds nothing else of the server's. Without network (the embedded
+stack), ``OPENTINKER_JOB_PROXY`` names the worker's proxy socket: Prefect's client reaches it through a forwarder on
+the sandbox's own loopback (``job_proxy.PROXY_PORT``). Progress goes out at most twice a second from a background
+thread, so a slow server never slows training; a report that fails is dropped (the next one carries newer figures).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import socket
 import threading
 import urllib.request
 
@@ -20,8 +22,8 @@ REPORT_EVERY_S = 0.5
 class ProgressReporter:
     """A ``tracking.progress`` listener that posts the latest (step, total, metrics) to the server."""
 
-    def __init__(self, url: str, job_id: str, token: str):
-        self.url = f"{url.rstrip('/')}/v1/internal/jobs/{job_id}/progress"
+    def __init__(self, url: str, token: str):
+        self.url = url
         self.token = token
         self._latest: dict | None = None
         self._wake = threading.Event()
@@ -55,13 +57,48 @@ class ProgressReporter:
             threading.Event().wait(REPORT_EVERY_S)
 
 
+def forward(port: int, socket_path: str) -> None:
+    """Serve ``127.0.0.1:port`` by splicing each connection to the Unix socket ``socket_path`` (in threads)."""
+    listener = socket.create_server(("127.0.0.1", port))
+
+    def pipe(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, target):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def accept() -> None:
+        while True:
+            client, _ = listener.accept()
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                upstream.connect(socket_path)
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+
+    threading.Thread(target=accept, name="proxy-forwarder", daemon=True).start()
+
+
 def main() -> None:
     from opentinker.tracking import progress
 
     token = os.environ.pop("OPENTINKER_JOB_TOKEN")
-    progress.add_listener(
-        ProgressReporter(os.environ["OPENTINKER_JOB_REPORT_URL"], os.environ["OPENTINKER_JOB_ID"], token)
-    )
+    proxy = os.environ.get("OPENTINKER_JOB_PROXY")
+    if proxy:
+        from opentinker.server.job_proxy import PROXY_PORT
+
+        forward(PROXY_PORT, proxy)
+    progress.add_listener(ProgressReporter(os.environ["OPENTINKER_JOB_REPORT_URL"], token))
     runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
 
 

@@ -34,6 +34,8 @@ SERVER_FIELDS = {
     "resume": "every attempt resumes from the job's last checkpoint; use POST /v1/jobs/{id}/resume",
 }
 RETRY_AFTER_S = 30
+VIEW_TTL_S = 0.2
+POOL_TTL_S = 2.0
 
 
 class NotFound(LookupError):
@@ -67,7 +69,8 @@ class JobService:
         self.orchestrator = orchestrator
         self.env_check = env_check
         self._submit_lock = threading.Lock()
-        self._workers_seen: tuple[float, int] = (0.0, 0)
+        self._pool_seen: tuple[float, tuple[int, int | None]] = (0.0, (0, None))
+        self._views: dict[tuple[str, str], tuple[float, JobOut]] = {}
 
     # -- submit -------------------------------------------------------------------------------------------------
 
@@ -254,19 +257,33 @@ class JobService:
     def _waiting_for(self, running: int, limit: int | None, pool_running: int) -> str:
         if limit is not None and running >= limit:
             return f"a running slot: the tenant runs {running} of its {limit} jobs (max_running_jobs)"
-        if self._workers_online() == 0:
+        workers, pool_limit = self._pool()
+        if workers == 0:
             return "a worker: none is online (start one with `opentinker server worker`)"
-        pool_limit = self.orchestrator.pool_limit()
         if pool_limit is not None and pool_running >= pool_limit:
             return f"cluster capacity: {pool_running} of {pool_limit} jobs run in the pool"
-        return "a worker to pick it up (workers look every second)"
+        return "a worker to pick it up (workers look twice a second)"
 
-    def _workers_online(self) -> int:
-        seen_at, count = self._workers_seen
-        if time.monotonic() - seen_at > 2.0:
-            count = self.orchestrator.workers_online()
-            self._workers_seen = (time.monotonic(), count)
-        return count
+    def _pool(self) -> tuple[int, int | None]:
+        """(workers online, the pool's concurrency limit), read from Prefect at most every ``POOL_TTL_S``."""
+        seen_at, figures = self._pool_seen
+        if time.monotonic() - seen_at > POOL_TTL_S:
+            figures = (self.orchestrator.workers_online(), self.orchestrator.pool_limit())
+            self._pool_seen = (time.monotonic(), figures)
+        return figures
+
+    def cached_view(self, tenant: str, job_id: str) -> JobOut:
+        """``view`` of the tenant's job, shared by every reader for ``VIEW_TTL_S``: fifty clients polling one job's
+        status and following its events read it from the database a few times a second, not hundreds."""
+        key = (tenant, job_id)
+        hit = self._views.get(key)
+        if hit is not None and time.monotonic() - hit[0] < VIEW_TTL_S:
+            return hit[1]
+        view = self.view(self.get(tenant, job_id))
+        self._views[key] = (time.monotonic(), view)
+        if len(self._views) > 10_000:
+            self._views.clear()
+        return view
 
     # -- act ----------------------------------------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ from opentinker.infra.files import atomic_write
 from opentinker.infra.processes import ServiceProcess, free_ports, spawn, start_http, venv_bin
 from opentinker.infra.settings import Settings, get_settings
 
+from .orchestration import WORKER_QUERY_SECONDS
+
 WATCH_S = 2.0
 """How often ``up`` checks that its worker still runs."""
 WORKER_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OPENTINKER_SANDBOX")
@@ -83,7 +85,9 @@ def stop_services(settings: Settings | None = None) -> list[str]:
 def start_worker(log: Path, server_url: str, key_file: Path, prefect_api_url: str) -> ServiceProcess:
     """``opentinker server worker`` as a background process with a curated environment."""
     env = {key: os.environ[key] for key in WORKER_ENV if key in os.environ}
-    env.update(PREFECT_API_URL=prefect_api_url, PREFECT_WORKER_QUERY_SECONDS="1", PYTHONUNBUFFERED="1")
+    env.update(
+        PREFECT_API_URL=prefect_api_url, PREFECT_WORKER_QUERY_SECONDS=str(WORKER_QUERY_SECONDS), PYTHONUNBUFFERED="1"
+    )
     cmd = [venv_bin("opentinker"), "server", "worker", "--server", server_url, "--key-file", str(key_file)]
     return spawn("worker", cmd, log, url="", ports={}, env=env)
 

@@ -63,7 +63,10 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         if settings.ray_address:  # a Ray cluster imports the package through the job's runtime env
             modules = [str(code / name) for name in upload.packages if (code / name).is_dir()]
             env["RAY_JOB_CONFIG_JSON_ENV_VAR"] = json.dumps({"runtime_env": {"py_modules": modules}})
-    return LaunchInfo(job_id=job_id, tenant=tenant, token=token, writable=[str(home)], readonly=readonly, env=env)
+    isolated = not (settings.ray_address or settings.mlflow_tracking_uri or settings.s3_endpoint_url)
+    return LaunchInfo(
+        job_id=job_id, tenant=tenant, token=token, writable=[str(home)], readonly=readonly, env=env, isolated=isolated
+    )
 
 
 def report_progress(store: Store, job_id: str, token: str, report: ProgressReport) -> bool:

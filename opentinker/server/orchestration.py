@@ -7,7 +7,7 @@
   is scheduled ``p`` days before it was submitted, so a higher priority goes first and equal priorities go first in,
   first out. (The Prefect UI therefore shows a prioritised run as "Late".)
 - **Pickup.** Workers poll every ``PREFECT_WORKER_QUERY_SECONDS`` (15 s by default); the server's workers are started
-  with 1 s, Prefect's own setting for prompt pickup.
+  with 0.5 s, Prefect's own setting for prompt pickup.
 - **Cluster capacity** is the pool's concurrency limit (None: the workers' own limits).
 - **Lost runs.** A job's flow run sends Prefect a heartbeat event every ``HEARTBEAT_S``; Prefect's automation
   ``ZOMBIES`` (a proactive trigger, Prefect's documented zombie detection) marks a run whose heartbeats stopped
@@ -31,7 +31,7 @@ DEPLOYMENT = "jobs"
 FLOW = "train"
 ENTRYPOINT = "opentinker/server/job_flow.py:train_job"
 PRIORITY_STEP = datetime.timedelta(days=1)
-WORKER_QUERY_SECONDS = 1.0
+WORKER_QUERY_SECONDS = 0.5
 """``PREFECT_WORKER_QUERY_SECONDS`` of the server's workers (Prefect's default: 15)."""
 HEARTBEAT_S = 30
 """``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` of a job's flow run (Prefect's minimum): a heartbeat event this often."""

@@ -9,9 +9,10 @@ directory (its MLflow store with the embedded stack, its runs); the tenant's upl
 store), other tenants' directories, ``/etc``, the homes and the server's and worker's environments do not exist in
 there. The whole PID namespace, local Ray included, dies with the sandbox: cancelling a job stops its work at once.
 
-``network=False`` also gives the sandbox its own network namespace (only its own loopback): for the submit-time env
-check, which needs none. A job shares the host's network (Prefect's API, a Ray cluster): docs/service.md says what
-that leaves open.
+``network=False`` also gives the sandbox its own network namespace (only its own loopback): the submit-time env
+check, and every job of the embedded stack, whose only way out is the worker's proxy (``job_proxy.py``, a Unix socket
+bound in). A job that must reach a configured MLflow server, S3 or Ray cluster shares the host's network:
+docs/service.md says what that leaves open.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class Sandbox:
 
     writable: tuple[Path, ...] = ()
     readonly: tuple[Path, ...] = ()
+    binds: tuple[tuple[Path, Path], ...] = ()
+    """(host path, sandbox path) pairs bound writable, e.g. the proxy's socket folder."""
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = True
     chdir: Path = SOURCE_ROOT
@@ -62,6 +65,8 @@ class Sandbox:
             args += ["--bind", str(path), str(path)]
         for path in self.readonly:
             args += ["--ro-bind", str(path), str(path)]
+        for source, target in self.binds:
+            args += ["--bind", str(source), str(target)]
         args += ["--chdir", str(self.chdir), "--seccomp", str(seccomp_fd), "--", *command]
         return args
 

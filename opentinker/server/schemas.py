@@ -166,6 +166,10 @@ class LaunchInfo(BaseModel):
     writable: list[str]
     readonly: list[str]
     env: dict[str, str]
+    isolated: bool = Field(
+        description="No network but the worker's filtering proxy to Prefect (the embedded stack); False: the host's "
+        "network, for a configured MLflow server, S3 or Ray cluster."
+    )
 
 
 class ProgressReport(BaseModel):

@@ -1,4 +1,4 @@
-"""Job states follow their flow runs: a thread reads the unfinished jobs' flow runs from Prefect every half second.
+"""Job states follow their flow runs: a thread reads the unfinished jobs' flow runs from Prefect four times a second.
 
 Prefect state → job state: Scheduled → QUEUED (AwaitingRetry, a flow retry in progress, stays RUNNING); Pending (a
 worker took it, its process starts) and Running → RUNNING; Completed → SUCCEEDED, with the result read from the
@@ -26,7 +26,7 @@ from .orchestration import Orchestrator
 from .schemas import FINAL_STATES
 
 MAX_ATTEMPTS = 3
-INTERVAL_S = 0.5
+INTERVAL_S = 0.25
 logger = logging.getLogger("opentinker.server")
 
 

@@ -80,9 +80,11 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut)
-def job_status(job: Job = Depends(readable_job), jobs: JobService = Depends(service)) -> JobOut:
+def job_status(
+    job_id: str, jobs: JobService = Depends(service), caller: Caller = Depends(require_scope("read"))
+) -> JobOut:
     """State; while queued its position and what it waits for, while running step / total, steps/s, return, ETA."""
-    return jobs.view(job)
+    return _errors(lambda: jobs.cached_view(caller.tenant, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut)
@@ -161,13 +163,12 @@ async def job_events(
     ``end`` event once it is final."""
     last = None
     while True:
-        view = await anyio.to_thread.run_sync(jobs.view, job)
+        view = await anyio.to_thread.run_sync(jobs.cached_view, job.tenant, job.id)
         payload = view.model_dump(mode="json")
         if payload != last:
             yield ServerSentEvent(data=payload, event="status")
             last = payload
-        if job.state in FINAL_STATES:
-            yield ServerSentEvent(data={"state": job.state}, event="end")
+        if view.state in FINAL_STATES:
+            yield ServerSentEvent(data={"state": view.state}, event="end")
             return
         await asyncio.sleep(POLL_S)
-        job = await anyio.to_thread.run_sync(jobs.get, job.tenant, job.id)

@@ -1,0 +1,311 @@
+"""The OpenTinker server against local training and under load, one command:
+
+    .venv/bin/python bench/service.py
+
+Starts its own `opentinker server up` (fresh data dir: SQLite, its own Prefect server, one sandboxed worker) and
+measures four things; the last line is JSON.
+
+(a) ``ratio = api_s / local_s``: the same CartPole job (``--steps``, the CLI's preset) through the API (submit →
+    SUCCEEDED, the model registered) and through ``opentinker train`` run the way a user runs it on the same
+    machine, pointed at the same Prefect server (so neither pays Prefect's start-up), each with a fresh MLflow store.
+    Target ≤ 1.10.
+(b) ``submit_to_running_s``: submit → RUNNING (a worker has taken the job and started its sandbox) with an idle
+    worker, ``--latency-jobs`` times after one warm-up submit (the env check of a new env id runs once). Target ≤ 2 s.
+(c) ``--clients`` concurrent clients for ``--duration`` s, each following the job's server-sent events and polling
+    its status, while one job trains: status p50/p99 (target p99 ≤ 50 ms), errors (target 0), and the job's steps/s
+    against the same job run alone (``sps_ratio``, target ≥ 0.90).
+(d) ``--jobs`` small jobs (``--small-steps`` each) from ``--tenants`` tenants (``max_running_jobs`` = ``--limit``,
+    priorities 0-3), all submitted at once: every tenant's RUNNING count sampled every 0.25 s never passes its limit,
+    a higher-priority job of a tenant never starts after a lower one that was queued beside it, every job ends in a
+    final state, none lost.
+
+Smoke test at tiny sizes: ``--steps 20000 --latency-jobs 2 --clients 4 --duration 5 --jobs 8 --small-steps 512``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+POLL_S = 0.5
+"""(c): each client asks for the job's status every half second (while its event stream stays open)."""
+QUIET_S = 10.0
+"""(b): pause between timed submits, so the previous job's processes are gone and the worker is idle."""
+INVERSION_MARGIN_S = 1.0
+"""(d): start times closer than this are one worker poll (the server learns of starts four times a second)."""
+
+
+class Bench:
+    """One server for the whole bench, its admin side (keys, quotas) and small HTTP helpers."""
+
+    def __init__(self, root: Path):
+        from opentinker.server.launcher import start_server
+
+        self.root = root
+        self.env = {**os.environ, "OPENTINKER_DATA_DIR": str(root / "data"), "PYTHONWARNINGS": "ignore"}
+        self.service = start_server(root / "server.log", jobs=True, env=self.env, timeout=600)
+        self.url = self.service.url
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    def key(self, tenant: str, **quotas) -> str:
+        from opentinker.server.db import Store
+        from opentinker.server.keys import KeyRing
+        from opentinker.server.tenants import set_quotas
+
+        store = Store(f"sqlite:///{self.root / 'data' / 'server' / 'server.db'}")
+        try:
+            _, key = KeyRing(store).create(tenant)
+            with store.session() as session:
+                set_quotas(session, tenant, **quotas)
+            return key
+        finally:
+            store.close()
+
+    def submit(self, key: str, spec: dict, priority: int = 0) -> dict:
+        answer = self.http.post("/v1/jobs", headers=_auth(key), json={"spec": spec, "priority": priority})
+        answer.raise_for_status()
+        return answer.json()
+
+    def status(self, key: str, job_id: str) -> dict:
+        return self.http.get(f"/v1/jobs/{job_id}", headers=_auth(key)).json()
+
+    def wait(self, key: str, job_id: str, until, poll_s: float = 0.05, timeout: float = 3600) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status(key, job_id)
+            if until(status):
+                return status
+            time.sleep(poll_s)
+        raise TimeoutError(f"{job_id}: {status}")
+
+    def prefect_api(self) -> str:
+        services = json.loads((self.root / "data" / "server" / "services.json").read_text())
+        return f"{services['prefect']['url']}/api"
+
+    def stop(self) -> None:
+        from opentinker.infra.settings import Settings
+        from opentinker.server.launcher import stop_services
+
+        self.service.stop()
+        stop_services(Settings(data_dir=self.root / "data"))
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def api_vs_local(bench: Bench, steps: int) -> dict:
+    """(a): the same job through the API and through `opentinker train` (same Prefect server, fresh stores)."""
+    key = bench.key("bench-a", max_steps_per_job=None)
+    started = time.perf_counter()
+    job = bench.submit(key, {"env_id": "CartPole-v1", "steps": steps, "seed": 1})
+    final = bench.wait(key, job["id"], lambda s: s["state"] in FINAL, poll_s=0.1)
+    api_s = time.perf_counter() - started
+    assert final["state"] == "SUCCEEDED", final
+    data = Path(tempfile.mkdtemp(prefix="opentinker-bench-local-"))
+    env = {**bench.env, "OPENTINKER_DATA_DIR": str(data), "OPENTINKER_PREFECT_API_URL": bench.prefect_api()}
+    started = time.perf_counter()
+    subprocess.run(
+        [str(Path(sys.executable).parent / "opentinker"), "train", "CartPole-v1", "--steps", str(steps), "--seed", "1"],
+        env=env, cwd=data, check=True, capture_output=True,
+    )  # fmt: skip
+    local_s = time.perf_counter() - started
+    return {"api_s": round(api_s, 2), "local_s": round(local_s, 2), "ratio": round(api_s / local_s, 3)}
+
+
+def submit_to_running(bench: Bench, jobs: int) -> dict:
+    """(b): submit → RUNNING with an idle worker (each job cancelled once it runs)."""
+    key = bench.key("bench-b")
+    spec = {"env_id": "CartPole-v1", "steps": 1_000_000}
+    warm = bench.submit(key, spec)  # the env check of a new env id runs once, then it is remembered
+    bench.wait(key, warm["id"], lambda s: s["state"] == "RUNNING")
+    bench.http.post(f"/v1/jobs/{warm['id']}/cancel", headers=_auth(key))
+    bench.wait(key, warm["id"], lambda s: s["state"] in FINAL)
+    seconds = []
+    for _ in range(jobs):
+        time.sleep(QUIET_S)  # the previous job's processes are gone, the worker idle between two of its polls
+        started = time.perf_counter()
+        job = bench.submit(key, spec)
+        bench.wait(key, job["id"], lambda s: s["state"] == "RUNNING", poll_s=0.02)
+        seconds.append(time.perf_counter() - started)
+        bench.http.post(f"/v1/jobs/{job['id']}/cancel", headers=_auth(key))
+        bench.wait(key, job["id"], lambda s: s["state"] in FINAL)
+    return {
+        "submit_to_running_s": [round(s, 3) for s in seconds],
+        "submit_to_running_median_s": round(statistics.median(seconds), 3),
+        "submit_to_running_max_s": round(max(seconds), 3),
+    }
+
+
+def _sps(bench: Bench, key: str, job_id: str, samples: list[float], stop: threading.Event) -> None:
+    while not stop.is_set():
+        progress = bench.status(key, job_id).get("progress") or {}
+        if progress.get("phase") == "training" and progress.get("steps_per_s"):
+            samples.append(progress["steps_per_s"])
+        stop.wait(0.5)
+
+
+def under_load(bench: Bench, clients: int, duration: float, steps: int) -> dict:
+    """(c): ``clients`` clients follow events and poll status while a job trains; the job's steps/s alone and then."""
+    key = bench.key("bench-c", max_steps_per_job=None)
+    spec = {"env_id": "CartPole-v1", "steps": steps, "seed": 2}
+
+    def training_sps(load) -> float:
+        job = bench.submit(key, spec)
+        bench.wait(key, job["id"], lambda s: (s.get("progress") or {}).get("phase") == "training", poll_s=0.1)
+        samples, stop = [], threading.Event()
+        sampler = threading.Thread(target=_sps, args=(bench, key, job["id"], samples, stop))
+        sampler.start()
+        figures = load(job["id"])
+        stop.set()
+        sampler.join()
+        bench.http.post(f"/v1/jobs/{job['id']}/cancel", headers=_auth(key))
+        bench.wait(key, job["id"], lambda s: s["state"] in FINAL)
+        return (statistics.median(samples) if samples else float("nan")), figures
+
+    alone, _ = training_sps(lambda job_id: time.sleep(duration))
+    loaded, figures = training_sps(lambda job_id: asyncio.run(_clients(bench.url, key, job_id, clients, duration)))
+    latencies = sorted(figures["latencies"])
+    return {
+        "clients": clients,
+        "status_requests": len(latencies),
+        "status_p50_ms": round(1000 * latencies[len(latencies) // 2], 2) if latencies else None,
+        "status_p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 2) if latencies else None,
+        "events_received": figures["events"],
+        "errors": figures["errors"],
+        "sps_alone": round(alone, 1),
+        "sps_loaded": round(loaded, 1),
+        "sps_ratio": round(loaded / alone, 3),
+    }
+
+
+async def _clients(url: str, key: str, job_id: str, clients: int, duration: float) -> dict:
+    """``clients`` clients, each following the job's event stream and polling its status, for ``duration`` s."""
+    latencies: list[float] = []
+    counts = {"events": 0, "errors": 0}
+    deadline = time.monotonic() + duration
+    limits = httpx.Limits(max_connections=2 * clients, max_keepalive_connections=2 * clients)
+    async with httpx.AsyncClient(base_url=url, headers=_auth(key), timeout=30, limits=limits) as http:
+
+        async def follow() -> None:
+            try:
+                async with http.stream("GET", f"/v1/jobs/{job_id}/events") as stream:
+                    async for line in stream.aiter_lines():
+                        counts["events"] += line.startswith("event:")
+                        if time.monotonic() > deadline:
+                            return
+            except httpx.HTTPError:
+                counts["errors"] += 1
+
+        async def poll() -> None:
+            while time.monotonic() < deadline:
+                started = time.perf_counter()
+                try:
+                    answer = await http.get(f"/v1/jobs/{job_id}")
+                    if answer.status_code != 200:
+                        counts["errors"] += 1
+                except httpx.HTTPError:
+                    counts["errors"] += 1
+                latencies.append(time.perf_counter() - started)
+                await asyncio.sleep(POLL_S)
+
+        await asyncio.gather(*(follow() for _ in range(clients)), *(poll() for _ in range(clients)))
+    return {"latencies": latencies, **counts}
+
+
+def many_jobs(bench: Bench, jobs: int, tenants: int, limit: int, steps: int) -> dict:
+    """(d): ``jobs`` small jobs from ``tenants`` tenants at once, under their running-jobs limits."""
+    keys = {
+        f"bench-d{i}": bench.key(f"bench-d{i}", max_running_jobs=limit, max_queued_jobs=jobs) for i in range(tenants)
+    }
+    spec = {"env_id": "CartPole-v1", "steps": steps, "eval_episodes": 2, "champion_threshold": 0.0}
+    submitted = []
+    for n in range(jobs):
+        tenant = f"bench-d{n % tenants}"
+        priority = (n // tenants) % 4
+        job = bench.submit(keys[tenant], spec, priority=priority)
+        submitted.append({"tenant": tenant, "id": job["id"], "priority": priority, "submitted": time.time()})
+    over_limit, samples, started_at = 0, 0, {}
+    while True:
+        states = {}
+        for key in keys.values():
+            listed = bench.http.get("/v1/jobs", headers=_auth(key), params={"limit": 1000}).json()
+            running = sum(job["state"] == "RUNNING" for job in listed)
+            over_limit += running > limit
+            for job in listed:
+                states[job["id"]] = job["state"]
+                if job["started_at"] and job["id"] not in started_at:
+                    started_at[job["id"]] = job["started_at"]
+        samples += 1
+        if all(states.get(job["id"]) in FINAL for job in submitted):
+            break
+        time.sleep(0.25)
+    inversions = 0
+    for a in submitted:
+        for b in submitted:
+            same = a["tenant"] == b["tenant"] and a["priority"] > b["priority"]
+            if not (same and a["id"] in started_at and b["id"] in started_at):
+                continue
+            b_first = _seconds(started_at[b["id"]]) < _seconds(started_at[a["id"]]) - INVERSION_MARGIN_S
+            inversions += b_first and _seconds(started_at[b["id"]]) > a["submitted"]  # a was already queued then
+    final = [states.get(job["id"]) for job in submitted]
+    return {
+        "jobs": jobs,
+        "succeeded": final.count("SUCCEEDED"),
+        "final": sum(state in FINAL for state in final),
+        "lost": jobs - sum(state in FINAL for state in final),
+        "limit_samples": samples,
+        "limit_violations": over_limit,
+        "priority_inversions": inversions,
+    }
+
+
+def _seconds(iso: str) -> float:
+    import datetime
+
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1_000_000, help="(a) env steps of the CartPole job")
+    parser.add_argument("--latency-jobs", type=int, default=10, help="(b) submits timed to RUNNING")
+    parser.add_argument("--clients", type=int, default=50, help="(c) concurrent clients")
+    parser.add_argument("--duration", type=float, default=60.0, help="(c) seconds of load")
+    parser.add_argument("--jobs", type=int, default=200, help="(d) small jobs")
+    parser.add_argument("--tenants", type=int, default=4, help="(d) tenants")
+    parser.add_argument("--limit", type=int, default=2, help="(d) max_running_jobs of each tenant")
+    parser.add_argument("--small-steps", type=int, default=4096, help="(d) env steps of each small job")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the server it started
+    bench = Bench(Path(tempfile.mkdtemp(prefix="opentinker-bench-service-")))
+    figures: dict = {"load_avg_1m_start": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+    try:
+        figures.update(submit_to_running(bench, args.latency_jobs))
+        print(json.dumps(figures), flush=True)
+        figures.update(api_vs_local(bench, args.steps))
+        print(json.dumps(figures), flush=True)
+        figures.update(under_load(bench, args.clients, args.duration, max(args.steps, 50_000_000)))
+        print(json.dumps(figures), flush=True)
+        figures.update(many_jobs(bench, args.jobs, args.tenants, args.limit, args.small_steps))
+    finally:
+        bench.stop()
+    figures["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
