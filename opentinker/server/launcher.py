@@ -65,7 +65,7 @@ def serve(
 
     def shut_down() -> None:
         stop.set()
-        services.stop_all()
+        stop_services(settings)
 
     _around_uvicorn(server, after_startup=ready, after_shutdown=shut_down)
     server.run()
@@ -78,8 +78,18 @@ def _keep_up(services: _Services, name: str, start: Callable[[Path], ServiceProc
 
 
 def stop_services(settings: Settings | None = None) -> list[str]:
-    """Stop the embedded Prefect server and worker that ``up`` recorded (``opentinker server down``)."""
-    return _Services(server_dir(settings or get_settings())).stop_all()
+    """Stop what ``up`` started and recorded: the embedded worker and Prefect server, and the policy services it
+    started for tenants (``opentinker server down``, or ``up`` itself when it stops)."""
+    from .db import Store
+    from .models import Services
+
+    settings = settings or get_settings()
+    store = Store(settings.server_database)
+    try:
+        policies = Services(store, settings).stop_all()
+    finally:
+        store.close()
+    return [*(f"policy service {name}" for name in policies), *_Services(server_dir(settings)).stop_all()]
 
 
 def start_worker(log: Path, server_url: str, key_file: Path, prefect_api_url: str) -> ServiceProcess:
