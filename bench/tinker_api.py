@@ -206,7 +206,7 @@ def sdk_run(args, url: str, key: str) -> dict:
 
 def builtin_run(args) -> dict:
     from opentinker.agents.grpo import GRPOConfig
-    from opentinker.agents.grpo_trainer import GRPOTrainer
+    from opentinker.agents.grpo_trainer import GRPO
 
     config = GRPOConfig(
         task="arithmetic",
@@ -221,7 +221,7 @@ def builtin_run(args) -> dict:
         eval_prompts=args.eval_prompts,
         cache_dir=args.cache_dir,
     )
-    trainer = GRPOTrainer(config, seed=args.seed, workers=args.workers, backend=args.builtin_backend)
+    trainer = GRPO(config, seed=args.seed, workers=args.workers, backend=args.builtin_backend)
     try:
         before = trainer.evaluate(base=True).success
         curve, started = [], time.perf_counter()

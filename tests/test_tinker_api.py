@@ -88,6 +88,14 @@ def test_supervised_steps_lower_the_loss_and_each_client_is_an_mlflow_run(tinker
     assert run.data.params["lora_rank"] == "8"
     assert run.data.metrics["train/tokens_per_s"] > 0
 
+    def custom(data, logprobs):  # forward_backward_custom runs client-side: a forward, then a weighted CE backward
+        loss = sum(-lp.sum() for lp in logprobs)
+        return loss, {"custom/nll:sum": float(loss)}
+
+    custom_out = training.forward_backward_custom(batch, custom).result()
+    plain = training.forward(batch, "cross_entropy").result().metrics["loss:sum"]
+    assert custom_out.metrics["loss:sum"] == pytest.approx(plain, rel=1e-5)
+
 
 def test_an_rl_loop_raises_a_verifier_reward(sdk):
     """sample -> reward -> importance_sampling: the reward is the share of capital letters in a 4-token reply."""
@@ -236,6 +244,8 @@ def test_bad_requests_get_the_sdks_error_and_the_server_keeps_serving(tinker_ser
     assert _train(training, [good], 1)[0] > 0  # the same client keeps working
     sequence = sampler.sample(prompt, 2, types.SamplingParams(max_tokens=6, stop=[tokens[7]], seed=3)).result()
     assert len(sequence.sequences) == 2 and all(len(s.tokens) <= 6 for s in sequence.sequences)
+    scored = sampler.compute_logprobs(prompt).result()  # the prompt's own logprobs, nothing before its first token
+    assert scored[0] is None and len(scored) == 5 and all(lp < 0 for lp in scored[1:])
 
 
 def test_back_pressure_speaks_the_sdks_signals(tinker_server):

@@ -279,3 +279,40 @@ def test_positions_without_a_loss_skip_their_backward_not_their_logprobs(model):
         assert result.loss == 0.0 and all(p.grad is None for p in model.parameters("masked"))
     finally:
         trainer.close()
+
+
+def test_top_k_and_top_p_cut_the_distribution(model):
+    """top_k=1 and a tiny top_p leave only the most likely token: sampling at any temperature is then greedy."""
+    sampler = HFSampler(model)
+    prompt = SEQUENCE[:6]
+    greedy = sampler.sample([SampleJob(prompt, 1, SamplingSpec(max_tokens=6, temperature=0.0, stop_at_eos=False))])
+    want = greedy[0].completions[0].tokens
+    for spec in (
+        SamplingSpec(max_tokens=6, temperature=2.0, top_k=1, seed=1, stop_at_eos=False),
+        SamplingSpec(max_tokens=6, temperature=2.0, top_p=1e-6, seed=2, stop_at_eos=False),
+    ):
+        rows = sampler.sample([SampleJob(prompt, 3, spec)])[0].completions
+        assert all(row.tokens == want for row in rows), spec
+    wide = sampler.sample(
+        [SampleJob(prompt, 8, SamplingSpec(max_tokens=6, temperature=2.0, seed=3, stop_at_eos=False))]
+    )
+    assert any(row.tokens != want for row in wide[0].completions)  # without the cut, rows differ
+
+
+def test_cross_entropy_takes_k_targets_per_position(model):
+    """(N, K) target tokens with (N, K) weights (distillation onto a top-K distribution): logprobs of that shape."""
+    trainer = AdapterTrainer(model, "distill", AdapterShape(rank=4), seed=7)
+    try:
+        n = len(SEQUENCE) - 1
+        targets = np.stack([np.array(SEQUENCE[1:]), np.array(SEQUENCE[1:]) + 1], axis=1)
+        weights = np.tile(np.array([[0.75, 0.25]], np.float32), (n, 1))
+        weights[:5] = 0.0  # a prompt: no loss there
+        datum = TokenDatum(SEQUENCE[:-1], {"target_tokens": targets, "weights": weights})
+        result = trainer.forward_backward([datum], "cross_entropy")
+        assert result.logprobs[0].shape == (n, 2)
+        assert np.isclose(result.loss, -(weights * result.logprobs[0]).sum(), rtol=1e-5)
+        first = _logprobs(model, "distill").numpy()
+        assert np.allclose(result.logprobs[0][:, 0], first, atol=1e-5)  # column 0 is the sequence itself
+        assert all(p.grad is not None for p in model.parameters("distill"))
+    finally:
+        trainer.close()

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opentinker.agents.lm_sampler import HFSampler, SampleJob, SamplingError, check_job
+from opentinker.agents.lm_sampler import HFSampler, SampleJob, Sampler, SamplingError, check_job
 from opentinker.agents.multi_lora import MultiLoraModel
 
 from .futures import Future, FutureStore, Outcome
@@ -51,10 +51,17 @@ class _Call:
 class Engine:
     """The queue and its thread; ``model(base)`` (worker thread only) loads a base model on first use."""
 
-    def __init__(self, futures: FutureStore, loader: Callable[[str], MultiLoraModel], max_rows: int = 64):
-        self.futures, self.loader, self.max_rows = futures, loader, max_rows
+    def __init__(
+        self,
+        futures: FutureStore,
+        loader: Callable[[str], MultiLoraModel],
+        max_rows: int = 64,
+        sampler: Callable[[MultiLoraModel], Sampler] = HFSampler,
+    ):
+        """``sampler``: what samples a base model's requests (the seam for another engine, e.g. vLLM on a GPU)."""
+        self.futures, self.loader, self.max_rows, self.make_sampler = futures, loader, max_rows, sampler
         self._models: dict[str, MultiLoraModel] = {}
-        self._samplers: dict[str, HFSampler] = {}
+        self._samplers: dict[str, Sampler] = {}
         self._queue: deque[Work | _Call] = deque()
         self._wake = threading.Condition()
         self._closed = False
@@ -184,7 +191,9 @@ class Engine:
         if not runnable:
             return
         try:
-            sampler = self._samplers.setdefault(model.base, HFSampler(model))
+            if model.base not in self._samplers:
+                self._samplers[model.base] = self.make_sampler(model)
+            sampler = self._samplers[model.base]
             results = sampler.sample([work.job for work in runnable])
         except Exception as error:
             log.exception("sampling batch failed")
