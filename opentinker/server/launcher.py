@@ -34,10 +34,11 @@ def server_dir(settings: Settings) -> Path:
 
 
 def serve(
-    host: str, port: int, jobs: bool = True, worker: bool = True, on_ready: Callable[[str], None] | None = None
+    host: str, port: int, jobs: bool = True, worker: bool = True, on_ready: Callable[[str, str], None] | None = None
 ) -> None:
     """Serve the API on ``host:port`` until interrupted; with ``jobs`` also the embedded Prefect server and worker
-    (started, or adopted when a killed ``up`` left them running), stopped again when the API stops."""
+    (started, or adopted when a killed ``up`` left them running), stopped again when the API stops.
+    ``on_ready(url, prefect_url)`` once it answers."""
     import uvicorn
 
     from .app import create_app
@@ -61,7 +62,7 @@ def serve(
             services.ensure("worker", start)
             threading.Thread(target=_keep_up, args=(services, "worker", start, stop), daemon=True).start()
         if on_ready is not None:
-            on_ready(url)
+            on_ready(url, settings.prefect_api_url.removesuffix("/api"))
 
     def shut_down() -> None:
         stop.set()
