@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -115,7 +116,8 @@ def api_vs_local(bench: Bench, steps: int) -> dict:
     final = bench.wait(key, job["id"], lambda s: s["state"] in FINAL, poll_s=0.1)
     api_s = time.perf_counter() - started
     assert final["state"] == "SUCCEEDED", final
-    data = Path(tempfile.mkdtemp(prefix="opentinker-bench-local-"))
+    data = bench.root / "local"
+    data.mkdir()
     env = {**bench.env, "OPENTINKER_DATA_DIR": str(data), "OPENTINKER_PREFECT_API_URL": bench.prefect_api()}
     started = time.perf_counter()
     subprocess.run(
@@ -303,6 +305,7 @@ def main() -> None:
         figures.update(many_jobs(bench, args.jobs, args.tenants, args.limit, args.small_steps))
     finally:
         bench.stop()
+        shutil.rmtree(bench.root, ignore_errors=True)
     figures["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(figures))
 

@@ -70,6 +70,12 @@ class Settings(BaseSettings):
         "postgresql+psycopg2://...); empty: SQLite at <data_dir>/server/server.db.",
     )
     server_max_upload_mb: float = Field(64.0, gt=0, description="Largest env-code upload the server accepts.")
+    server_pool_limit: int | None = Field(
+        None,
+        ge=1,
+        description="Jobs running at once over all tenants (the cluster's capacity: the server's Prefect work "
+        "pool's concurrency limit); None: only the workers' own limits. Over it jobs wait, with their position.",
+    )
     tinker_base_models: list[str] = Field(
         ["smollm2"],
         description="Base models the server's Tinker API (/api/v1) trains and samples: 'smollm2' (the bundled "

@@ -71,7 +71,7 @@ def train_policy(run_id: str, spec: RunSpec, early: EarlyTraining | None = None)
     root = spec_dir(spec)
     configure_mlflow()
     client = mlflow.MlflowClient()
-    if early is not None and early.spec == spec:
+    if early is not None and early.spec == spec and early.unadopted():
         client.set_tag(run_id, "opentinker.rollout_nodes", "local")
         _write_json(root / "workers.json", {"pids": [early.pid], "nodes": ["local"]})
         return early.adopt(run_id)
@@ -182,6 +182,7 @@ class EarlyTraining(BaseModel):
     pid: int
     _process: TrainingProcess = PrivateAttr()
     _logger: MetricsLogger = PrivateAttr()
+    _adopted: bool = PrivateAttr(False)
 
     @classmethod
     def start(cls, spec: RunSpec) -> EarlyTraining:
@@ -195,8 +196,14 @@ class EarlyTraining(BaseModel):
         process.report_to(early._logger)
         return early
 
+    def unadopted(self) -> bool:
+        """Whether no training task has adopted it yet: a flow retry (Prefect's, after a failure) trains anew from the
+        run's last checkpoint instead of adopting the same, finished, child again."""
+        return not self._adopted
+
     def adopt(self, run_id: str) -> TrainOutcome:
         """Attach the MLflow run, wait for the loop and the export, then finish like ``train_logged``."""
+        self._adopted = True
         self._logger.run_id = run_id
         done = self._process.finish(run_id)
         return _finish(

@@ -48,8 +48,11 @@ def up(
     """Serve the API until interrupted; with nothing configured, on the local stack (SQLite, local Prefect)."""
     from opentinker.server.launcher import serve
 
-    def ready(url: str) -> None:
+    def ready(url: str, prefect_url: str) -> None:
         console.print(f"OpenTinker server on {url}", highlight=False)
+        if prefect_url:
+            console.print(f"Prefect UI (jobs as flow runs, one work queue per tenant): {prefect_url}", highlight=False)
+        console.print("Make a key: opentinker server keys create --tenant NAME", highlight=False)
 
     serve(host, port, jobs=jobs, worker=worker, on_ready=ready)
 

@@ -79,7 +79,7 @@ def _job_machinery(store: Store, settings: Settings):
             "prefect_api_url: a server that runs jobs needs a Prefect server (opentinker server up starts one)"
         )
     orchestrator = Orchestrator(settings.prefect_api_url)
-    orchestrator.setup()
+    orchestrator.setup(pool_limit=settings.server_pool_limit)
     return JobService(store, orchestrator, EnvCheck(settings)), JobSync(store, orchestrator, settings)
 
 

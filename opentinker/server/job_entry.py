@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import socket
 import threading
 import urllib.request
+import uuid
 
 REPORT_EVERY_S = 0.5
 
@@ -99,7 +99,46 @@ def main() -> None:
 
         forward(PROXY_PORT, proxy)
     progress.add_listener(ProgressReporter(os.environ["OPENTINKER_JOB_REPORT_URL"], token))
-    runpy.run_module("prefect.engine", run_name="__main__", alter_sys=True)
+    run_flow_run(uuid.UUID(os.environ["PREFECT__FLOW_RUN_ID"]))
+
+
+def run_flow_run(flow_run_id: uuid.UUID) -> None:
+    """What ``python -m prefect.engine`` does (load the flow run and its flow, run it, exit as Prefect's engine
+    exits), with the policy's training started first in its own process, as ``opentinker train`` starts it
+    (``flows.train.run_train_flow``): loading the flow and its first steps (the MLflow run, the probe) then overlap
+    training instead of coming first. The flow's training task adopts it; a Prefect retry trains anew from the last
+    checkpoint."""
+    from prefect._internal.control_listener import configure_from_env
+    from prefect.engine import handle_engine_signals
+    from prefect.flow_engine import flow_run_logger, load_flow, load_flow_run, run_flow
+
+    configure_from_env()
+    with handle_engine_signals(flow_run_id):
+        flow_run = load_flow_run(flow_run_id=flow_run_id)
+        parameters, early = dict(flow_run.parameters), None
+        try:
+            parameters["spec"], early = start_early(parameters["spec"])
+        except Exception:  # a spec the flow itself will refuse, with its own message: it fails there
+            pass
+        logger = flow_run_logger(flow_run=flow_run)
+        try:
+            flow = load_flow(flow_run)
+            run_flow(flow, flow_run=flow_run, parameters={**parameters, "early": early}, error_logger=logger)
+        finally:
+            if early is not None:
+                early.cancel()  # the flow failed before its training task adopted it (else: nothing to do)
+
+
+def start_early(spec: dict):
+    """The resolved spec, and its training under way when it trains a policy in-process on a CPU (else None)."""
+    from opentinker.agents.config import CONFIGS
+    from opentinker.flows.presets import resolve_spec
+    from opentinker.tasks.spec import RunSpec
+    from opentinker.tasks.train import EarlyTraining
+
+    resolved = resolve_spec(RunSpec.model_validate(spec))
+    local = resolved.algorithm in CONFIGS and resolved.engine.backend == "local" and resolved.num_gpus == 0
+    return resolved, EarlyTraining.start(resolved) if local else None
 
 
 if __name__ == "__main__":

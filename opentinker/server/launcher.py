@@ -34,10 +34,11 @@ def server_dir(settings: Settings) -> Path:
 
 
 def serve(
-    host: str, port: int, jobs: bool = True, worker: bool = True, on_ready: Callable[[str], None] | None = None
+    host: str, port: int, jobs: bool = True, worker: bool = True, on_ready: Callable[[str, str], None] | None = None
 ) -> None:
     """Serve the API on ``host:port`` until interrupted; with ``jobs`` also the embedded Prefect server and worker
-    (started, or adopted when a killed ``up`` left them running), stopped again when the API stops."""
+    (started, or adopted when a killed ``up`` left them running), stopped again when the API stops.
+    ``on_ready(url, prefect_url)`` once it answers."""
     import uvicorn
 
     from .app import create_app
@@ -61,11 +62,11 @@ def serve(
             services.ensure("worker", start)
             threading.Thread(target=_keep_up, args=(services, "worker", start, stop), daemon=True).start()
         if on_ready is not None:
-            on_ready(url)
+            on_ready(url, settings.prefect_api_url.removesuffix("/api"))
 
     def shut_down() -> None:
         stop.set()
-        services.stop_all()
+        stop_services(settings)
 
     _around_uvicorn(server, after_startup=ready, after_shutdown=shut_down)
     server.run()
@@ -78,8 +79,18 @@ def _keep_up(services: _Services, name: str, start: Callable[[Path], ServiceProc
 
 
 def stop_services(settings: Settings | None = None) -> list[str]:
-    """Stop the embedded Prefect server and worker that ``up`` recorded (``opentinker server down``)."""
-    return _Services(server_dir(settings or get_settings())).stop_all()
+    """Stop what ``up`` started and recorded: the embedded worker and Prefect server, and the policy services it
+    started for tenants (``opentinker server down``, or ``up`` itself when it stops)."""
+    from .db import Store
+    from .models import Services
+
+    settings = settings or get_settings()
+    store = Store(settings.server_database)
+    try:
+        policies = Services(store, settings).stop_all()
+    finally:
+        store.close()
+    return [*(f"policy service {name}" for name in policies), *_Services(server_dir(settings)).stop_all()]
 
 
 def start_worker(log: Path, server_url: str, key_file: Path, prefect_api_url: str) -> ServiceProcess:

@@ -138,8 +138,10 @@ class Services:
         with self.store.session() as session:
             session.get(Service, service.id).stopped_at = time.time()
 
-    def stop_all(self) -> None:
+    def stop_all(self) -> list[str]:
+        """Stop every service still running; their ids."""
         with self.store.session() as session:
             running = list(session.scalars(sa.select(Service).where(Service.stopped_at.is_(None))))
         for service in running:
             self.stop(service)
+        return [service.id for service in running]

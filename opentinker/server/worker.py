@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import sys
 import tempfile
@@ -49,13 +50,13 @@ class SandboxWorker(ProcessWorker):
         self.server_url = server_url.rstrip("/")
         self._key = worker_key
         self._sandboxed = get_settings().sandbox == "bwrap"
-        self._runtime = Path(tempfile.mkdtemp(prefix="opentinker-worker-"))
+        self.runtime = Path(tempfile.mkdtemp(prefix="opentinker-worker-"))
         self._proxy = None
         if self._sandboxed:
             check_available()
-            self._seccomp = write_seccomp_program(self._runtime / "seccomp.bpf")
-            (self._runtime / "proxy").mkdir(mode=0o755)
-            self._proxy = JobProxy(self._runtime / "proxy" / "api.sock", os.environ["PREFECT_API_URL"], self.server_url)
+            self._seccomp = write_seccomp_program(self.runtime / "seccomp.bpf")
+            (self.runtime / "proxy").mkdir(mode=0o755)
+            self._proxy = JobProxy(self.runtime / "proxy" / "api.sock", os.environ["PREFECT_API_URL"], self.server_url)
             self._proxy.start()
 
     def _launch(self, flow_run_id: str) -> LaunchInfo:
@@ -107,7 +108,7 @@ class SandboxWorker(ProcessWorker):
             box = Sandbox(
                 writable=tuple(map(Path, launch.writable)),
                 readonly=tuple(map(Path, launch.readonly)),
-                binds=((self._runtime / "proxy", Path(SANDBOX_PROXY_DIR)),) if isolated else (),
+                binds=((self.runtime / "proxy", Path(SANDBOX_PROXY_DIR)),) if isolated else (),
                 env=env,
                 network=not isolated,
             )
@@ -128,10 +129,14 @@ def run_worker(server_url: str, worker_key: str, name: str | None = None, limit:
     import anyio
 
     async def main() -> None:
-        async with SandboxWorker(
+        worker = SandboxWorker(
             work_pool_name=POOL, name=name, limit=limit, server_url=server_url, worker_key=worker_key
-        ) as worker:
-            await worker.start()
+        )
+        try:
+            async with worker:
+                await worker.start()
+        finally:
+            shutil.rmtree(worker.runtime, ignore_errors=True)
 
     os.environ.setdefault("PREFECT_WORKER_QUERY_SECONDS", str(WORKER_QUERY_SECONDS))
     anyio.run(main)
