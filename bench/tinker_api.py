@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from grpo_common import builtin_grpo, half_figures, point, rerun_command  # bench/ is sys.path[0]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RATIO_FLOOR = 0.8
 
@@ -187,69 +189,22 @@ def sdk_run(args, url: str, key: str) -> dict:
                 training.optim_step(adam).result()
                 fwd_bwd.result()
             seconds += time.perf_counter() - started
-            reward = sum(e.reward for e in episodes) / len(episodes)
-            curve.append({"step": step + 1, "reward": reward, "seconds": seconds})
-            print(f"sdk step {step + 1}: train reward {reward:.3f} at {seconds:.0f} s", flush=True)
+            point(curve, "sdk", step + 1, sum(e.reward for e in episodes) / len(episodes), seconds)
         final = training.save_weights_for_sampler("final").result().path
         after = heldout(service.create_sampling_client(model_path=final).result(), tokenizer, args)
     finally:
         service.close("success").result()
-    completions = args.steps * args.group_size * args.prompts_per_step
-    return {
-        "completions_per_s": completions / seconds,
-        "s_per_step": seconds / args.steps,
-        "heldout_before": before,
-        "heldout_after": after,
-        "curve": curve,
-    }
+    return half_figures(args, seconds, curve, after, before)
 
 
 def builtin_run(args) -> dict:
-    from opentinker.agents.grpo import GRPOConfig
-    from opentinker.agents.grpo_trainer import GRPO
-
-    config = GRPOConfig(
-        task="arithmetic",
-        base_model=args.base,
-        group_size=args.group_size,
-        prompts_per_step=args.prompts_per_step,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        learning_rate=args.lr,
-        kl_coef=0.0,
-        loss_norm="token",
-        eval_prompts=args.eval_prompts,
-        cache_dir=args.cache_dir,
-    )
-    trainer = GRPO(config, seed=args.seed, workers=args.workers, backend=args.builtin_backend)
     try:
-        before = trainer.evaluate(base=True).success
-        curve, started = [], time.perf_counter()
-
-        def point(metrics, step):
-            seconds = time.perf_counter() - started
-            curve.append({"step": step, "reward": metrics["train/reward_mean"], "seconds": seconds})
-            print(
-                f"built-in step {step}: train reward {metrics['train/reward_mean']:.3f} at {seconds:.0f} s", flush=True
-            )
-
-        trainer.train(args.steps, callback=point)
-        seconds = time.perf_counter() - started
-        after = trainer.evaluate().success
+        return builtin_grpo(args, args.base, args.builtin_backend, "built-in")
     finally:
-        trainer.close()
         if args.builtin_backend == "ray":
             import ray
 
             ray.shutdown()
-    completions = args.steps * args.group_size * args.prompts_per_step
-    return {
-        "completions_per_s": completions / seconds,
-        "s_per_step": seconds / args.steps,
-        "heldout_before": before,
-        "heldout_after": after,
-        "curve": curve,
-    }
 
 
 # -- latency on the tiny model ----------------------------------------------------------------------------------------
@@ -356,11 +311,7 @@ def main() -> None:
             sdk["heldout_after"], builtin["heldout_after"], args.eval_prompts
         )
     line["latency_tiny_ms"] = latency
-    line["rerun"] = "python bench/tinker_api.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items()
-        if v is not None and k not in ("out_dir", "cache_dir")
-    )
+    line["rerun"] = rerun_command("tinker_api.py", args)
     print(json.dumps(line))
 
 
