@@ -61,26 +61,18 @@ def play(sampler, tokenizer, envs, indices, group_size: int, max_tokens: int, te
     once (the server batches them); returns the episodes and each turn's sampled logprobs."""
     from tinker import types
 
-    from opentinker.agents.lm_rollout import Episode, Turn
+    from opentinker.agents.lm_rollout import chat_prompt_ids, open_episode, take_turn
 
     episodes, chats, logprobs = [], [], []
     for g, index in enumerate(indices):
         for _ in range(group_size):
-            env = envs[len(episodes)]
-            obs, info = env.reset(options={"index": int(index)})
-            episodes.append(Episode(group=g, index=info["index"], prompt=obs))
-            chats.append(
-                [{"role": "system", "content": env.system_prompt}, *env.prefix, {"role": "user", "content": obs}]
-            )
+            episode, chat = open_episode(envs[len(episodes)], index, g)
+            episodes.append(episode)
+            chats.append(chat)
             logprobs.append([])
     active, turn = list(range(len(episodes))), 0
     while active:
-        prompts = {
-            i: tokenizer.apply_chat_template(chats[i], add_generation_prompt=True, tokenize=True, return_dict=True)[
-                "input_ids"
-            ]
-            for i in active
-        }
+        prompts = {i: chat_prompt_ids(tokenizer, chats[i]) for i in active}
         params = types.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed * 1000 + turn)
         if turn == 0:  # a group shares its first prompt: one request for the whole group
             firsts = [active[k : k + group_size] for k in range(0, len(active), group_size)]
@@ -93,19 +85,8 @@ def play(sampler, tokenizer, envs, indices, group_size: int, max_tokens: int, te
         still = []
         for rows, future in futures:
             for i, sequence in zip(rows, future.result().sequences):
-                text = tokenizer.decode(sequence.tokens, skip_special_tokens=True).strip()
-                obs, reward, terminated, truncated, info = envs[i].step(text)
-                episode = episodes[i]
-                episode.turns.append(Turn(list(prompts[i]), list(sequence.tokens)))
                 logprobs[i].append(list(sequence.logprobs or []))
-                episode.reward += float(reward)
-                episode.tool_calls += len(info["tool_calls"])
-                episode.invalid_tool_calls += info["invalid_tool_calls"]
-                chats[i].append({"role": "assistant", "content": text})
-                if terminated or truncated:
-                    episode.success, episode.answer = bool(info["success"]), info.get("answer", "")
-                else:
-                    chats[i].append({"role": "user", "content": obs})
+                if take_turn(envs[i], episodes[i], chats[i], tokenizer, prompts[i], sequence.tokens):
                     still.append(i)
         active, turn = sorted(still), turn + 1
     return episodes, logprobs
