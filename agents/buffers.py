@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from opentinker.envs.observations import Obs, map_obs, obs_leaves
+from opentinker.envs.observations import Obs, index_obs, map_obs, obs_leaves
+from opentinker.envs.rollout import Rollout
 
 _FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
 
@@ -38,6 +39,19 @@ class ReplayBuffer:
                 ring[idx] = rows_in
         self.pos = int((self.pos + rows) % self.capacity)
         self.size = int(min(self.size + rows, self.capacity))
+
+    def add_rollout(self, rollout: Rollout) -> None:
+        """Append a rollout's real transitions. The observation after step t is ``obs[t + 1]`` (the final observation
+        at an episode's end), so truncated episodes bootstrap from it; only ``terminated`` stops the bootstrap."""
+        next_obs = map_obs(lambda obs, last: np.concatenate([obs[1:], last[None]]), rollout.obs, rollout.last_obs)
+        keep = rollout.valid
+        self.add(
+            index_obs(rollout.obs, keep),
+            index_obs(next_obs, keep),
+            rollout.actions[keep],
+            rollout.rewards[keep],
+            rollout.terminated[keep].astype(np.float32),
+        )
 
     def _ring(self, rows: np.ndarray) -> np.ndarray:
         return np.zeros((self.capacity, *rows.shape[1:]), _stored(rows.dtype))

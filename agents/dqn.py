@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -58,15 +57,7 @@ class DQN(Trainer):
         epsilon = self.epsilon()
         self.global_step += rollout.num_steps
         # 2. Store real transitions; the observation after step t is obs[t + 1] (final obs at episode ends).
-        next_obs = map_obs(lambda obs, last: np.concatenate([obs[1:], last[None]]), rollout.obs, rollout.last_obs)
-        keep = rollout.valid
-        self.buffer.add(
-            index_obs(rollout.obs, keep),
-            index_obs(next_obs, keep),
-            rollout.actions[keep],
-            rollout.rewards[keep],
-            rollout.terminated[keep].astype(np.float32),
-        )
+        self.buffer.add_rollout(rollout)
         # 3. One gradient step per ``train_frequency`` env steps once learning has started; the iteration's batches
         # are drawn together (as SB3 does after a rollout) so the per-step work is the TD update alone.
         losses, q_values = [], []

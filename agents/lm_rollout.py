@@ -84,6 +84,36 @@ def generate(
     return completions
 
 
+def open_episode(env: Any, index: int, group: int) -> tuple[Episode, list[dict]]:
+    """Reset ``env`` to prompt ``index``: the new episode and its chat (system prompt, the env's prefix, the prompt)."""
+    obs, info = env.reset(options={"index": int(index)})
+    chat = [{"role": "system", "content": env.system_prompt}, *env.prefix, {"role": "user", "content": obs}]
+    return Episode(group=group, index=info["index"], prompt=obs), chat
+
+
+def chat_prompt_ids(tokenizer: Any, chat: list[dict]) -> list[int]:
+    """The token ids the model is prompted with: the chat so far, the assistant's turn opened."""
+    return tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+
+
+def take_turn(
+    env: Any, episode: Episode, chat: list[dict], tokenizer: Any, prompt_ids: list[int], completion_ids: list[int]
+) -> bool:
+    """Step ``env`` with the decoded reply and record the turn in ``episode`` and ``chat``; True while it goes on."""
+    text = tokenizer.decode(completion_ids, skip_special_tokens=True).strip()
+    obs, reward, terminated, truncated, info = env.step(text)
+    episode.turns.append(Turn(list(prompt_ids), list(completion_ids)))
+    episode.reward += float(reward)
+    episode.tool_calls += len(info["tool_calls"])
+    episode.invalid_tool_calls += info["invalid_tool_calls"]
+    chat.append({"role": "assistant", "content": text})
+    if terminated or truncated:
+        episode.success, episode.answer = bool(info["success"]), info.get("answer", "")
+        return False
+    chat.append({"role": "user", "content": obs})
+    return True
+
+
 def play(
     model: Any,
     tokenizer: Any,
@@ -97,34 +127,18 @@ def play(
     """Play one episode per env (``reset(options={"index": i})``), all rows sampled together each turn."""
     episodes, chats = [], []
     for env, index in zip(envs, indices):
-        obs, info = env.reset(options={"index": int(index)})
-        episodes.append(Episode(group=group, index=info["index"], prompt=obs))
-        chats.append([{"role": "system", "content": env.system_prompt}, *env.prefix, {"role": "user", "content": obs}])
+        episode, chat = open_episode(env, index, group)
+        episodes.append(episode)
+        chats.append(chat)
     active = list(range(len(envs)))
     turn = 0
     while active:
-        prompts = [
-            tokenizer.apply_chat_template(chats[i], add_generation_prompt=True, tokenize=True, return_dict=True)[
-                "input_ids"
-            ]
-            for i in active
-        ]
+        prompts = [chat_prompt_ids(tokenizer, chats[i]) for i in active]
         turn_seed = None if seed is None else sample_seed(seed, turn)
         completions = generate(model, tokenizer, prompts, max_new_tokens, temperature, turn_seed)
         still = []
         for i, prompt, completion in zip(active, prompts, completions):
-            text = tokenizer.decode(completion, skip_special_tokens=True).strip()
-            obs, reward, terminated, truncated, info = envs[i].step(text)
-            episode = episodes[i]
-            episode.turns.append(Turn(list(prompt), completion))
-            episode.reward += float(reward)
-            episode.tool_calls += len(info["tool_calls"])
-            episode.invalid_tool_calls += info["invalid_tool_calls"]
-            chats[i].append({"role": "assistant", "content": text})
-            if terminated or truncated:
-                episode.success, episode.answer = bool(info["success"]), info.get("answer", "")
-            else:
-                chats[i].append({"role": "user", "content": obs})
+            if take_turn(envs[i], episodes[i], chats[i], tokenizer, prompt, completion):
                 still.append(i)
         active, turn = still, turn + 1
     for episode, chat, env in zip(episodes, chats, envs):

@@ -9,7 +9,6 @@ import copy
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from opentinker.agents.buffers import ReplayBuffer
@@ -17,7 +16,7 @@ from opentinker.agents.config import OffPolicyConfig
 from opentinker.agents.critics import TwinQ
 from opentinker.agents.policies import policy_spec
 from opentinker.agents.trainer import Trainer
-from opentinker.envs.observations import index_obs, map_obs
+from opentinker.envs.observations import map_obs
 from opentinker.envs.rollout import Rollout
 
 
@@ -62,19 +61,9 @@ class OffPolicyTrainer(Trainer):
         return dict(self.spec, uniform_actions=True) if self.warming_up else self.spec
 
     def store(self, rollout: Rollout) -> None:
-        """Count the rollout's env steps and keep its real transitions. The observation after step t is
-        ``obs[t + 1]`` (the final observation at an episode's end), so truncated episodes bootstrap from it;
-        only ``terminated`` stops the bootstrap."""
+        """Count the rollout's env steps and keep its real transitions (``ReplayBuffer.add_rollout``)."""
         self.global_step += rollout.num_steps
-        next_obs = map_obs(lambda obs, last: np.concatenate([obs[1:], last[None]]), rollout.obs, rollout.last_obs)
-        keep = rollout.valid
-        self.buffer.add(
-            index_obs(rollout.obs, keep),
-            index_obs(next_obs, keep),
-            rollout.actions[keep],
-            rollout.rewards[keep],
-            rollout.terminated[keep].astype(np.float32),
-        )
+        self.buffer.add_rollout(rollout)
 
     def replay_batches(self, num_env_steps: int) -> dict[str, Any] | None:
         """The gradient steps due for ``num_env_steps`` new env steps (one per ``train_frequency``), their batches

@@ -18,55 +18,13 @@ import json
 import os
 import time
 
+from grpo_common import builtin_grpo, half_figures, point, rerun_command  # bench/ is sys.path[0]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def _point(curve: list, name: str, step: int, reward: float, seconds: float) -> None:
-    """One learning-curve point, kept and printed as it happens (a long run shows progress)."""
-    curve.append({"step": step, "reward": float(reward), "seconds": seconds})
-    print(f"{name} step {step}: train reward {float(reward):.3f} at {seconds:.0f} s", flush=True)
-
-
 def opentinker_run(args) -> dict:
-    from opentinker.agents.grpo import GRPOConfig
-    from opentinker.agents.grpo_trainer import GRPO
-
-    config = GRPOConfig(
-        task="arithmetic",
-        base_model="smollm2",
-        group_size=args.group_size,
-        prompts_per_step=args.prompts_per_step,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        learning_rate=args.lr,
-        kl_coef=0.0,
-        loss_norm="token",
-        eval_prompts=args.eval_prompts,
-        cache_dir=args.cache_dir,
-    )
-    trainer = GRPO(config, seed=args.seed, workers=args.workers, backend="ray")
-    try:
-        before = trainer.evaluate(base=True).success
-        curve: list[dict] = []
-        started = time.perf_counter()
-        trainer.train(
-            args.steps,
-            callback=lambda m, step: _point(
-                curve, "opentinker", step, m["train/reward_mean"], time.perf_counter() - started
-            ),
-        )
-        seconds = time.perf_counter() - started
-        after = trainer.evaluate().success
-    finally:
-        trainer.close()
-    completions = args.steps * args.group_size * args.prompts_per_step
-    return {
-        "completions_per_s": completions / seconds,
-        "s_per_step": seconds / args.steps,
-        "heldout_before": before,
-        "heldout_after": after,
-        "curve": curve,
-    }
+    return builtin_grpo(args, "smollm2", "ray", "opentinker")
 
 
 def trl_run(args) -> dict:
@@ -136,7 +94,7 @@ def trl_run(args) -> dict:
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:
-                _point(curve, "trl", state.global_step, logs["reward"], time.perf_counter() - started[0])
+                point(curve, "trl", state.global_step, logs["reward"], time.perf_counter() - started[0])
 
     trainer = GRPOTrainer(
         model=model,
@@ -153,13 +111,7 @@ def trl_run(args) -> dict:
     merged = trainer.model.merge_and_unload().eval()
     indices = list(range(args.eval_prompts))
     after = summarise(evaluate_model(merged, tokenizer, "arithmetic", 0, indices, args.max_new_tokens, 16)).success
-    completions = args.steps * args.group_size * args.prompts_per_step
-    return {
-        "completions_per_s": completions / seconds,
-        "s_per_step": seconds / args.steps,
-        "heldout_after": after,
-        "curve": curve,
-    }
+    return half_figures(args, seconds, curve, after)
 
 
 def plot_curves(results: dict, path: str) -> str:
@@ -236,11 +188,7 @@ def main() -> None:
     if len(results) == 2:
         ours, theirs = results["opentinker"]["completions_per_s"], results["trl"]["completions_per_s"]
         line["completions_per_s_ratio"] = ours / theirs
-    line["rerun"] = "python bench/llm_grpo.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items()
-        if v is not None and k not in ("out_dir", "cache_dir")
-    )
+    line["rerun"] = rerun_command("llm_grpo.py", args)
     print(json.dumps(line))
 
 

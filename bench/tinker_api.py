@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from grpo_common import builtin_grpo, half_figures, point, rerun_command  # bench/ is sys.path[0]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RATIO_FLOOR = 0.8
 
@@ -59,26 +61,18 @@ def play(sampler, tokenizer, envs, indices, group_size: int, max_tokens: int, te
     once (the server batches them); returns the episodes and each turn's sampled logprobs."""
     from tinker import types
 
-    from opentinker.agents.lm_rollout import Episode, Turn
+    from opentinker.agents.lm_rollout import chat_prompt_ids, open_episode, take_turn
 
     episodes, chats, logprobs = [], [], []
     for g, index in enumerate(indices):
         for _ in range(group_size):
-            env = envs[len(episodes)]
-            obs, info = env.reset(options={"index": int(index)})
-            episodes.append(Episode(group=g, index=info["index"], prompt=obs))
-            chats.append(
-                [{"role": "system", "content": env.system_prompt}, *env.prefix, {"role": "user", "content": obs}]
-            )
+            episode, chat = open_episode(envs[len(episodes)], index, g)
+            episodes.append(episode)
+            chats.append(chat)
             logprobs.append([])
     active, turn = list(range(len(episodes))), 0
     while active:
-        prompts = {
-            i: tokenizer.apply_chat_template(chats[i], add_generation_prompt=True, tokenize=True, return_dict=True)[
-                "input_ids"
-            ]
-            for i in active
-        }
+        prompts = {i: chat_prompt_ids(tokenizer, chats[i]) for i in active}
         params = types.SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed * 1000 + turn)
         if turn == 0:  # a group shares its first prompt: one request for the whole group
             firsts = [active[k : k + group_size] for k in range(0, len(active), group_size)]
@@ -91,19 +85,8 @@ def play(sampler, tokenizer, envs, indices, group_size: int, max_tokens: int, te
         still = []
         for rows, future in futures:
             for i, sequence in zip(rows, future.result().sequences):
-                text = tokenizer.decode(sequence.tokens, skip_special_tokens=True).strip()
-                obs, reward, terminated, truncated, info = envs[i].step(text)
-                episode = episodes[i]
-                episode.turns.append(Turn(list(prompts[i]), list(sequence.tokens)))
                 logprobs[i].append(list(sequence.logprobs or []))
-                episode.reward += float(reward)
-                episode.tool_calls += len(info["tool_calls"])
-                episode.invalid_tool_calls += info["invalid_tool_calls"]
-                chats[i].append({"role": "assistant", "content": text})
-                if terminated or truncated:
-                    episode.success, episode.answer = bool(info["success"]), info.get("answer", "")
-                else:
-                    chats[i].append({"role": "user", "content": obs})
+                if take_turn(envs[i], episodes[i], chats[i], tokenizer, prompts[i], sequence.tokens):
                     still.append(i)
         active, turn = sorted(still), turn + 1
     return episodes, logprobs
@@ -187,69 +170,22 @@ def sdk_run(args, url: str, key: str) -> dict:
                 training.optim_step(adam).result()
                 fwd_bwd.result()
             seconds += time.perf_counter() - started
-            reward = sum(e.reward for e in episodes) / len(episodes)
-            curve.append({"step": step + 1, "reward": reward, "seconds": seconds})
-            print(f"sdk step {step + 1}: train reward {reward:.3f} at {seconds:.0f} s", flush=True)
+            point(curve, "sdk", step + 1, sum(e.reward for e in episodes) / len(episodes), seconds)
         final = training.save_weights_for_sampler("final").result().path
         after = heldout(service.create_sampling_client(model_path=final).result(), tokenizer, args)
     finally:
         service.close("success").result()
-    completions = args.steps * args.group_size * args.prompts_per_step
-    return {
-        "completions_per_s": completions / seconds,
-        "s_per_step": seconds / args.steps,
-        "heldout_before": before,
-        "heldout_after": after,
-        "curve": curve,
-    }
+    return half_figures(args, seconds, curve, after, before)
 
 
 def builtin_run(args) -> dict:
-    from opentinker.agents.grpo import GRPOConfig
-    from opentinker.agents.grpo_trainer import GRPO
-
-    config = GRPOConfig(
-        task="arithmetic",
-        base_model=args.base,
-        group_size=args.group_size,
-        prompts_per_step=args.prompts_per_step,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        learning_rate=args.lr,
-        kl_coef=0.0,
-        loss_norm="token",
-        eval_prompts=args.eval_prompts,
-        cache_dir=args.cache_dir,
-    )
-    trainer = GRPO(config, seed=args.seed, workers=args.workers, backend=args.builtin_backend)
     try:
-        before = trainer.evaluate(base=True).success
-        curve, started = [], time.perf_counter()
-
-        def point(metrics, step):
-            seconds = time.perf_counter() - started
-            curve.append({"step": step, "reward": metrics["train/reward_mean"], "seconds": seconds})
-            print(
-                f"built-in step {step}: train reward {metrics['train/reward_mean']:.3f} at {seconds:.0f} s", flush=True
-            )
-
-        trainer.train(args.steps, callback=point)
-        seconds = time.perf_counter() - started
-        after = trainer.evaluate().success
+        return builtin_grpo(args, args.base, args.builtin_backend, "built-in")
     finally:
-        trainer.close()
         if args.builtin_backend == "ray":
             import ray
 
             ray.shutdown()
-    completions = args.steps * args.group_size * args.prompts_per_step
-    return {
-        "completions_per_s": completions / seconds,
-        "s_per_step": seconds / args.steps,
-        "heldout_before": before,
-        "heldout_after": after,
-        "curve": curve,
-    }
 
 
 # -- latency on the tiny model ----------------------------------------------------------------------------------------
@@ -356,11 +292,7 @@ def main() -> None:
             sdk["heldout_after"], builtin["heldout_after"], args.eval_prompts
         )
     line["latency_tiny_ms"] = latency
-    line["rerun"] = "python bench/tinker_api.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}"
-        for k, v in vars(args).items()
-        if v is not None and k not in ("out_dir", "cache_dir")
-    )
+    line["rerun"] = rerun_command("tinker_api.py", args)
     print(json.dumps(line))
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 
 import mlflow
 import numpy as np
 import pytest
+from fixtures.serving import deploy_all
 from typer.testing import CliRunner
 
 from opentinker.cli import app
@@ -22,32 +22,6 @@ API_KEY = "flow-algorithms-key"
 
 def _client() -> mlflow.MlflowClient:
     return mlflow.MlflowClient(get_settings().tracking_uri)
-
-
-def _deploy_all(model_refs: list[str]) -> list:
-    """Start the servers side by side (each start is mostly waiting on its own process)."""
-    from opentinker.serving.deploy import deploy
-
-    deployments: list = [None] * len(model_refs)
-    errors: list[BaseException] = []
-
-    def start(i: int, ref: str) -> None:
-        try:
-            deployments[i] = deploy(ref, API_KEY)
-        except BaseException as exc:  # re-raised below, after the other servers are stopped
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(i, ref)) for i, ref in enumerate(model_refs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        for deployment in deployments:
-            if deployment is not None:
-                deployment.stop()
-        raise errors[0]
-    return deployments
 
 
 def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
@@ -104,7 +78,7 @@ def test_dqn_and_continuous_ppo_flows_are_registered_gated_and_served():
     np.testing.assert_allclose(served_pendulum.act(obs), in_process, rtol=1e-5, atol=1e-5)
 
     dqn_ref, pendulum_ref = (f"models:/{r.model_name}/{r.model_version}" for r in (dqn, pendulum))
-    dqn_server, pendulum_server = _deploy_all([dqn_ref, pendulum_ref])
+    dqn_server, pendulum_server = deploy_all(API_KEY, [dqn_ref, pendulum_ref])
     try:
         assert dqn_server.predict([0.01, 0.02, -0.03, 0.04]) in (0, 1)
         assert dqn_server.metadata()["action_space"]["type"] == "Discrete"

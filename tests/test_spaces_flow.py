@@ -5,12 +5,11 @@ malformed Dict or image observation gets a 400 naming the part at fault."""
 
 from __future__ import annotations
 
-import threading
-
 import httpx
 import mlflow
 import numpy as np
 import pytest
+from fixtures.serving import deploy_all
 
 from opentinker.envs import make_env
 from opentinker.envs.observations import index_obs, map_obs, stack_obs
@@ -24,32 +23,6 @@ ENVS = {
     "multi-binary": "opentinker.envs.identity:MultiBinaryIdentityEnv",
     "image": "opentinker.envs.identity:ImageIdentityEnv",
 }
-
-
-def _deploy_all(model_refs: list[str]) -> list:
-    """Start the servers side by side (each start is mostly waiting on its own process)."""
-    from opentinker.serving.deploy import deploy
-
-    deployments: list = [None] * len(model_refs)
-    errors: list[BaseException] = []
-
-    def start(i: int, ref: str) -> None:
-        try:
-            deployments[i] = deploy(ref, API_KEY)
-        except BaseException as exc:  # re-raised below, after the other servers are stopped
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(i, ref)) for i, ref in enumerate(model_refs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        for deployment in deployments:
-            if deployment is not None:
-                deployment.stop()
-        raise errors[0]
-    return deployments
 
 
 def _observations(env_id: str, n: int):
@@ -88,7 +61,7 @@ def test_every_space_trains_through_the_flow_and_serves_the_same_action_over_htt
         assert result.global_step >= 512 and "champion" in result.aliases, (name, result)
 
     refs = {name: f"models:/{r.model_name}/{r.model_version}" for name, r in results.items()}
-    deployments = dict(zip(refs, _deploy_all(list(refs.values()))))
+    deployments = dict(zip(refs, deploy_all(API_KEY, list(refs.values()))))
     try:
         for name, deployment in deployments.items():
             policy = load_registered_policy(refs[name])

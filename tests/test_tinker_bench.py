@@ -17,10 +17,12 @@ SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "tinker_api.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("tinker_api_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(SCRIPT.parent))  # as when run as a script: it imports its sibling grpo_common.py
+        spec = importlib.util.spec_from_file_location("tinker_api_bench", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
 
 
 ARGS = Namespace(

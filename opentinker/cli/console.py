@@ -16,7 +16,6 @@ from typing import Annotated, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 console = Console(soft_wrap=True)  # long paths and URIs stay on one line (copy-pasteable)
 
@@ -129,17 +128,10 @@ def prepare_prefect(verbose: bool = False) -> None:
 @contextlib.contextmanager
 def training_progress(total_steps: int, label: str) -> Iterator[None]:
     """A rich bar fed by the training stage through ``opentinker.tracking.progress``."""
+    from opentinker.server.watch import steps_bar
     from opentinker.tracking import progress
 
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=console, transient=False) as bar:
+    with steps_bar(console, time_left=True) as bar:
         task_id = bar.add_task(label, total=total_steps, info="starting Prefect, Ray and MLflow…")
 
         def listener(step: int, total: int, metrics: dict[str, float]) -> None:

@@ -9,9 +9,24 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .client import Client
+
+
+def steps_bar(console: Console | None = None, time_left: bool = False) -> Progress:
+    """The rich bar a run of training steps shows (a job here, a local run in the CLI): its name, steps done of the
+    total, an ``info`` field, the time taken and, with ``time_left``, rich's estimate of the time left."""
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+    ]
+    if time_left:
+        columns.append(TimeRemainingColumn())
+    return Progress(*columns, console=console or Console(), transient=False)
 
 
 def describe(job: dict[str, Any]) -> str:
@@ -33,14 +48,7 @@ def describe(job: dict[str, Any]) -> str:
 
 def follow(client: Client, job: dict[str, Any], console: Console | None = None) -> dict[str, Any]:
     """Show the job's progress until it ends; returns its final status."""
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console or Console(), transient=False) as bar:
+    with steps_bar(console) as bar:
         task = bar.add_task(f"{job['id']} {job['algorithm'].upper()} {job['env_id']}", total=job["steps"], info="")
 
         def update(status: dict[str, Any]) -> None:

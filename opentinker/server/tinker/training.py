@@ -37,16 +37,8 @@ class Training:
 
     # -- creating a model ------------------------------------------------------------------------------------------
     def create_model(self, tenant: str, request: types.CreateModelRequest) -> types.UntypedAPIFuture:
-        core = self.core
-        session = core.registry.session(tenant, request.session_id)
-        if (earlier := self._creation(session, request.model_seq_id)) is not None:
-            return earlier
-        core.admit_model(tenant)
-        model = self._new_model(session, request.model_seq_id, request.user_metadata)
-        future = model.creation = core.futures.create(tenant, "CreateModel", model.model_id, session.session_id)
-
-        def op() -> Outcome:
-            model.base = core.base_of(request.base_model)
+        def build(model: TrainingModel) -> Outcome:
+            model.base = self.core.base_of(request.base_model)
             if request.optimizer_config.type != "adamw":
                 raise ValueError(f"optimizer_config: only adamw is supported, got {request.optimizer_config.type!r}")
             lora = request.lora_config or types.LoraConfig(rank=32)
@@ -54,7 +46,27 @@ class Training:
             self._start(model, seed=lora.seed)
             return _json(types.CreateModelResponse(model_id=model.model_id))
 
-        core.engine.submit(core.work(future, self._or_forget(model, op)))
+        return self._create(tenant, request.session_id, request, "CreateModel", build)
+
+    def _create(
+        self,
+        tenant: str,
+        session_id: str,
+        request: types.CreateModelRequest | types.LoadWeightsRequest,
+        kind: str,
+        build: Callable[[TrainingModel], Outcome],
+    ) -> types.UntypedAPIFuture:
+        """A new model's first request (``CreateModel``, or ``LoadWeights`` from a checkpoint): a resend gets the first
+        request's future; otherwise the model is admitted against the tenant's quota and ``build`` runs on the
+        engine (a model it does not start is forgotten)."""
+        core = self.core
+        session = core.registry.session(tenant, session_id)
+        if (earlier := self._creation(session, request.model_seq_id)) is not None:
+            return earlier
+        core.admit_model(tenant)
+        model = self._new_model(session, request.model_seq_id, request.user_metadata)
+        future = model.creation = core.futures.create(tenant, kind, model.model_id, session.session_id)
+        core.engine.submit(core.work(future, self._or_forget(model, lambda: build(model))))
         return types.UntypedAPIFuture(request_id=future.request_id, model_id=model.model_id)
 
     @staticmethod
@@ -203,14 +215,8 @@ class Training:
         if request.model_id is not None:
             model = core.registry.model(tenant, request.model_id)
             return core.sequenced(model, request.seq_id, "LoadWeights", lambda: self._load_into(model, request))
-        session = core.registry.session(tenant, request.session_id or "")
-        if (earlier := self._creation(session, request.model_seq_id)) is not None:
-            return earlier
-        core.admit_model(tenant)
-        model = self._new_model(session, request.model_seq_id, request.user_metadata)
-        future = model.creation = core.futures.create(tenant, "LoadWeights", model.model_id, session.session_id)
 
-        def op() -> Outcome:
+        def build(model: TrainingModel) -> Outcome:
             state = self._training_state(tenant, request.path)
             model.base, model.shape = state["base_model"], AdapterShape(**state["shape"])
             if request.base_model and core.base_of(request.base_model) != model.base:
@@ -218,8 +224,7 @@ class Training:
             self._start(model, seed=0).load_state_dict(state, optimizer=request.optimizer)
             return _json(types.LoadWeightsResponse(path=request.path, model_id=model.model_id))
 
-        core.engine.submit(core.work(future, self._or_forget(model, op)))
-        return types.UntypedAPIFuture(request_id=future.request_id, model_id=model.model_id)
+        return self._create(tenant, request.session_id or "", request, "LoadWeights", build)
 
     def _load_into(self, model: TrainingModel, request: types.LoadWeightsRequest) -> Outcome:
         state = self._training_state(model.tenant, request.path)
