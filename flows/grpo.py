@@ -67,6 +67,7 @@ def grpo_run(spec: RunSpec) -> GRPOFlowResult:
                 "opentinker.model_version": version,
                 "opentinker.aliases": ",".join(gate.aliases),
                 "opentinker.base_model": config.base_model,
+                "gate.decision": gate.decision,
             },
             metrics={
                 "heldout/success_rate": evaluation.success,

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from opentinker.cli.console import cli_errors, console
+from opentinker.cli.train import Algo
 
 app = typer.Typer()
 jobs_app = typer.Typer(help="Your jobs on the server: list, status, logs, cancel, resume, result, serve.")
@@ -43,9 +44,15 @@ def login(
 @app.command()
 @cli_errors
 def submit(
-    env_id: Annotated[str, typer.Argument(help="Gymnasium id (CartPole-v1) or your env as package.module:Class.")],
-    algo: Annotated[str | None, typer.Option("--algo", help="Algorithm: ppo or dqn (default ppo).")] = None,
-    steps: Annotated[int | None, typer.Option(help="Total env steps.")] = None,
+    env_id: Annotated[
+        str,
+        typer.Argument(
+            help="Gymnasium id (CartPole-v1), your env as package.module:Class, or with --algo grpo a text task "
+            "(arithmetic) or your TextEnv as package.module:factory."
+        ),
+    ],
+    algo: Algo = None,
+    steps: Annotated[int | None, typer.Option(help="Total env steps (grpo: optimiser updates).")] = None,
     config: Annotated[Path | None, typer.Option(help="TOML or JSON file of TrainParams fields.")] = None,
     priority: Annotated[int, typer.Option(help="0-10; higher starts sooner among your queued jobs.")] = 0,
     seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
@@ -70,10 +77,13 @@ def _print_outcome(client, job: dict) -> None:
         console.print(f"[bold red]{job['state']}[/]: {job['reason']}", highlight=False)
         raise typer.Exit(1)
     result = client.result(job["id"])
+    if result.get("heldout_success") is not None:  # a GRPO job's adapter
+        evaluation = f"Held-out success: {result['heldout_success']:.1%}"
+    else:
+        evaluation = f"Evaluation: mean return {result['eval_mean']:.1f} ± {result['eval_std']:.1f}"
     console.print(
         f"Model: {result['model_name']} version {result['model_version']} · aliases {', '.join(result['aliases'])}\n"
-        f"Evaluation: mean return {result['eval_mean']:.1f} ± {result['eval_std']:.1f}\n"
-        f"Gate: {result['decision']}\nMLflow run: {result['run_id']}",
+        f"{evaluation}\nGate: {result['decision']}\nMLflow run: {result['run_id']}",
         highlight=False,
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from opentinker.flows.params import ConfigError, load_spec
+from opentinker.infra.settings import Settings
 from opentinker.tasks.spec import RunSpec
 
 from . import tenants
@@ -64,8 +65,9 @@ class OverQuota(Exception):
 class JobService:
     """Submit, read, cancel and resume the jobs of a ``Store`` through an ``Orchestrator``."""
 
-    def __init__(self, store: Store, orchestrator: Orchestrator, env_check: EnvCheck):
+    def __init__(self, store: Store, orchestrator: Orchestrator, env_check: EnvCheck, settings: Settings):
         self.store = store
+        self.settings = settings
         self.orchestrator = orchestrator
         self.env_check = env_check
         self._submit_lock = threading.Lock()
@@ -153,6 +155,9 @@ class JobService:
                 f"upload_id: upload {upload.id} holds {', '.join(upload.packages) or 'nothing importable'}, "
                 f"not {package!r} (the top-level package of env_id)"
             )
+        if params.algorithm == "grpo" and params.engine.cache_dir is None:  # the server's converted base models
+            engine = params.engine.model_copy(update={"cache_dir": str(tenants.base_model_cache(self.settings))})
+            params = params.model_copy(update={"engine": engine})
         return params.model_copy(
             update={
                 "run_name": job_id,

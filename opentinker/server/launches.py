@@ -14,6 +14,7 @@ import hmac
 import json
 import secrets
 import time
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -39,7 +40,7 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
             return None
         job.token_hash, job.launch_host = _digest(token), host
         upload = session.get(Upload, job.upload_id) if job.upload_id else None
-        tenant, job_id = job.tenant, job.id
+        tenant, job_id, spec = job.tenant, job.id, job.spec
     home = tenants.data_dir(tenant, settings)
     (home / ".prefect").mkdir(parents=True, exist_ok=True)
     prepare_store(tenant, settings)
@@ -55,7 +56,7 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         value = getattr(settings, name)
         if value not in ("", None):
             env[f"OPENTINKER_{name.upper()}"] = str(value)
-    readonly = []
+    readonly = [str(cache) for cache in _base_models(spec, settings)]
     if upload is not None:
         code = tenants.uploads_dir(tenant, settings) / upload.id
         readonly.append(str(code))
@@ -67,6 +68,18 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
     return LaunchInfo(
         job_id=job_id, tenant=tenant, token=token, writable=[str(home)], readonly=readonly, env=env, isolated=isolated
     )
+
+
+def _base_models(spec: dict, settings: Settings) -> list[Path]:
+    """The server's converted base models, for a GRPO job that reads them (the spec's cache is the server's, filled in
+    at submit): converted here on the first such job, so a sandbox only ever reads them."""
+    from opentinker.agents.lm_weights import converted_checkpoint
+
+    cache = tenants.base_model_cache(settings)
+    if spec["engine"]["algorithm"] != "grpo" or spec["engine"].get("cache_dir") != str(cache):
+        return []
+    converted_checkpoint(None, cache)  # the bundled SmolLM2: its tokenizer serves every base model
+    return [cache]
 
 
 def report_progress(store: Store, job_id: str, token: str, report: ProgressReport) -> bool:

@@ -129,9 +129,10 @@ class JobResult(BaseModel):
     model_version: str
     aliases: list[str]
     decision: str
-    eval_mean: float | None = None
+    eval_mean: float | None = Field(None, description="A policy's mean evaluation return (not GRPO).")
     eval_std: float | None = None
-    global_step: int | None = None
+    heldout_success: float | None = Field(None, description="GRPO: the adapter's held-out success rate.")
+    global_step: int | None = Field(None, description="Env steps reached; GRPO: optimiser updates.")
 
 
 class LogLine(BaseModel):

@@ -143,6 +143,7 @@ class JobSync:
             return None
         run = runs[0]
         tags, metrics = run.data.tags, run.data.metrics
+        last = "heldout/success_rate" if job.spec["engine"]["algorithm"] == "grpo" else "eval/mean_return"
         return {
             "run_id": run.info.run_id,
             "experiment_id": experiment.experiment_id,
@@ -152,7 +153,6 @@ class JobSync:
             "decision": tags.get("gate.decision", ""),
             "eval_mean": metrics.get("eval/mean_return"),
             "eval_std": metrics.get("eval/std_return"),
-            "global_step": max(
-                (m.step for m in client.get_metric_history(run.info.run_id, "eval/mean_return")), default=None
-            ),
+            "heldout_success": metrics.get("heldout/success_rate"),
+            "global_step": max((m.step for m in client.get_metric_history(run.info.run_id, last)), default=None),
         }

@@ -24,6 +24,12 @@ class TenantError(ValueError):
     """A tenant name that cannot be used (the message says what is expected)."""
 
 
+def base_model_cache(settings: Settings) -> Path:
+    """The server's one cache of converted base models (``tinker_cache_dir``, else ``<data_dir>/llm-cache``): the
+    Tinker API loads from it and GRPO jobs read it, read-only, so no tenant converts (and stores) its own copy."""
+    return Path(settings.tinker_cache_dir or settings.resolved_data_dir / "llm-cache")
+
+
 def check_name(tenant: str) -> str:
     if not isinstance(tenant, str) or not NAME_PATTERN.match(tenant):
         raise TenantError(

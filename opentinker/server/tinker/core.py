@@ -71,8 +71,7 @@ class Core:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.settings.tinker_threads:
             torch.set_num_threads(self.settings.tinker_threads)
-        cache = self.settings.tinker_cache_dir or str(self.settings.resolved_data_dir / "llm-cache")
-        model = MultiLoraModel(base, cache, device)
+        model = MultiLoraModel(base, str(tenants.base_model_cache(self.settings)), device)
         self.tokenizers[base] = self.settings.tinker_tokenizer_id or str(model.tokenizer.name_or_path)
         return model
 
