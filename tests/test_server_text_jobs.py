@@ -76,6 +76,12 @@ def _registered(server, key: str, job: dict, tenant: str, env_id: str) -> dict:
     assert (server.data_dir / "llm-cache").is_dir() and not (
         server.data_dir / "tenants" / tenant / "llm-cache"
     ).exists()
+    # An adapter is no numpy policy: downloading or serving it as one is refused in words, not with a 500.
+    headers = server.headers(key)
+    policy = httpx.get(f"{server.url}/v1/jobs/{job['id']}/policy", headers=headers, timeout=60)
+    serve = httpx.post(f"{server.url}/v1/services", json={"job_id": job["id"]}, headers=headers, timeout=60)
+    for answer in (policy, serve):
+        assert answer.status_code == 409 and "language-model adapter" in answer.json()["detail"], answer.text
     return result
 
 

@@ -68,6 +68,17 @@ def tenant_mlflow(tenant: str, settings: Settings) -> Iterator[object]:
             mlflow.set_registry_uri(before[1])
 
 
+def not_a_policy(job: Job) -> str | None:
+    """Why a finished job has no numpy policy to download or serve, or None: a GRPO job registers a LoRA adapter,
+    which the server's policy services (numpy forward pass) cannot run."""
+    if job.spec["engine"]["algorithm"] != "grpo":
+        return None
+    return (
+        f"job {job.id} trained a language-model adapter ({job.result['model_name']} v{job.result['model_version']}), "
+        "not a policy: the server serves policies only; serve the adapter with `opentinker agent serve --llm`"
+    )
+
+
 def policy_archive(job: Job, settings: Settings) -> bytes:
     """The finished job's registered policy (``policy.json`` + ``weights.npz``) as a ``.tar.gz``."""
     from opentinker.tracking.registry import POLICY_FILE

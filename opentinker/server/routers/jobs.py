@@ -114,10 +114,12 @@ def job_result(job: Job = Depends(readable_job)) -> JobResult:
 @router.get("/{job_id}/policy", response_class=Response, responses={200: {"content": {"application/gzip": {}}}})
 async def job_policy(request: Request, job: Job = Depends(readable_job)) -> Response:
     """The finished job's registered policy (``policy.json`` + ``weights.npz``, numpy only) as a ``.tar.gz``."""
-    from ..models import policy_archive
+    from ..models import not_a_policy, policy_archive
 
     if job.state != "SUCCEEDED" or not job.result:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: no registered policy yet")
+    if why := not_a_policy(job):
+        raise HTTPException(status.HTTP_409_CONFLICT, why)
     data = await anyio.to_thread.run_sync(policy_archive, job, request.app.state.settings)
     return Response(data, media_type="application/gzip")
 

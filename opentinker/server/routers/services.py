@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..auth import Caller, require_scope
 from ..db import Service
 from ..jobs import NotFound
+from ..models import not_a_policy
 
 router = APIRouter(prefix="/v1/services", tags=["services"])
 
@@ -54,6 +55,8 @@ async def create_service(
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
     if job.state != "SUCCEEDED" or not job.result:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: nothing registered to serve")
+    if why := not_a_policy(job):
+        raise HTTPException(status.HTTP_409_CONFLICT, why)
     row = await anyio.to_thread.run_sync(request.app.state.services.start, caller.tenant, job, body.api_key_hash)
     return _out(row)
 
