@@ -4,6 +4,7 @@ uninterrupted one (the engine's bit-exact resume)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -37,13 +38,15 @@ HTTP = httpx.Client(timeout=120)
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
-def _job_processes(job_id: str) -> list[psutil.Process]:
-    """The host's processes of one job (its sandbox gives them ``OPENTINKER_JOB_ID``; Ray's inherit it)."""
-    found = []
+def _job_processes(job_id: str) -> dict[psutil.Process, str]:
+    """The host's processes of one job (its sandbox gives them ``OPENTINKER_JOB_ID``; Ray's inherit it), with their
+    command lines, read at once: a process of the job may exit (its training child, a Ray worker) between being
+    listed and being asked for its command line."""
+    found = {}
     for proc in psutil.process_iter():
         try:
             if proc.environ().get("OPENTINKER_JOB_ID") == job_id:
-                found.append(proc)
+                found[proc] = " ".join(proc.cmdline())
         except (psutil.Error, OSError):
             continue
     return found
@@ -77,7 +80,7 @@ def fault_jobs(job_server, tmp_path_factory):
     server = job_server
     key = server.make_key("faults")
     admin = server.headers(server.admin_key)
-    HTTP.patch(f"{server.url}/v1/tenants/faults", headers=admin, json={"max_running_jobs": 3})
+    assert HTTP.patch(f"{server.url}/v1/tenants/faults", headers=admin, json={"max_running_jobs": 3}).is_success
     home = tmp_path_factory.mktemp("laptop")
     env = {
         **os.environ,
@@ -105,12 +108,11 @@ def fault_jobs(job_server, tmp_path_factory):
 
     # The flow-run process of one job dies (SIGKILL): Prefect reports it crashed, the server queues the job again.
     wait_for_job(server, key, jobs["process_killed"], _training)
-    engine = [
-        p for p in _job_processes(jobs["process_killed"]) if "opentinker.server.job_entry" in " ".join(p.cmdline())
-    ]
+    engine = [p for p, command in _job_processes(jobs["process_killed"]).items() if "server.job_entry" in command]
     assert engine, "the job's process runs with its job id in its environment"
     for proc in engine:
-        proc.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
 
     final = {name: wait_for_job(server, key, job_id, lambda s: s["state"] in FINAL) for name, job_id in jobs.items()}
 
@@ -170,7 +172,7 @@ def test_cancel_stops_the_ray_work_within_seconds_and_keeps_the_checkpoint(job_s
     job_id = HTTP.post(f"{server.url}/v1/jobs", headers=server.headers(key), json={"spec": spec}).json()["id"]
     wait_for_job(server, key, job_id, lambda s: (s.get("progress") or {}).get("step", 0) >= 2048, timeout=400)
     processes = _job_processes(job_id)
-    names = " ".join(" ".join(p.cmdline()) for p in processes)
+    names = " ".join(processes.values())
     assert "raylet" in names and "gcs_server" in names, names[:2000]
     assert HTTP.post(f"{server.url}/v1/jobs/{job_id}/cancel", headers=server.headers(key)).status_code == 200
     started = time.monotonic()
