@@ -74,7 +74,15 @@ class Settings(BaseSettings):
         None,
         ge=1,
         description="Jobs running at once over all tenants (the cluster's capacity: the server's Prefect work "
-        "pool's concurrency limit); None: only the workers' own limits. Over it jobs wait, with their position.",
+        "pool's concurrency limit); None: one job per CPU core with the embedded stack, only the workers' own limits "
+        "with a Prefect server of your own. Over it jobs wait, with their position.",
+    )
+    server_job_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="CPU niceness of the jobs a server's worker starts: training takes every idle cycle, while the "
+        "API, Prefect and the worker, at normal priority, answer at once; 0 runs jobs at the server's priority.",
     )
     tinker_base_models: list[str] = Field(
         ["smollm2"],

@@ -110,7 +110,9 @@ class Store:
         options: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("sqlite"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            options = {"connect_args": {"check_same_thread": False, "timeout": 30}}
+            # As many connections as the API has threads (anyio's 40): a burst of polls reuses them instead of
+            # opening (and setting up) overflow connections that are closed again.
+            options = {"connect_args": {"check_same_thread": False, "timeout": 30}, "pool_size": 40}
         self.engine = sa.create_engine(url, **options)
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)

@@ -10,6 +10,8 @@ queue.
 
 from __future__ import annotations
 
+import logging
+import queue
 import secrets
 import threading
 import time
@@ -35,6 +37,7 @@ SERVER_FIELDS = {
     "resume": "every attempt resumes from the job's last checkpoint; use POST /v1/jobs/{id}/resume",
 }
 RETRY_AFTER_S = 30
+logger = logging.getLogger("opentinker.server")
 VIEW_TTL_S = 0.2
 POOL_TTL_S = 2.0
 
@@ -73,6 +76,8 @@ class JobService:
         self._submit_lock = threading.Lock()
         self._pool_seen: tuple[float, tuple[int, int | None]] = (0.0, (0, None))
         self._views: dict[tuple[str, str], tuple[float, JobOut]] = {}
+        self._handoff: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        threading.Thread(target=self._hand_off_loop, name="job-handoff", daemon=True).start()
 
     # -- submit -------------------------------------------------------------------------------------------------
 
@@ -106,12 +111,7 @@ class JobService:
                 upload_id=upload.id if upload else None,
             )
             session.add(job)
-        try:
-            self._enqueue(job)
-        except Exception:
-            with self.store.session() as session:
-                session.delete(session.get(Job, job.id))
-            raise
+        self._handoff.put(job)
         return job, True
 
     def _by_idempotency_key(self, tenant: str, key: str | None, session=None) -> Job | None:
@@ -189,8 +189,17 @@ class JobService:
                 f"max_queued_jobs: the tenant has {queued} jobs queued, its limit is {quotas.max_queued_jobs}"
             )
 
-    def _enqueue(self, job: Job) -> None:
-        enqueue(self.store, self.orchestrator, job)
+    def _hand_off_loop(self) -> None:
+        """Make the flow runs of stored jobs, in the order they were stored. A submit answers once its job is stored
+        (durable, QUEUED): Prefect's answer can take seconds when its SQLite is busy with running jobs' writes (30 s
+        measured in a 200-job burst), and must not hold the client. A hand-off that fails, or a server that stops
+        first, leaves the job without a flow run: the sync loop's orphan pass makes it (idempotent per attempt)."""
+        while True:
+            job = self._handoff.get()
+            try:
+                enqueue(self.store, self.orchestrator, job)
+            except Exception:
+                logger.exception("job %s: no flow run yet; the sync loop retries", job.id)
 
     def apply_quotas(self, tenant: str) -> None:
         """Carry a changed running-jobs quota to the tenant's work queue."""
@@ -277,15 +286,20 @@ class JobService:
             self._pool_seen = (time.monotonic(), figures)
         return figures
 
+    def fresh_view(self, tenant: str, job_id: str) -> JobOut | None:
+        """The shared view of the tenant's job if it is younger than ``VIEW_TTL_S``, else None. It reads no database,
+        so the event loop answers from it without a thread."""
+        hit = self._views.get((tenant, job_id))
+        return hit[1] if hit is not None and time.monotonic() - hit[0] < VIEW_TTL_S else None
+
     def cached_view(self, tenant: str, job_id: str) -> JobOut:
         """``view`` of the tenant's job, shared by every reader for ``VIEW_TTL_S``: fifty clients polling one job's
         status and following its events read it from the database a few times a second, not hundreds."""
-        key = (tenant, job_id)
-        hit = self._views.get(key)
-        if hit is not None and time.monotonic() - hit[0] < VIEW_TTL_S:
-            return hit[1]
+        view = self.fresh_view(tenant, job_id)
+        if view is not None:
+            return view
         view = self.view(self.get(tenant, job_id))
-        self._views[key] = (time.monotonic(), view)
+        self._views[(tenant, job_id)] = (time.monotonic(), view)
         if len(self._views) > 10_000:
             self._views.clear()
         return view
@@ -301,8 +315,9 @@ class JobService:
             row = session.get(Job, job_id)
             row.cancel_requested = True
             row.reason = "cancel requested"
-        if job.flow_run_id is not None:
-            self.orchestrator.cancel(job.flow_run_id)
+            flow_run_id = row.flow_run_id
+        if flow_run_id is not None:  # else the sync loop cancels the flow run the hand-off makes
+            self.orchestrator.cancel(flow_run_id)
         return self.get(tenant, job_id)
 
     def resume(self, tenant: str, job_id: str) -> Job:
@@ -317,8 +332,9 @@ class JobService:
             row.state, row.attempts, row.queued_at = "QUEUED", row.attempts + 1, time.time()
             row.cancel_requested, row.ended_at, row.reason, row.phase = False, None, "resumed", ""
             row.flow_run_id = None
-        self._enqueue(self.get(tenant, job_id))
-        return self.get(tenant, job_id)
+        job = self.get(tenant, job_id)
+        self._handoff.put(job)
+        return job
 
 
 def enqueue(store: Store, orchestrator: Orchestrator, job: Job) -> None:

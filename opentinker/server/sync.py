@@ -27,6 +27,11 @@ from .schemas import FINAL_STATES
 
 MAX_ATTEMPTS = 3
 INTERVAL_S = 0.25
+ORPHAN_AFTER_S = 60.0
+"""A stored job without a flow run this long is handed to Prefect here (its server's hand-off, in submit order, takes
+longer only when Prefect is down or a burst of thousands is queued; a flow run is idempotent per attempt)."""
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
+"""Prefect state types of a flow run that has stopped running."""
 logger = logging.getLogger("opentinker.server")
 
 
@@ -58,13 +63,16 @@ class JobSync:
     def run_once(self) -> None:
         with self.store.session() as session:
             jobs = list(session.scalars(sa.select(Job).where(Job.state.in_(("QUEUED", "RUNNING")))))
-        orphans = [job for job in jobs if job.flow_run_id is None and time.time() - job.queued_at > 5]
-        for job in orphans:  # the server died between storing the job and making its flow run
+        orphans = [job for job in jobs if job.flow_run_id is None and time.time() - job.queued_at > ORPHAN_AFTER_S]
+        for job in orphans:  # the server stopped before handing the job to Prefect, or Prefect refused it
             self._enqueue_orphan(job)
         runs = self.orchestrator.flow_runs([job.flow_run_id for job in jobs if job.flow_run_id])
-        for job in jobs:
-            run = runs.get(job.flow_run_id) if job.flow_run_id else None
-            if run is not None and run.state is not None:
+        followed = [(job, runs[job.flow_run_id]) for job in jobs if job.flow_run_id in runs]
+        # Ends before starts: a job that ended and the one that took its slot, seen in one read, never show as
+        # running together (an ended job's result read from MLflow takes a moment).
+        followed.sort(key=lambda pair: pair[1].state is None or pair[1].state.type.value not in ENDED)
+        for job, run in followed:
+            if run.state is not None:
                 self._follow(job, run)
 
     def _enqueue_orphan(self, job: Job) -> None:
@@ -75,7 +83,9 @@ class JobSync:
     def _follow(self, job: Job, run: Any) -> None:
         state, name, message = run.state.type.value, run.state.name, run.state.message or ""
         changes: dict[str, Any] = {}
-        if state == "SCHEDULED" and name != "AwaitingRetry":
+        if state == "SCHEDULED" and job.cancel_requested:  # cancelled before its flow run existed
+            self.orchestrator.cancel(job.flow_run_id)
+        elif state == "SCHEDULED" and name != "AwaitingRetry":
             if job.state != "QUEUED":
                 changes = {"state": "QUEUED", "phase": ""}
         elif state in ("RUNNING", "CANCELLING") and self._process_gone(job, run):

@@ -50,6 +50,7 @@ class SandboxWorker(ProcessWorker):
         self.server_url = server_url.rstrip("/")
         self._key = worker_key
         self._sandboxed = get_settings().sandbox == "bwrap"
+        self._nice = ("nice", "-n", str(get_settings().server_job_nice))
         self.runtime = Path(tempfile.mkdtemp(prefix="opentinker-worker-"))
         self._proxy = None
         if self._sandboxed:
@@ -112,10 +113,10 @@ class SandboxWorker(ProcessWorker):
                 env=env,
                 network=not isolated,
             )
-            configuration.command = shlex.join(box.shell_command(JOB_COMMAND, self._seccomp))
+            configuration.command = shlex.join((*self._nice, *box.shell_command(JOB_COMMAND, self._seccomp)))
             configuration.env = {"PATH": "/usr/bin:/bin"}
         else:  # OPENTINKER_SANDBOX=none: trusted tenants only (docs/service.md)
-            configuration.command = shlex.join(JOB_COMMAND)
+            configuration.command = shlex.join((*self._nice, *JOB_COMMAND))
             configuration.env = {**base_env(), **env}
         try:
             return await super().run(flow_run, configuration, task_status)

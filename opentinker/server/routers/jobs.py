@@ -80,11 +80,19 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobOut)
-def job_status(
+async def job_status(
     job_id: str, jobs: JobService = Depends(service), caller: Caller = Depends(require_scope("read"))
 ) -> JobOut:
     """State; while queued its position and what it waits for, while running step / total, steps/s, return, ETA."""
-    return _errors(lambda: jobs.cached_view(caller.tenant, job_id))
+    return await _current_view(jobs, caller.tenant, job_id)
+
+
+async def _current_view(jobs: JobService, tenant: str, job_id: str) -> JobOut:
+    """The shared view of the job: from the loop while fresh, else read in a thread (404 for another tenant's)."""
+    fresh = jobs.fresh_view(tenant, job_id)
+    if fresh is not None:
+        return fresh
+    return await anyio.to_thread.run_sync(lambda: _errors(lambda: jobs.cached_view(tenant, job_id)))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut)
@@ -163,13 +171,14 @@ async def job_events(
 ) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events: a ``status`` event (the job as ``GET /v1/jobs/{id}`` shows it) whenever it changes, and an
     ``end`` event once it is final."""
-    last = None
+    last, seen = None, None
     while True:
-        view = await anyio.to_thread.run_sync(jobs.cached_view, job.tenant, job.id)
-        payload = view.model_dump(mode="json")
-        if payload != last:
-            yield ServerSentEvent(data=payload, event="status")
-            last = payload
+        view = await _current_view(jobs, job.tenant, job.id)
+        if view is not seen:  # the shared view is a new object only when it was read again
+            seen, payload = view, view.model_dump(mode="json")
+            if payload != last:
+                yield ServerSentEvent(data=payload, event="status")
+                last = payload
         if view.state in FINAL_STATES:
             yield ServerSentEvent(data={"state": view.state}, event="end")
             return
