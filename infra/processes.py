@@ -82,6 +82,10 @@ class ServiceProcess:
     """Its stdout and stderr (appended to across restarts); empty when it writes to ours."""
     ports: dict[str, int] = field(default_factory=dict)
     log_offset: int = 0
+    boot_time: float = 0.0
+    """``psutil.boot_time()`` when ``create_time`` was read. Start times are compared as offsets from boot: a stepped
+    wall clock (NTP, a VM's clock sync) moves both psutil's boot time and its process start times, so a service
+    recorded 11 minutes earlier read 20 s "younger" on the development VM and its worker was started again."""
     """Where this start's output begins in ``log`` (after the line naming the command)."""
     stop_command: list[str] = field(default_factory=list)
     """When set, the service is stopped by running this command (e.g. ``pg_ctl stop``) before signalling."""
@@ -101,11 +105,14 @@ class ServiceProcess:
         """The live process this record describes, or None (dead, or its pid now belongs to another process)."""
         try:
             proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
+            if abs(_since_boot(proc) - self._since_boot()) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE:
                 return None
             return proc
         except psutil.Error:
             return None
+
+    def _since_boot(self) -> float:
+        return self.create_time - self.boot_time
 
     def alive(self) -> bool:
         return self.process() is not None
@@ -164,7 +171,7 @@ class ServiceProcess:
                 pass
         for proc in psutil.process_iter():
             try:
-                if os.getpgid(proc.pid) == self.pid and proc.create_time() >= self.create_time - 1.0:
+                if os.getpgid(proc.pid) == self.pid and _since_boot(proc) >= self._since_boot() - 1.0:
                     members.setdefault(proc.pid, proc)
             except (psutil.Error, OSError):
                 continue
@@ -236,6 +243,7 @@ def spawn(
         name=name,
         pid=popen.pid,
         create_time=create_time,
+        boot_time=psutil.boot_time(),
         url=url,
         log=str(log or ""),
         ports=dict(ports),
@@ -373,3 +381,8 @@ def _log_excerpt(service: ServiceProcess) -> str:
     if not service.log:
         return "Its output went to the terminal."
     return f"Last lines of {service.log}:\n{log_tail(Path(service.log))}"
+
+
+def _since_boot(proc: psutil.Process) -> float:
+    """When ``proc`` started, in seconds after boot (see ``ServiceProcess.boot_time``)."""
+    return proc.create_time() - psutil.boot_time()

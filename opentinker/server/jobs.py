@@ -37,6 +37,8 @@ SERVER_FIELDS = {
     "resume": "every attempt resumes from the job's last checkpoint; use POST /v1/jobs/{id}/resume",
 }
 RETRY_AFTER_S = 30
+HANDOFF_WAIT_S = 2.0
+HANDOFF_RETRY_MAX_S = 30.0
 logger = logging.getLogger("opentinker.server")
 VIEW_TTL_S = 0.2
 POOL_TTL_S = 2.0
@@ -76,7 +78,10 @@ class JobService:
         self._submit_lock = threading.Lock()
         self._pool_seen: tuple[float, tuple[int, int | None]] = (0.0, (0, None))
         self._views: dict[tuple[str, str], tuple[float, JobOut]] = {}
-        self._handoff: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._handoff: queue.SimpleQueue[tuple[Job, threading.Event]] = queue.SimpleQueue()
+        with store.session() as session:  # stored by a server that stopped before handing them off
+            for job in session.scalars(sa.select(Job).where(Job.state == "QUEUED", Job.flow_run_id.is_(None))):
+                self._handoff.put((job, threading.Event()))
         threading.Thread(target=self._hand_off_loop, name="job-handoff", daemon=True).start()
 
     # -- submit -------------------------------------------------------------------------------------------------
@@ -111,8 +116,7 @@ class JobService:
                 upload_id=upload.id if upload else None,
             )
             session.add(job)
-        self._handoff.put(job)
-        return job, True
+        return self._hand_off(job), True
 
     def _by_idempotency_key(self, tenant: str, key: str | None, session=None) -> Job | None:
         if key is None:
@@ -189,17 +193,36 @@ class JobService:
                 f"max_queued_jobs: the tenant has {queued} jobs queued, its limit is {quotas.max_queued_jobs}"
             )
 
+    def _hand_off(self, job: Job) -> Job:
+        """Queue the stored job's flow run and wait for it at most ``HANDOFF_WAIT_S``: the job is durable already,
+        and Prefect's answer can take tens of seconds while its SQLite is busy (30 s measured in a 200-job burst),
+        which must not hold the client. Normally the answer carries the flow run (and the job is in Prefect's queue
+        by the time the client learns its id)."""
+        made = threading.Event()
+        self._handoff.put((job, made))
+        made.wait(HANDOFF_WAIT_S)
+        return job
+
     def _hand_off_loop(self) -> None:
-        """Make the flow runs of stored jobs, in the order they were stored. A submit answers once its job is stored
-        (durable, QUEUED): Prefect's answer can take seconds when its SQLite is busy with running jobs' writes (30 s
-        measured in a 200-job burst), and must not hold the client. A hand-off that fails, or a server that stops
-        first, leaves the job without a flow run: the sync loop's orphan pass makes it (idempotent per attempt)."""
+        """Make the flow runs of stored jobs, in the order they were stored; one that fails (Prefect unreachable or
+        overloaded) is tried again after a pause, before the next. Jobs a stopped server stored without a flow run
+        are queued here when the server starts; a flow run is idempotent per job and attempt, so several servers
+        handing off the same job make one."""
         while True:
-            job = self._handoff.get()
-            try:
-                enqueue(self.store, self.orchestrator, job)
-            except Exception:
-                logger.exception("job %s: no flow run yet; the sync loop retries", job.id)
+            job, made = self._handoff.get()
+            pause = 1.0
+            while not self._hand_off_one(job):
+                time.sleep(pause)
+                pause = min(2 * pause, HANDOFF_RETRY_MAX_S)
+            made.set()
+
+    def _hand_off_one(self, job: Job) -> bool:
+        try:
+            enqueue(self.store, self.orchestrator, job)
+            return True
+        except Exception:
+            logger.exception("job %s: Prefect did not take its flow run; trying again", job.id)
+            return False
 
     def apply_quotas(self, tenant: str) -> None:
         """Carry a changed running-jobs quota to the tenant's work queue."""
@@ -332,9 +355,7 @@ class JobService:
             row.state, row.attempts, row.queued_at = "QUEUED", row.attempts + 1, time.time()
             row.cancel_requested, row.ended_at, row.reason, row.phase = False, None, "resumed", ""
             row.flow_run_id = None
-        job = self.get(tenant, job_id)
-        self._handoff.put(job)
-        return job
+        return self._hand_off(self.get(tenant, job_id))
 
 
 def enqueue(store: Store, orchestrator: Orchestrator, job: Job) -> None:

@@ -27,9 +27,8 @@ from .schemas import FINAL_STATES
 
 MAX_ATTEMPTS = 3
 INTERVAL_S = 0.25
-ORPHAN_AFTER_S = 60.0
-"""A stored job without a flow run this long is handed to Prefect here (its server's hand-off, in submit order, takes
-longer only when Prefect is down or a burst of thousands is queued; a flow run is idempotent per attempt)."""
+GONE_GRACE_S = 5.0
+"""How long a running flow run's process must be gone before the server marks the run Crashed itself."""
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "CRASHED")
 """Prefect state types of a flow run that has stopped running."""
 logger = logging.getLogger("opentinker.server")
@@ -42,6 +41,7 @@ class JobSync:
         self.settings = settings
         self.interval_s = interval_s
         self._stop = threading.Event()
+        self._gone_since: dict[str, float] = {}
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -63,9 +63,6 @@ class JobSync:
     def run_once(self) -> None:
         with self.store.session() as session:
             jobs = list(session.scalars(sa.select(Job).where(Job.state.in_(("QUEUED", "RUNNING")))))
-        orphans = [job for job in jobs if job.flow_run_id is None and time.time() - job.queued_at > ORPHAN_AFTER_S]
-        for job in orphans:  # the server stopped before handing the job to Prefect, or Prefect refused it
-            self._enqueue_orphan(job)
         runs = self.orchestrator.flow_runs([job.flow_run_id for job in jobs if job.flow_run_id])
         followed = [(job, runs[job.flow_run_id]) for job in jobs if job.flow_run_id in runs]
         # Ends before starts: a job that ended and the one that took its slot, seen in one read, never show as
@@ -74,11 +71,6 @@ class JobSync:
         for job, run in followed:
             if run.state is not None:
                 self._follow(job, run)
-
-    def _enqueue_orphan(self, job: Job) -> None:
-        from .jobs import enqueue
-
-        enqueue(self.store, self.orchestrator, job)
 
     def _follow(self, job: Job, run: Any) -> None:
         state, name, message = run.state.type.value, run.state.name, run.state.message or ""
@@ -108,12 +100,20 @@ class JobSync:
         if changes and any(getattr(job, key) != value for key, value in changes.items()):
             self._apply(job, changes)
 
-    @staticmethod
-    def _process_gone(job: Job, run: Any) -> bool:
-        """Whether the run's process was started on this host and no longer exists (its worker died with it)."""
+    def _process_gone(self, job: Job, run: Any) -> bool:
+        """Whether the run's process was started on this host and has been gone for ``GONE_GRACE_S`` (its worker
+        died with it). A live worker reports its own run Crashed within a second; marking it here as well, at the
+        same moment, made a late second report crash the re-queued attempt again (3 attempts for one kill)."""
         if job.launch_host != socket.gethostname() or not (run.infrastructure_pid or "").isdigit():
             return False
-        return not psutil.pid_exists(int(run.infrastructure_pid))
+        if psutil.pid_exists(int(run.infrastructure_pid)):
+            self._gone_since.pop(job.flow_run_id, None)
+            return False
+        first_seen = self._gone_since.setdefault(job.flow_run_id, time.monotonic())
+        if time.monotonic() - first_seen < GONE_GRACE_S:
+            return False
+        del self._gone_since[job.flow_run_id]
+        return True
 
     def _after_crash(self, job: Job, message: str) -> dict[str, Any]:
         if job.cancel_requested:
