@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -14,7 +15,7 @@ import pytest
 
 from opentinker.federated import deploy
 from opentinker.infra.files import atomic_write
-from opentinker.infra.processes import ServiceError, ServiceProcess, start
+from opentinker.infra.processes import ServiceError, ServiceProcess, spawn, start
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -35,6 +36,21 @@ def test_federation_down_spares_a_stranger_holding_a_recorded_pid(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_a_stepped_wall_clock_leaves_a_live_service_alive_and_a_recycled_pid_dead(tmp_path):
+    """Start times are compared as offsets from boot: a clock step moves psutil's start times and boot time alike (a
+    20 s step on the development VM made `server up` think its worker dead and start two more)."""
+    service = spawn("sleeper", SLEEPER, tmp_path / "sleeper.log", url="", ports={})
+    try:
+        stepped = dataclasses.replace(
+            service, create_time=service.create_time + 20, boot_time=service.boot_time + 20, popen=None
+        )
+        assert ServiceProcess.from_dict(stepped.to_dict()).alive()
+        recycled = dataclasses.replace(service, create_time=service.create_time - 20, popen=None)
+        assert not recycled.alive()
+    finally:
+        service.stop()
 
 
 def test_stop_ends_the_whole_group_even_when_a_member_ignores_sigterm(tmp_path):
