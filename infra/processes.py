@@ -82,11 +82,11 @@ class ServiceProcess:
     """Its stdout and stderr (appended to across restarts); empty when it writes to ours."""
     ports: dict[str, int] = field(default_factory=dict)
     log_offset: int = 0
+    """Where this start's output begins in ``log`` (after the line naming the command)."""
     boot_time: float = 0.0
     """``psutil.boot_time()`` when ``create_time`` was read. Start times are compared as offsets from boot: a stepped
     wall clock (NTP, a VM's clock sync) moves both psutil's boot time and its process start times, so a service
     recorded 11 minutes earlier read 20 s "younger" on the development VM and its worker was started again."""
-    """Where this start's output begins in ``log`` (after the line naming the command)."""
     stop_command: list[str] = field(default_factory=list)
     """When set, the service is stopped by running this command (e.g. ``pg_ctl stop``) before signalling."""
     stop_timeout: float = 30.0

@@ -197,7 +197,7 @@ class JobService:
     def _hand_off(self, job: Job) -> Job:
         """Queue the stored job's flow run and wait for it, at most ``HANDOFF_WAIT_S``. Waiting keeps priorities:
         Prefect orders a tenant's runs only among those that exist, and a 2 s bound let a burst's hand-offs lag
-        behind its submits (Prefect on SQLite took ~2.5 s per flow run with two jobs writing), so 353 pairs of a
+        behind its submits (Prefect on SQLite took ~4.4 s per flow run with two jobs writing), so 353 pairs of a
         tenant's jobs started lower priority first in the 200-job bench. Past the bound (Prefect down or stalled)
         the answer carries the job without its flow run: it is stored and will be handed off."""
         made = threading.Event()
