@@ -151,9 +151,20 @@ def test_a_killed_job_process_resumes_from_its_checkpoint_with_the_same_weights(
     job = final["process_killed"]
     assert job["state"] == "SUCCEEDED", job
     assert job["attempts"] == 2, job  # re-queued once after the crash, resumed from its last checkpoint
+    assert _flow_run_states(server, job["id"]) == ["CRASHED", "COMPLETED"]  # each attempt its own flow run
     reference = _weights(server, key, final["reference"]["id"])
     resumed = _weights(server, key, job["id"])
     assert all(np.array_equal(reference[name], resumed[name]) for name in reference)
+
+
+def _flow_run_states(server, job_id: str) -> list[str]:
+    """The Prefect states of the job's flow runs, oldest first (read from the server's Prefect API)."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+
+    with SyncPrefectClient(f"{server.prefect_url}/api") as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"job:{job_id}"])))
+    return [run.state.type.value for run in sorted(runs, key=lambda run: run.created)]
 
 
 def test_cancel_stops_the_ray_work_within_seconds_and_keeps_the_checkpoint(job_server):

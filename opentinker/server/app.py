@@ -80,7 +80,8 @@ def _job_machinery(store: Store, settings: Settings):
         )
     orchestrator = Orchestrator(settings.prefect_api_url)
     orchestrator.setup(pool_limit=settings.server_pool_limit)
-    return JobService(store, orchestrator, EnvCheck(settings), settings), JobSync(store, orchestrator, settings)
+    service = JobService(store, orchestrator, EnvCheck(settings), settings)
+    return service, JobSync(store, orchestrator, settings, hand_off=service.hand_off_later)
 
 
 async def _one_line_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -82,7 +82,7 @@ class JobService:
         self._handoff: queue.SimpleQueue[tuple[Job, threading.Event]] = queue.SimpleQueue()
         with store.session() as session:  # stored by a server that stopped before handing them off
             for job in session.scalars(sa.select(Job).where(Job.state == "QUEUED", Job.flow_run_id.is_(None))):
-                self._handoff.put((job, threading.Event()))
+                self.hand_off_later(job)
         threading.Thread(target=self._hand_off_loop, name="job-handoff", daemon=True).start()
 
     # -- submit -------------------------------------------------------------------------------------------------
@@ -204,6 +204,10 @@ class JobService:
         self._handoff.put((job, made))
         made.wait(HANDOFF_WAIT_S)
         return job
+
+    def hand_off_later(self, job: Job) -> None:
+        """Queue the stored job's flow run without waiting (a crashed job's next attempt)."""
+        self._handoff.put((job, threading.Event()))
 
     def _hand_off_loop(self) -> None:
         """Make the flow runs of stored jobs, in the order they were stored; one that fails (Prefect unreachable or

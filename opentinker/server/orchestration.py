@@ -169,12 +169,6 @@ class Orchestrator:
 
         self.client.set_flow_run_state(uuid.UUID(flow_run_id), Crashed(message=message), force=True)
 
-    def requeue(self, flow_run_id: str, message: str) -> None:
-        """Put a crashed run back in its queue (the worker that ran it died with it); it resumes from its checkpoint."""
-        from prefect.states import Scheduled
-
-        self.client.set_flow_run_state(uuid.UUID(flow_run_id), Scheduled(message=message), force=True)
-
     def logs(self, flow_run_id: str, offset: int, limit: int = 200) -> list[Any]:
         """The flow run's log lines (flow and task runs), oldest first."""
         from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId

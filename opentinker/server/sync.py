@@ -3,10 +3,10 @@
 Prefect state → job state: Scheduled → QUEUED (AwaitingRetry, a flow retry in progress, stays RUNNING); Pending (a
 worker took it, its process starts) and Running → RUNNING; Completed → SUCCEEDED, with the result read from the
 tenant's MLflow store; Failed → FAILED with Prefect's message; Cancelled → CANCELLED. Crashed (the flow-run process
-died: killed, out of memory, its worker gone; a run whose process on this host is gone is marked so at once) puts
-the run back in its queue, up to ``MAX_ATTEMPTS`` attempts of the job: the next one resumes from the last
-checkpoint. Every server process may run this loop; each change is a compare-and-set on the job's row, so two of
-them never apply the same change twice.
+died: killed, out of memory, its worker gone; a run whose process on this host is gone is marked so here) queues the
+job's next attempt as a new flow run, up to ``MAX_ATTEMPTS`` attempts: it resumes from the last checkpoint, and a late
+report about the crashed run cannot touch it. Every server process may run this loop; each change is a compare-and-set
+on the job's row, so two of them never apply the same change twice.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -35,10 +36,19 @@ logger = logging.getLogger("opentinker.server")
 
 
 class JobSync:
-    def __init__(self, store: Store, orchestrator: Orchestrator, settings, interval_s: float = INTERVAL_S):
+    def __init__(
+        self,
+        store: Store,
+        orchestrator: Orchestrator,
+        settings,
+        hand_off: Callable[[Job], None],
+        interval_s: float = INTERVAL_S,
+    ):
+        """``hand_off(job)``: have the flow run of the job's current attempt made (``JobService.hand_off_later``)."""
         self.store = store
         self.orchestrator = orchestrator
         self.settings = settings
+        self.hand_off = hand_off
         self.interval_s = interval_s
         self._stop = threading.Event()
         self._gone_since: dict[str, float] = {}
@@ -102,8 +112,7 @@ class JobSync:
 
     def _process_gone(self, job: Job, run: Any) -> bool:
         """Whether the run's process was started on this host and has been gone for ``GONE_GRACE_S`` (its worker
-        died with it). A live worker reports its own run Crashed within a second; marking it here as well, at the
-        same moment, made a late second report crash the re-queued attempt again (3 attempts for one kill)."""
+        died with it). A live worker reports its own run Crashed within a second: the grace leaves that to it."""
         if job.launch_host != socket.gethostname() or not (run.infrastructure_pid or "").isdigit():
             return False
         if psutil.pid_exists(int(run.infrastructure_pid)):
@@ -120,8 +129,10 @@ class JobSync:
             return {"state": "CANCELLED", "ended_at": time.time(), "reason": "cancelled"}
         if job.attempts >= MAX_ATTEMPTS:
             return {"state": "FAILED", "ended_at": time.time(), "reason": f"crashed {job.attempts} times: {message}"}
-        if self._apply(job, {"attempts": job.attempts + 1, "state": "QUEUED", "reason": f"re-queued: {message}"}):
-            self.orchestrator.requeue(job.flow_run_id, f"re-queued by the OpenTinker server after: {message}")
+        changes = {"attempts": job.attempts + 1, "state": "QUEUED", "reason": f"re-queued: {message}"}
+        if self._apply(job, {**changes, "flow_run_id": None, "phase": ""}):
+            with self.store.session() as session:
+                self.hand_off(session.get(Job, job.id))
         return {}
 
     def _apply(self, job: Job, changes: dict[str, Any]) -> bool:
