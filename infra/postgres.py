@@ -1,4 +1,5 @@
-"""PostgreSQL on loopback as MLflow's backend store: Debian's server binaries, our own data dir, our own port.
+"""PostgreSQL on loopback as MLflow's (or the embedded Prefect's) backend store: Debian's server binaries, our own
+data dir, our own port.
 
 PostgreSQL refuses to run as root; when we are root the server runs as the ``postgres`` system user
 (``setpriv`` execs in place, so the recorded pid is the postmaster itself) and, if that user cannot reach
@@ -147,12 +148,11 @@ def start_postgres(directory: Path, log: Path, timeout: float = 180.0) -> tuple[
         "-c",
         "fsync=on",
     ]
-    base_uri = f"postgresql://{USER}:{password}@127.0.0.1:{port}"
     service = start(
         "postgres",
         cmd,
         log,
-        ready=lambda: _can_connect(f"{base_uri}/postgres"),
+        ready=lambda: _can_connect(f"postgresql://{USER}:{password}@127.0.0.1:{port}/postgres"),
         what=f"a connection on port {port}",
         timeout=timeout,
         url=f"postgresql://{USER}@127.0.0.1:{port}/{DATABASE}",
@@ -160,11 +160,19 @@ def start_postgres(directory: Path, log: Path, timeout: float = 180.0) -> tuple[
         stop_command=[*_run_as(), str(bindir / "pg_ctl"), "stop", "-D", str(pgdata), "-m", "fast", "-w"],
     )
     try:
-        _ensure_database(f"{base_uri}/postgres", DATABASE)
+        return service, database_url(directory, service, DATABASE)
     except BaseException:
         service.stop()
         raise
-    return service, f"{base_uri.replace('postgresql://', 'postgresql+psycopg2://', 1)}/{DATABASE}"
+
+
+def database_url(directory: Path, service: ServiceProcess, database: str, driver: str = "psycopg2") -> str:
+    """SQLAlchemy URL of ``database`` (created if missing) on the server ``start_postgres(directory, ...)`` runs
+    (or ran: an adopted one); ``driver`` psycopg2, or asyncpg for async clients such as Prefect's server."""
+    password = _password(directory.resolve())
+    base = f"{USER}:{password}@127.0.0.1:{service.ports['tcp']}"
+    _ensure_database(f"postgresql://{base}/postgres", database)
+    return f"postgresql+{driver}://{base}/{database}"
 
 
 def _can_connect(uri: str) -> bool:

@@ -84,6 +84,12 @@ class Settings(BaseSettings):
         description="CPU niceness of the jobs a server's worker starts: training takes every idle cycle, while the "
         "API, Prefect and the worker, at normal priority, answer at once; 0 runs jobs at the server's priority.",
     )
+    server_prefect_database: Literal["sqlite", "postgres"] = Field(
+        "sqlite",
+        description="Database of the Prefect server `opentinker server up` starts: 'sqlite' (a file), or 'postgres' "
+        "(Debian's PostgreSQL on loopback, started and adopted with it): a burst of jobs waits far less for its flow "
+        "runs. Ignored when `prefect_api_url` names a Prefect server of your own.",
+    )
     tinker_base_models: list[str] = Field(
         ["smollm2"],
         description="Base models the server's Tinker API (/api/v1) trains and samples: 'smollm2' (the bundled "

@@ -3,8 +3,6 @@ needs a key, keys are hashed at rest and revocable, another tenant's ids answer 
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -164,8 +162,7 @@ def test_keys_and_tenants_survive_a_killed_server(api_server):
     admin = api_server.headers(api_server.admin_key)
     gone_id = gone.removeprefix("tml-").split("_")[0]
     assert httpx.delete(f"{api_server.url}/v1/keys/{gone_id}", headers=admin).status_code == 200
-    os.killpg(api_server.service.pid, signal.SIGKILL)
-    api_server.service.stop()
+    api_server.kill()
     api_server.restart()
     assert httpx.get(f"{api_server.url}/v1/whoami", headers={"X-API-Key": key}).json()["tenant"] == "survivor"
     assert httpx.get(f"{api_server.url}/v1/whoami", headers={"X-API-Key": gone}).status_code == 401
@@ -199,8 +196,7 @@ def test_postgresql_by_configuration_keeps_keys_and_tenants_across_a_killed_serv
                 cursor.execute("SELECT max_queued_jobs FROM tenants WHERE name = 'pg-tenant'")
                 assert cursor.fetchone() == (7,)
             assert stored.startswith("scrypt$") and key.split("_", 1)[1] not in stored
-            os.killpg(server.service.pid, signal.SIGKILL)
-            server.service.stop()
+            server.kill()
             server.restart()
             assert httpx.get(f"{server.url}/v1/whoami", headers={"X-API-Key": key}).json()["tenant"] == "pg-tenant"
             own = httpx.get(f"{server.url}/v1/tenants/pg-tenant", headers={"X-API-Key": key}).json()

@@ -10,6 +10,7 @@ import datetime
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.table import Table
 
@@ -44,9 +45,21 @@ def up(
     worker: Annotated[
         bool, typer.Option(help="Also run a worker here (--no-worker: `opentinker server worker` runs elsewhere).")
     ] = True,
+    prefect_database: Annotated[
+        str | None,
+        typer.Option(
+            click_type=click.Choice(["sqlite", "postgres"]),
+            help="The embedded Prefect's database (default: the server_prefect_database setting, sqlite).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the API until interrupted; with nothing configured, on the local stack (SQLite, local Prefect)."""
+    from opentinker.infra.settings import get_settings
     from opentinker.server.launcher import serve
+
+    settings = get_settings()
+    if prefect_database is not None:
+        settings = settings.model_copy(update={"server_prefect_database": prefect_database})
 
     def ready(url: str, prefect_url: str) -> None:
         console.print(f"OpenTinker server on {url}", highlight=False)
@@ -54,7 +67,7 @@ def up(
             console.print(f"Prefect UI (jobs as flow runs, one work queue per tenant): {prefect_url}", highlight=False)
         console.print("Make a key: opentinker server keys create --tenant NAME", highlight=False)
 
-    serve(host, port, jobs=jobs, worker=worker, on_ready=ready)
+    serve(host, port, jobs=jobs, worker=worker, on_ready=ready, settings=settings)
 
 
 @app.command()

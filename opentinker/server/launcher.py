@@ -6,7 +6,8 @@ With nothing configured ``up`` starts what the jobs need on this machine: a Pref
 was running keeps running), and ``down`` stops them. The worker gets a key with the ``worker`` scope, kept in
 ``<data_dir>/server/worker.key`` (mode 0600), and an environment with nothing of the server's but Prefect's URL.
 The same code runs against a Prefect server with workers on many machines (``opentinker server worker``),
-PostgreSQL (``server_database_url``) and a Ray cluster (``ray_address``), configured instead of started.
+PostgreSQL (``server_database_url``) and a Ray cluster (``ray_address``), configured instead of started; with
+``server_prefect_database = postgres`` the embedded Prefect keeps its state in an embedded PostgreSQL.
 """
 
 from __future__ import annotations
@@ -34,20 +35,28 @@ def server_dir(settings: Settings) -> Path:
 
 
 def serve(
-    host: str, port: int, jobs: bool = True, worker: bool = True, on_ready: Callable[[str, str], None] | None = None
+    host: str,
+    port: int,
+    jobs: bool = True,
+    worker: bool = True,
+    on_ready: Callable[[str, str], None] | None = None,
+    settings: Settings | None = None,
 ) -> None:
     """Serve the API on ``host:port`` until interrupted; with ``jobs`` also the embedded Prefect server and worker
     (started, or adopted when a killed ``up`` left them running), stopped again when the API stops.
-    ``on_ready(url, prefect_url)`` once it answers."""
+    ``on_ready(url, prefect_url)`` once it answers; ``settings`` default ``get_settings()``."""
     import uvicorn
 
     from .app import create_app
 
-    settings = get_settings()
+    settings = settings or get_settings()
     url = f"http://{host}:{port}"
     services = _Services(server_dir(settings))
     if jobs and not settings.prefect_api_url:
-        prefect = services.ensure("prefect", lambda log: _start_prefect(server_dir(settings), log))
+        prefect_settings = dict(PREFECT_SETTINGS)
+        if settings.server_prefect_database == "postgres":
+            prefect_settings["PREFECT_API_DATABASE_CONNECTION_URL"] = _postgres(services, server_dir(settings))
+        prefect = services.ensure("prefect", lambda log: _start_prefect(server_dir(settings), log, prefect_settings))
         capacity = settings.server_pool_limit or embedded_pool_limit()
         settings = settings.model_copy(update={"prefect_api_url": f"{prefect.url}/api", "server_pool_limit": capacity})
     app = create_app(settings, jobs=jobs)
@@ -121,8 +130,9 @@ def start_server(
 
 
 PREFECT_SETTINGS = {"PREFECT_SERVER_DATABASE_TIMEOUT": "60", "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "30"}
-"""The embedded Prefect server keeps SQLite: several jobs' logs and states at once make it wait for its write lock,
-which by default fails after 10 s (and a worker whose polls keep failing exits). Use PostgreSQL to scale out."""
+"""On SQLite several jobs' logs and states at once make the embedded Prefect wait for its write lock, which by
+default fails after 10 s (and a worker whose polls keep failing exits); ``server_prefect_database = postgres`` has
+no such lock."""
 
 
 def embedded_pool_limit() -> int:
@@ -132,10 +142,18 @@ def embedded_pool_limit() -> int:
     return os.cpu_count() or 1
 
 
-def _start_prefect(root: Path, log: Path) -> ServiceProcess:
+def _start_prefect(root: Path, log: Path, settings: dict[str, str]) -> ServiceProcess:
     from opentinker.infra.services import start_prefect
 
-    return start_prefect(root / "prefect", log, ui=True, settings=PREFECT_SETTINGS)
+    return start_prefect(root / "prefect", log, ui=True, settings=settings)
+
+
+def _postgres(services: _Services, root: Path) -> str:
+    """The embedded PostgreSQL (started, or adopted) and the URL of its ``prefect`` database for Prefect's server."""
+    from opentinker.infra.postgres import database_url, start_postgres
+
+    postgres = services.ensure("postgres", lambda log: start_postgres(root / "postgres", log)[0])
+    return database_url(root / "postgres", postgres, "prefect", driver="asyncpg")
 
 
 def _worker_key(settings: Settings) -> Path:
@@ -195,8 +213,9 @@ class _Services:
         return service
 
     def stop_all(self) -> list[str]:
+        """Stop the services, the last started first (the worker before Prefect, Prefect before its database)."""
         stopped = []
-        for name, recorded in self._read().items():
+        for name, recorded in reversed(self._read().items()):
             service = ServiceProcess.from_dict(recorded)
             if service.alive():
                 service.stop()
