@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/service.py
 
-Starts its own `opentinker server up` (fresh data dir: SQLite, its own Prefect server, one sandboxed worker) and
-measures four things; the last line is JSON.
+Starts its own `opentinker server up` (fresh data dir: SQLite, its own Prefect server — on SQLite, or with
+``--prefect-database postgres`` on an embedded PostgreSQL —, one sandboxed worker) and measures four things; the last
+line is JSON.
 
 (a) ``ratio = api_s / local_s``: the same CartPole job (``--steps``, the CLI's preset) through the API (submit →
     SUCCEEDED, the model registered) and through ``opentinker train`` run the way a user runs it on the same
@@ -56,11 +57,16 @@ INVERSION_MARGIN_S = 1.0
 class Bench:
     """One server for the whole bench, its admin side (keys, quotas) and small HTTP helpers."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, prefect_database: str):
         from opentinker.server.launcher import start_server
 
         self.root = root
-        self.env = {**os.environ, "OPENTINKER_DATA_DIR": str(root / "data"), "PYTHONWARNINGS": "ignore"}
+        self.env = {
+            **os.environ,
+            "OPENTINKER_DATA_DIR": str(root / "data"),
+            "OPENTINKER_SERVER_PREFECT_DATABASE": prefect_database,
+            "PYTHONWARNINGS": "ignore",
+        }
         self.service = start_server(root / "server.log", jobs=True, env=self.env, timeout=600)
         self.url = self.service.url
         self.http = httpx.Client(base_url=self.url, timeout=120)
@@ -322,10 +328,17 @@ def main() -> None:
     parser.add_argument("--small-steps", type=int, default=4096, help="(d) env steps of each small job")
     parser.add_argument("--parts", default="abcd", help="which of (a)-(d) to run, e.g. 'cd'")
     parser.add_argument("--keep", action="store_true", help="keep the server's data dir (its logs) and print it")
+    parser.add_argument(
+        "--prefect-database", choices=("sqlite", "postgres"), default="sqlite", help="the embedded Prefect's database"
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the server it started
-    bench = Bench(Path(tempfile.mkdtemp(prefix="opentinker-bench-service-")))
-    figures: dict = {"load_avg_1m_start": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+    bench = Bench(Path(tempfile.mkdtemp(prefix="opentinker-bench-service-")), args.prefect_database)
+    figures: dict = {
+        "load_avg_1m_start": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "prefect_database": args.prefect_database,
+    }
     parts = {
         "b": lambda: submit_to_running(bench, args.latency_jobs),
         "a": lambda: api_vs_local(bench, args.steps),
@@ -342,6 +355,9 @@ def main() -> None:
         if args.keep:
             print(f"kept: {bench.root}", file=sys.stderr)
         else:
+            from opentinker.infra.postgres import cluster_dir
+
+            shutil.rmtree(cluster_dir(bench.root / "data" / "server" / "postgres"), ignore_errors=True)
             shutil.rmtree(bench.root, ignore_errors=True)
     figures["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(figures))
