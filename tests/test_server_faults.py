@@ -98,15 +98,16 @@ def fault_jobs(job_server, tmp_path_factory):
          "--config", str(home / "spec.toml")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home,
     )  # fmt: skip
-    jobs = {"process_killed": _submit(server, key)}
     line = client.stdout.readline()
     assert "queued on" in line, line
-    jobs["reference"] = line.split()[1]
+    jobs = {"reference": line.split()[1]}
     wait_for_job(server, key, jobs["reference"], lambda s: s["state"] == "RUNNING")
     client.kill()  # the laptop goes away mid-job
     client.wait()
 
     # The flow-run process of one job dies (SIGKILL): Prefect reports it crashed, the server queues the job again.
+    # Submitted only now, so that nothing else is awaited while it trains: it cannot finish unobserved.
+    jobs["process_killed"] = _submit(server, key)
     wait_for_job(server, key, jobs["process_killed"], _training)
     engine = [p for p, command in _job_processes(jobs["process_killed"]).items() if "server.job_entry" in command]
     assert engine, "the job's process runs with its job id in its environment"
