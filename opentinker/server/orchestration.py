@@ -38,6 +38,8 @@ HEARTBEAT_S = 30
 HEARTBEAT_LOST_S = 90
 """A running flow run whose heartbeats stop this long is marked Crashed (``ZOMBIES``), then re-queued."""
 ZOMBIES = "opentinker: crash flow runs that lost their heartbeat"
+PREFECT_PAGE = 200
+"""The most objects Prefect's API answers in one read (``PREFECT_API_DEFAULT_LIMIT``; a larger ``limit`` is a 422)."""
 
 
 class Orchestrator:
@@ -146,12 +148,14 @@ class Orchestrator:
         """The flow runs with these ids (missing ones left out)."""
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-        if not ids:
-            return {}
-        found = self.client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(i) for i in ids])), limit=len(ids)
-        )
-        return {str(run.id): run for run in found}
+        found = {}
+        for start in range(0, len(ids), PREFECT_PAGE):
+            page = [uuid.UUID(i) for i in ids[start : start + PREFECT_PAGE]]
+            runs = self.client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=page)), limit=len(page)
+            )
+            found.update((str(run.id), run) for run in runs)
+        return found
 
     def cancel(self, flow_run_id: str) -> None:
         """Cancel a run: a scheduled one at once, a running one through its worker (which stops its process)."""

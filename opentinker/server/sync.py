@@ -73,10 +73,16 @@ class JobSync:
     def run_once(self) -> None:
         with self.store.session() as session:
             jobs = list(session.scalars(sa.select(Job).where(Job.state.in_(("QUEUED", "RUNNING")))))
-        runs = self.orchestrator.flow_runs([job.flow_run_id for job in jobs if job.flow_run_id])
+        # Queued jobs' runs are read before running jobs' runs (the reads may take several pages): a run seen
+        # started took a slot that the later read already shows ended. Ends are then applied before starts, so a
+        # job that ended and the one that took its slot never show as running together (an ended job's result
+        # read from MLflow takes a moment).
+        runs = {}
+        for state in ("QUEUED", "RUNNING"):
+            runs |= self.orchestrator.flow_runs(
+                [job.flow_run_id for job in jobs if job.flow_run_id and job.state == state]
+            )
         followed = [(job, runs[job.flow_run_id]) for job in jobs if job.flow_run_id in runs]
-        # Ends before starts: a job that ended and the one that took its slot, seen in one read, never show as
-        # running together (an ended job's result read from MLflow takes a moment).
         followed.sort(key=lambda pair: pair[1].state is None or pair[1].state.type.value not in ENDED)
         for job, run in followed:
             if run.state is not None:

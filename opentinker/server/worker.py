@@ -59,6 +59,32 @@ class SandboxWorker(ProcessWorker):
             (self.runtime / "proxy").mkdir(mode=0o755)
             self._proxy = JobProxy(self.runtime / "proxy" / "api.sock", os.environ["PREFECT_API_URL"], self.server_url)
             self._proxy.start()
+        self._taken: set = set()
+        """Runs handed to this worker that have not left Scheduled yet (their Pending not yet proposed)."""
+
+    async def get_and_submit_flow_runs(self):
+        """Poll only once every run taken at earlier polls has left Scheduled. Prefect counts a queue's and the
+        pool's Pending and Running runs against their limits, so a poll while a taken run is still Scheduled is
+        handed its slot a second time: a higher-priority run submitted in between started as well (3 running jobs
+        for a tenant limit of 2 in ``bench/service.py`` (d) on PostgreSQL)."""
+        if self._taken:
+            return []
+        before = set(self._submitting_flow_run_ids)
+        runs = await super().get_and_submit_flow_runs()
+        self._taken |= self._submitting_flow_run_ids - before
+        return runs
+
+    async def _propose_pending_state(self, flow_run) -> bool:
+        try:
+            return await super()._propose_pending_state(flow_run)
+        finally:
+            self._taken.discard(flow_run.id)
+
+    async def _submit_run(self, flow_run) -> None:
+        try:
+            await super()._submit_run(flow_run)
+        finally:  # a run dropped before its Pending (its deployment gone) frees the polls too
+            self._taken.discard(flow_run.id)
 
     def _launch(self, flow_run_id: str) -> LaunchInfo:
         answer = httpx.post(

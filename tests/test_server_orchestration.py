@@ -1,0 +1,107 @@
+"""The server's side of Prefect against a real Prefect server: the job sync reads any number of flow runs (Prefect
+answers at most 200 per read), and a queue's concurrency limit holds even when a run the worker took has not yet left
+Scheduled and a higher-priority run arrives in that moment (Prefect counts only Pending and Running runs against the
+limit, so a poll then would be handed the same slot again)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from opentinker.server.orchestration import POOL, PREFECT_PAGE, Orchestrator
+from opentinker.server.worker import SandboxWorker
+
+pytestmark = pytest.mark.slow
+
+TENANT = "worker-limit"
+SPEC = {"env_id": "CartPole-v1", "steps": 1024}
+
+
+class HeldWorker(SandboxWorker):
+    """The server's worker with two holds, to pin the moment under test: a taken run's Pending waits for
+    ``release``; a started run holds its slot (no process) until ``done``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.release, self.done = asyncio.Event(), asyncio.Event()
+
+    async def _propose_pending_state(self, flow_run) -> bool:
+        await self.release.wait()
+        return await super()._propose_pending_state(flow_run)
+
+    async def run(self, flow_run, configuration, task_status=None):
+        from prefect.workers.process import ProcessWorkerResult
+
+        if task_status is not None:
+            task_status.started(0)
+        await self.done.wait()
+        return ProcessWorkerResult(identifier="0", status_code=0)
+
+
+@pytest.fixture
+def orchestrator(prefect_server):
+    orchestrator = Orchestrator(prefect_server)
+    orchestrator.setup()
+    try:
+        yield orchestrator
+    finally:
+        orchestrator.close()
+
+
+def test_the_sync_reads_more_flow_runs_than_one_prefect_page(orchestrator, monkeypatch):
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    with pytest.raises(PrefectHTTPStatusError, match="422"):  # the page is Prefect's own limit
+        orchestrator.client.read_flow_runs(limit=PREFECT_PAGE + 1)
+    monkeypatch.setattr("opentinker.server.orchestration.PREFECT_PAGE", 2)
+    orchestrator.ensure_queue("many", 0)  # nothing of it starts
+    ids = [orchestrator.submit(f"job-{n}", 1, "many", SPEC, 0, time.time()) for n in range(5)]
+    read, limits = orchestrator.client.read_flow_runs, []
+    monkeypatch.setattr(orchestrator.client, "read_flow_runs", lambda **kw: limits.append(kw["limit"]) or read(**kw))
+    runs = orchestrator.flow_runs([*ids, str(uuid.uuid4())])
+    assert limits == [2, 2, 2]
+    assert sorted(runs) == sorted(ids)  # the unknown id left out
+    assert {run.state.type.value for run in runs.values()} == {"SCHEDULED"}
+
+
+def test_a_run_taken_but_not_yet_pending_keeps_its_slot_from_a_later_higher_priority_run(
+    prefect_server, orchestrator, monkeypatch
+):
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    orchestrator.ensure_queue(TENANT, 1)
+
+    def state(run_id: str) -> str:
+        return orchestrator.client.read_flow_run(uuid.UUID(run_id)).state.type.value
+
+    async def scenario() -> tuple[list[str], list[str], list[str], str]:
+        worker = HeldWorker(work_pool_name=POOL, server_url="http://127.0.0.1:9", worker_key="unused")
+        async with worker:
+            low = orchestrator.submit("job-low", 1, TENANT, SPEC, priority=0, submitted_at=time.time())
+            first = [str(run.id) for run in await worker.get_and_submit_flow_runs()]
+            assert first == [low] and state(low) == "SCHEDULED"  # taken; its Pending not proposed yet
+            high = orchestrator.submit("job-high", 1, TENANT, SPEC, priority=5, submitted_at=time.time())
+            second = [str(run.id) for run in await worker.get_and_submit_flow_runs()]
+            worker.release.set()
+            for _ in range(100):
+                if state(low) == "PENDING":
+                    break
+                await asyncio.sleep(0.1)
+            third = [str(run.id) for run in await worker.get_and_submit_flow_runs()]
+            states = [state(low), state(high)]
+            worker.done.set()
+        for run_id in (low, high):
+            orchestrator.cancel(run_id)
+        return second, third, states, high
+
+    from prefect.logging.handlers import APILogHandler
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: prefect_server}):
+        second, third, states, high = asyncio.run(scenario())
+        APILogHandler().flush()  # the worker's run logs, to this server
+    assert high not in second, "a poll while the taken run is still Scheduled is handed its slot again"
+    assert high not in third, "the limit of 1 is taken by the first run, now Pending"
+    assert states == ["PENDING", "SCHEDULED"]
