@@ -122,9 +122,8 @@ def fault_jobs(job_server, tmp_path_factory):
     jobs["server_killed"] = _submit(server, key)
     wait_for_job(server, key, jobs["server_killed"], _training)
     worker = json.loads((server.data_dir / "server" / "services.json").read_text())["worker"]["pid"]
-    for group in (server.service.pid, worker):
-        os.killpg(group, signal.SIGKILL)
-    server.service.stop()
+    os.killpg(worker, signal.SIGKILL)
+    server.kill()
     assert not _job_processes(jobs["server_killed"])
     server.restart()
     final["server_killed"] = wait_for_job(server, key, jobs["server_killed"], lambda s: s["state"] in FINAL)
