@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import httpx
 from prefect.workers.process import ProcessWorker
@@ -59,7 +60,7 @@ class SandboxWorker(ProcessWorker):
             (self.runtime / "proxy").mkdir(mode=0o755)
             self._proxy = JobProxy(self.runtime / "proxy" / "api.sock", os.environ["PREFECT_API_URL"], self.server_url)
             self._proxy.start()
-        self._taken: set = set()
+        self._taken: set[UUID] = set()
         """Runs handed to this worker that have not left Scheduled yet (their Pending not yet proposed)."""
 
     async def get_and_submit_flow_runs(self):
@@ -67,6 +68,7 @@ class SandboxWorker(ProcessWorker):
         pool's Pending and Running runs against their limits, so a poll while a taken run is still Scheduled is
         handed its slot a second time: a higher-priority run submitted in between started as well (3 running jobs
         for a tenant limit of 2 in ``bench/service.py`` (d) on PostgreSQL)."""
+        self._taken &= self._submitting_flow_run_ids  # a submission that ended before its Pending holds nothing
         if self._taken:
             return []
         before = set(self._submitting_flow_run_ids)
@@ -78,12 +80,6 @@ class SandboxWorker(ProcessWorker):
         try:
             return await super()._propose_pending_state(flow_run)
         finally:
-            self._taken.discard(flow_run.id)
-
-    async def _submit_run(self, flow_run) -> None:
-        try:
-            await super()._submit_run(flow_run)
-        finally:  # a run dropped before its Pending (its deployment gone) frees the polls too
             self._taken.discard(flow_run.id)
 
     def _launch(self, flow_run_id: str) -> LaunchInfo:
