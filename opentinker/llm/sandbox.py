@@ -36,6 +36,7 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
+from opentinker.infra.bwrap import SandboxUnavailable, bwrap_path, pipe_with, probe, seccomp_program
 from opentinker.infra.settings import get_settings
 
 _BOOTSTRAP = Path(__file__).with_name("_sandbox_boot.py")
@@ -45,49 +46,6 @@ _SITE = "/site-packages"
 _WORKDIR = "/tmp"
 _UID = 65534  # nobody
 _SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/lib", "/lib64", "/lib32", "/usr/lib32")
-_DENIED_SYSCALLS = (
-    "mount",
-    "umount2",
-    "pivot_root",
-    "chroot",
-    "unshare",
-    "setns",
-    "fsopen",
-    "fsconfig",
-    "fsmount",
-    "fspick",
-    "move_mount",
-    "open_tree",
-    "mount_setattr",
-    "ptrace",
-    "process_vm_readv",
-    "process_vm_writev",
-    "kcmp",
-    "keyctl",
-    "add_key",
-    "request_key",
-    "bpf",
-    "perf_event_open",
-    "userfaultfd",
-    "io_uring_setup",
-    "io_uring_enter",
-    "io_uring_register",
-    "open_by_handle_at",
-    "name_to_handle_at",
-    "personality",
-    "syslog",
-    "init_module",
-    "finit_module",
-    "delete_module",
-    "kexec_load",
-    "kexec_file_load",
-    "acct",
-    "swapon",
-    "swapoff",
-    "reboot",
-    "quotactl",
-    "lookup_dcookie",
-)
 _ENV = {
     "HOME": _WORKDIR,
     "LANG": "C.UTF-8",
@@ -95,10 +53,6 @@ _ENV = {
     "OPENBLAS_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
-
-
-class SandboxUnavailable(RuntimeError):
-    """The OS isolation cannot be set up here; no code was run."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +121,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     bwrap = bwrap_path()
-    probe(bwrap)
+    probe([*_layout(), "--", _interpreter(), "-I", "-S", "-c", "pass"])
     bpf, pids_root = seccomp_program(), _pids_cgroup()
     cgroup = pids_root / f"opentinker-sandbox-{uuid.uuid4().hex}" if pids_root else None
     info_r, info_w = os.pipe()
@@ -356,46 +310,6 @@ def _boot_source() -> str:
     return _BOOTSTRAP.read_text()
 
 
-def bwrap_path() -> str:
-    exe = shutil.which("bwrap")
-    if exe is None:
-        raise SandboxUnavailable(
-            "bubblewrap (bwrap) is not installed, so untrusted code cannot be isolated: install "
-            "the Debian package 'bubblewrap' (./install.sh does), or set OPENTINKER_SANDBOX=none "
-            "to run code without OS isolation on a trusted machine"
-        )
-    return exe
-
-
-_PROBED: set[str] = set()
-
-
-def probe(bwrap: str) -> None:
-    """Start one empty sandbox, once per process: fail closed, naming what is missing, when the kernel refuses."""
-    if bwrap in _PROBED:
-        return
-    seccomp = pipe_with(seccomp_program())
-    try:
-        done = subprocess.run(
-            [bwrap, *_layout(), "--seccomp", str(seccomp), "--", _interpreter(), "-I", "-S", "-c", "pass"],
-            check=False,
-            capture_output=True,
-            text=True,
-            pass_fds=(seccomp,),
-            timeout=60,
-            env={},
-        )
-    finally:
-        os.close(seccomp)
-    if done.returncode != 0:
-        raise SandboxUnavailable(
-            f"bubblewrap could not create the sandbox ({done.stderr.strip() or done.returncode}):"
-            " user namespaces must be allowed (sysctl kernel.unprivileged_userns_clone=1, "
-            "user.max_user_namespaces > 0); or set OPENTINKER_SANDBOX=none on a trusted machine"
-        )
-    _PROBED.add(bwrap)
-
-
 @lru_cache(maxsize=1)
 def _layout() -> tuple[str, ...]:
     """bwrap's namespace, identity and read-only filesystem arguments (the same for every call)."""
@@ -443,33 +357,6 @@ def _layout() -> tuple[str, ...]:
 def _interpreter() -> str:
     """The real interpreter binary (a venv's python is a symlink to it): the sandbox runs it without the venv."""
     return os.path.realpath(sys.executable)
-
-
-@lru_cache(maxsize=1)
-def seccomp_program() -> bytes:
-    """The compiled seccomp program (allow by default; the calls above fail with EPERM)."""
-    try:
-        import pyseccomp
-    except (ImportError, OSError) as exc:
-        raise SandboxUnavailable(
-            f"libseccomp is not usable ({exc}): install the Debian package 'libseccomp2' (./install.sh does)"
-        ) from exc
-    rules = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    for name in _DENIED_SYSCALLS:
-        rules.add_rule(pyseccomp.ERRNO(errno.EPERM), name)
-    read, write = os.pipe()
-    with open(write, "wb") as out:
-        rules.export_bpf(out)
-    with open(read, "rb") as bpf:
-        return bpf.read()
-
-
-def pipe_with(data: bytes) -> int:
-    """A pipe's read end holding ``data`` (bwrap reads the seccomp program from an fd)."""
-    read, write = os.pipe()
-    os.write(write, data)
-    os.close(write)
-    return read
 
 
 def _signal_name(code: int) -> str:

@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from opentinker.flows.work_pool import SOURCE_ROOT
-from opentinker.llm.sandbox import SandboxUnavailable, bwrap_path, pipe_with, probe, seccomp_program
+from opentinker.infra.bwrap import SandboxUnavailable, bwrap_path, pipe_with, probe, seccomp_program
 
 UID = 65534
 SYSTEM_SYMLINKS = ("/lib", "/lib64", "/lib32", "/bin", "/sbin")
@@ -51,7 +51,11 @@ class Sandbox:
 
     def argv(self, command: Sequence[str], seccomp_fd: int = SECCOMP_FD) -> list[str]:
         """bwrap's command line running ``command`` inside (the seccomp program must be readable on ``seccomp_fd``)."""
-        args = [bwrap_path(), "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+        return [bwrap_path(), "--seccomp", str(seccomp_fd), *self.layout(command)]
+
+    def layout(self, command: Sequence[str]) -> list[str]:
+        """bwrap's arguments for this sandbox, then ``--`` and ``command``."""
+        args = ["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         args += ["--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session"]
         if not self.network:
             args.append("--unshare-net")
@@ -67,7 +71,7 @@ class Sandbox:
             args += ["--ro-bind", str(path), str(path)]
         for source, target in self.binds:
             args += ["--bind", str(source), str(target)]
-        args += ["--chdir", str(self.chdir), "--seccomp", str(seccomp_fd), "--", *command]
+        args += ["--chdir", str(self.chdir), "--", *command]
         return args
 
     def shell_command(self, command: Sequence[str], seccomp_file: Path) -> list[str]:
@@ -112,8 +116,8 @@ def write_seccomp_program(path: Path) -> Path:
 
 
 def check_available() -> None:
-    """Fail closed, naming what is missing, when bubblewrap cannot make a sandbox here."""
-    probe(bwrap_path())
+    """Fail closed, naming what is missing, when bubblewrap cannot make a job's sandbox here."""
+    probe(Sandbox(network=False).layout([sys.executable, "-I", "-S", "-c", "pass"]))
 
 
 @lru_cache(maxsize=1)
