@@ -22,7 +22,7 @@ KEYS = ("perf/rollout_efficiency", "perf/rollout_worker_share", "perf/gradient_d
 
 def measure(backend: str, parallel: int, steps: int) -> dict:
     from opentinker import PPOTrainer, RemoteEnv
-    from opentinker.agents.trainer import dashboard_remedies
+    from opentinker.tracking.remedies import dashboard_remedies
 
     env = RemoteEnv("CartPole-v1", parallel=parallel, backend=backend)
     try:

@@ -147,7 +147,7 @@ def _finish(
     import mlflow
 
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.trainer import dashboard_remedies
+    from opentinker.tracking.remedies import dashboard_remedies
 
     logger.flush()
     run_log().info("trained to env step %d in %.1f s (%d iterations)", global_step, train_seconds, len(logger.history))

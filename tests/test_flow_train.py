@@ -26,6 +26,7 @@ def test_train_flow_tracks_metrics_artifacts_and_registers(cartpole_run):
     assert run.info.status == "FINISHED"
     assert run.data.params["env_id"] == "CartPole-v1" and run.data.params["ppo.n_steps"] == "128"
     assert run.data.tags["prefect.flow_run_id"]
+    assert run.data.tags["opentinker.dashboard_remedies"]  # "none", or the remedy for each missed target
     for key in (
         "charts/episodic_return_mean",
         "charts/sps",
