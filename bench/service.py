@@ -48,6 +48,8 @@ POLL_S = 0.5
 """(c): each client asks for the job's status every half second (while its event stream stays open)."""
 QUIET_S = 10.0
 """(b): pause between timed submits, so the previous job's processes are gone and the worker is idle."""
+PROBE_S = 0.1
+"""(c): the probe's pause between its status requests."""
 CLIENTS_PER_PROCESS = 10
 """(c): clients sharing one load-generating process."""
 INVERSION_MARGIN_S = 1.0
@@ -192,12 +194,15 @@ def under_load(bench: Bench, clients: int, duration: float, steps: int) -> dict:
 
     alone, _ = training_sps(lambda job_id: time.sleep(duration))
     loaded, figures = training_sps(lambda job_id: _client_processes(bench.url, key, job_id, clients, duration))
-    latencies = sorted(figures["latencies"])
+    latencies, probe = sorted(figures["latencies"]), sorted(figures["probe_latencies"])
     return {
         "clients": clients,
         "status_requests": len(latencies),
         "status_p50_ms": round(1000 * latencies[len(latencies) // 2], 2) if latencies else None,
         "status_p99_ms": round(1000 * latencies[int(len(latencies) * 0.99)], 2) if latencies else None,
+        "probe_requests": len(probe),
+        "probe_p50_ms": round(1000 * probe[len(probe) // 2], 2) if probe else None,
+        "probe_p99_ms": round(1000 * probe[int(len(probe) * 0.99)], 2) if probe else None,
         "events_received": figures["events"],
         "errors": figures["errors"],
         "sps_alone": round(alone, 1),
@@ -211,13 +216,29 @@ def _client_processes(url: str, key: str, job_id: str, clients: int, duration: f
     loop serving fifty streams and pollers delays its own responses (p99 ~300 ms measured by the clients while a
     separate probe saw 19 ms), which would time the load generator, not the server."""
     groups = [min(CLIENTS_PER_PROCESS, clients - start) for start in range(0, clients, CLIENTS_PER_PROCESS)]
+    probe_latencies, stop = [], threading.Event()
+    probe = threading.Thread(target=_probe, args=(url, key, job_id, probe_latencies, stop))
     with multiprocessing.get_context("spawn").Pool(len(groups)) as pool:
+        probe.start()
         results = pool.starmap(_clients_in_process, [(url, key, job_id, n, duration) for n in groups])
+        stop.set()
+        probe.join()
     return {
+        "probe_latencies": probe_latencies,
         "latencies": [seconds for result in results for seconds in result["latencies"]],
         "events": sum(result["events"] for result in results),
         "errors": sum(result["errors"] for result in results),
     }
+
+
+def _probe(url: str, key: str, job_id: str, latencies: list[float], stop: threading.Event) -> None:
+    """One more client beside the load, one status request at a time (10 a second): what a user sees of the server
+    while the others load it, without the load generators' own queueing."""
+    with httpx.Client(base_url=url, headers=_auth(key), timeout=30) as http:
+        while not stop.wait(PROBE_S):
+            started = time.perf_counter()
+            http.get(f"/v1/jobs/{job_id}").raise_for_status()
+            latencies.append(time.perf_counter() - started)
 
 
 def _clients_in_process(url: str, key: str, job_id: str, clients: int, duration: float) -> dict:
@@ -225,21 +246,28 @@ def _clients_in_process(url: str, key: str, job_id: str, clients: int, duration:
 
 
 async def _clients(url: str, key: str, job_id: str, clients: int, duration: float) -> dict:
-    """``clients`` clients, each following the job's event stream and polling its status, for ``duration`` s."""
+    """``clients`` clients, each following the job's event stream and polling its status, for ``duration`` s.
+
+    aiohttp, not httpx: the load generators share the machine's cores with the server and the job, and aiohttp's
+    client spends a fraction of httpx's CPU per request, so less of the load measures the load generator."""
+    import aiohttp
+
     latencies: list[float] = []
     counts = {"events": 0, "errors": 0}
     deadline = time.monotonic() + duration
-    limits = httpx.Limits(max_connections=2 * clients, max_keepalive_connections=2 * clients)
-    async with httpx.AsyncClient(base_url=url, headers=_auth(key), timeout=30, limits=limits) as http:
+    connector = aiohttp.TCPConnector(limit=2 * clients)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=30)
+    async with aiohttp.ClientSession(url, headers=_auth(key), connector=connector, timeout=timeout) as http:
 
         async def follow() -> None:
             try:
-                async with http.stream("GET", f"/v1/jobs/{job_id}/events") as stream:
-                    async for line in stream.aiter_lines():
-                        counts["events"] += line.startswith("event:")
+                async with http.get(f"/v1/jobs/{job_id}/events") as stream:
+                    stream.raise_for_status()
+                    async for line in stream.content:
+                        counts["events"] += line.startswith(b"event:")
                         if time.monotonic() > deadline:
                             return
-            except httpx.HTTPError:
+            except aiohttp.ClientError:
                 counts["errors"] += 1
 
         async def poll() -> None:
@@ -247,10 +275,10 @@ async def _clients(url: str, key: str, job_id: str, clients: int, duration: floa
             while time.monotonic() < deadline:
                 started = time.perf_counter()
                 try:
-                    answer = await http.get(f"/v1/jobs/{job_id}")
-                    if answer.status_code != 200:
-                        counts["errors"] += 1
-                except httpx.HTTPError:
+                    async with http.get(f"/v1/jobs/{job_id}") as answer:
+                        await answer.read()
+                        counts["errors"] += answer.status != 200
+                except aiohttp.ClientError:
                     counts["errors"] += 1
                 latencies.append(time.perf_counter() - started)
                 await asyncio.sleep(POLL_S)
