@@ -184,12 +184,12 @@ def summary(case: Case, ours: list[dict], sb3: list[dict]) -> dict:
 
 
 def spread(values: list[float | None]) -> str:
+    """Median (a run that never reached the target ranks last, as in the time ratio) and the reached runs' range."""
     reached = [v for v in values if v is not None]
-    if not reached:
-        return "never"
-    text = f"{statistics.median(reached):g}"
+    median = statistics.median(math.inf if v is None else v for v in values)
+    text = "never" if median == math.inf else f"{median:g}"
     missed = len(values) - len(reached)
-    if len(values) > 1:
+    if len(values) > 1 and reached:
         text += f" ({min(reached):g}-{max(reached):g}{f', {missed} never' if missed else ''})"
     return text
 

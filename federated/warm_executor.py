@@ -34,8 +34,12 @@ TASK_POLL_S = 0.1
 
 
 def run_task(runtime_api_address: str, token: str, executor_pid: int) -> None:
-    """One task in its own process: Flower's ClientApp runtime (pull message, run the app, push the reply)."""
+    """One task in its own process: Flower's ClientApp runtime (pull message, run the app, push the reply). It ends
+    with the executor: Flower's own parent check raises SIGINT, which its retrying pulls swallow, so a task whose
+    SuperNode was stopped mid-message would retry forever (and keep the fork server alive)."""
     from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    _exit_with(executor_pid)
 
     run_clientapp(runtime_api_address=runtime_api_address, token=token, insecure=True, parent_pid=executor_pid)
 
@@ -45,8 +49,9 @@ def _warm_up() -> None:
 
 
 def _exit_with(parent_pid: int) -> None:
-    """End at once when the SuperNode is gone (Flower's own monitor raises SIGINT, which a retrying Runtime API call
-    swallows); the fork server and the task processes follow their parent."""
+    """End at once when ``parent_pid`` is gone (Flower's own monitor raises SIGINT, which a retrying Runtime API call
+    swallows): the executor follows its SuperNode, each task process its executor, and the fork server exits once
+    neither is left."""
 
     def watch() -> None:
         while True:
