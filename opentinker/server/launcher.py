@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from opentinker.infra.files import atomic_write
-from opentinker.infra.processes import ServiceProcess, free_ports, spawn, start_http, venv_bin
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, spawn, start_http, venv_bin
 from opentinker.infra.settings import Settings, get_settings
 
 from .orchestration import WORKER_QUERY_SECONDS
@@ -53,10 +53,13 @@ def serve(
     url = f"http://{host}:{port}"
     services = _Services(server_dir(settings))
     if jobs and not settings.prefect_api_url:
+        prefect_config = {"database": settings.server_prefect_database}
+        services.adopt("prefect", prefect_config)  # one on another database is refused before anything starts
         prefect_settings = dict(PREFECT_SETTINGS)
         if settings.server_prefect_database == "postgres":
             prefect_settings["PREFECT_API_DATABASE_CONNECTION_URL"] = _postgres(services, server_dir(settings))
-        prefect = services.ensure("prefect", lambda log: _start_prefect(server_dir(settings), log, prefect_settings))
+        start = lambda log: _start_prefect(server_dir(settings), log, prefect_settings)  # noqa: E731
+        prefect = services.ensure("prefect", start, prefect_config)
         capacity = settings.server_pool_limit or embedded_pool_limit()
         settings = settings.model_copy(update={"prefect_api_url": f"{prefect.url}/api", "server_pool_limit": capacity})
     app = create_app(settings, jobs=jobs)
@@ -64,13 +67,17 @@ def serve(
     server = uvicorn.Server(config)
 
     stop = threading.Event()
+    worker_config = {"server": url, "prefect_api_url": settings.prefect_api_url}
+    if jobs and worker:
+        services.adopt("worker", worker_config)  # a worker of another address is refused before the API listens
 
     def ready() -> None:
         if jobs and worker:
             key_file = _worker_key(settings)
             start = lambda log: start_worker(log, url, key_file, settings.prefect_api_url)  # noqa: E731
-            services.ensure("worker", start)
-            threading.Thread(target=_keep_up, args=(services, "worker", start, stop), daemon=True).start()
+            services.ensure("worker", start, worker_config)
+            watch = (services, "worker", start, worker_config, stop)
+            threading.Thread(target=_keep_up, args=watch, daemon=True).start()
         if on_ready is not None:
             on_ready(url, settings.prefect_api_url.removesuffix("/api"))
 
@@ -82,10 +89,16 @@ def serve(
     server.run()
 
 
-def _keep_up(services: _Services, name: str, start: Callable[[Path], ServiceProcess], stop: threading.Event) -> None:
+def _keep_up(
+    services: _Services,
+    name: str,
+    start: Callable[[Path], ServiceProcess],
+    config: Mapping[str, str],
+    stop: threading.Event,
+) -> None:
     """Start the service again whenever it has died (a Prefect worker exits after repeated API errors)."""
     while not stop.wait(WATCH_S):
-        services.ensure(name, start)
+        services.ensure(name, start, config)
 
 
 def stop_services(settings: Settings | None = None) -> list[str]:
@@ -202,20 +215,41 @@ class _Services:
     def _read(self) -> dict[str, dict]:
         return json.loads(self.state.read_text()) if self.state.exists() else {}
 
-    def ensure(self, name: str, start: Callable[[Path], ServiceProcess]) -> ServiceProcess:
+    def ensure(
+        self, name: str, start: Callable[[Path], ServiceProcess], config: Mapping[str, str] | None = None
+    ) -> ServiceProcess:
+        """The running service ``name``, adopted, or started and recorded with ``config``."""
+        service = self.adopt(name, config)
+        if service is None:
+            service = start(self.root / "logs" / f"{name}.log")
+            self._write({**self._read(), name: {**service.to_dict(), "config": dict(config or {})}})
+        return service
+
+    def adopt(self, name: str, config: Mapping[str, str] | None = None) -> ServiceProcess | None:
+        """The recorded service ``name`` if it still runs. ``config`` is what it must have been started with (its
+        database, the API it serves): one left running with another is refused, not adopted, so a restart with new
+        settings never quietly keeps the old ones."""
         recorded = self._read().get(name)
-        if recorded is not None:
-            service = ServiceProcess.from_dict(recorded)
-            if service.alive():
-                return service
-        service = start(self.root / "logs" / f"{name}.log")
-        self._write({**self._read(), name: service.to_dict()})
+        if recorded is None:
+            return None
+        was = recorded.pop("config", {})
+        service = ServiceProcess.from_dict(recorded)
+        if not service.alive():
+            return None
+        changed = {key: value for key, value in (config or {}).items() if was.get(key) != value}
+        if changed:
+            differences = ", ".join(f"{key} {was.get(key)!r} (now {value!r})" for key, value in changed.items())
+            raise ServiceError(
+                f"the embedded {name} (pid {service.pid}) left running by an earlier `opentinker server up` has "
+                f"{differences}: stop it with `opentinker server down`, or start `up` as before"
+            )
         return service
 
     def stop_all(self) -> list[str]:
         """Stop the services, the last started first (the worker before Prefect, Prefect before its database)."""
         stopped = []
         for name, recorded in reversed(self._read().items()):
+            recorded.pop("config", None)
             service = ServiceProcess.from_dict(recorded)
             if service.alive():
                 service.stop()
