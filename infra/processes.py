@@ -91,6 +91,8 @@ class ServiceProcess:
     """When set, the service is stopped by running this command (e.g. ``pg_ctl stop``) before signalling."""
     stop_timeout: float = 30.0
     """Seconds between SIGTERM and SIGKILL."""
+    config: dict[str, str] = field(default_factory=dict)
+    """The settings it was started with, so a later caller adopts it only when they still hold."""
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
     """Set only in the process that started the service, so it can reap its child."""
 

@@ -222,7 +222,8 @@ class _Services:
         service = self.adopt(name, config)
         if service is None:
             service = start(self.root / "logs" / f"{name}.log")
-            self._write({**self._read(), name: {**service.to_dict(), "config": dict(config or {})}})
+            service.config = dict(config or {})
+            self._write({**self._read(), name: service.to_dict()})
         return service
 
     def adopt(self, name: str, config: Mapping[str, str] | None = None) -> ServiceProcess | None:
@@ -232,10 +233,10 @@ class _Services:
         recorded = self._read().get(name)
         if recorded is None:
             return None
-        was = recorded.pop("config", {})
         service = ServiceProcess.from_dict(recorded)
         if not service.alive():
             return None
+        was = service.config
         changed = {key: value for key, value in (config or {}).items() if was.get(key) != value}
         if changed:
             differences = ", ".join(f"{key} {was.get(key)!r} (now {value!r})" for key, value in changed.items())
@@ -249,7 +250,6 @@ class _Services:
         """Stop the services, the last started first (the worker before Prefect, Prefect before its database)."""
         stopped = []
         for name, recorded in reversed(self._read().items()):
-            recorded.pop("config", None)
             service = ServiceProcess.from_dict(recorded)
             if service.alive():
                 service.stop()
