@@ -155,10 +155,6 @@ def run_sb3(case: Case, seed: int, threads: int, to_budget: bool, train_seconds:
 def summary(case: Case, ours: list[dict], sb3: list[dict]) -> dict:
     """Medians over seeds with every seed's figure; time ratio = median of ours / median of SB3 (SB3 not reaching
     the target within its budget: ours / SB3's time for the whole budget, an upper bound, marked so)."""
-
-    def times(runs: list[dict]) -> list[float]:
-        return [math.inf if r["reached_s"] is None else round(r["reached_s"], 2) for r in runs]
-
     row: dict[str, Any] = {"env_id": case.env_id, "algorithm": case.algorithm, "target": case.target}
     row["target_source"] = case.target_source
     for side, runs in (("ours", ours), ("sb3", sb3)):
@@ -167,10 +163,9 @@ def summary(case: Case, ours: list[dict], sb3: list[dict]) -> dict:
         row[f"{side}_final_evals"] = [r["final_eval"] for r in runs]
         row[f"{side}_steps"] = [r["steps"] for r in runs]
         if case.target is not None:
-            row[f"{side}_times_s"] = [None if math.isinf(t) else t for t in times(runs)]
+            row[f"{side}_times_s"] = [None if r["reached_s"] is None else round(r["reached_s"], 2) for r in runs]
             row[f"{side}_reached"] = sum(r["reached_s"] is not None for r in runs)
-            median = statistics.median(times(runs))
-            row[f"{side}_time_s"] = None if math.isinf(median) else median
+            row[f"{side}_time_s"] = ranked_median(row[f"{side}_times_s"])
     row["sps_ratio"] = round(row["ours_sps"] / row["sb3_sps"], 2)
     if case.target is not None:
         ours_t, sb3_t = row["ours_time_s"], row["sb3_time_s"]
@@ -183,11 +178,17 @@ def summary(case: Case, ours: list[dict], sb3: list[dict]) -> dict:
     return row
 
 
+def ranked_median(values: list[float | None]) -> float | None:
+    """The median with a run that never reached the target (None) ranked last; None when that median is a miss."""
+    median = statistics.median(math.inf if v is None else v for v in values)
+    return None if math.isinf(median) else median
+
+
 def spread(values: list[float | None]) -> str:
     """Median (a run that never reached the target ranks last, as in the time ratio) and the reached runs' range."""
     reached = [v for v in values if v is not None]
-    median = statistics.median(math.inf if v is None else v for v in values)
-    text = "never" if median == math.inf else f"{median:g}"
+    median = ranked_median(values)
+    text = "never" if median is None else f"{median:g}"
     missed = len(values) - len(reached)
     if len(values) > 1 and reached:
         text += f" ({min(reached):g}-{max(reached):g}{f', {missed} never' if missed else ''})"
