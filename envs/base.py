@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 
-from opentinker.envs.atari import is_atari, make_atari
+from opentinker.envs.atari import is_atari, make_atari, register_ale
 from opentinker.envs.errors import EnvSpecError
 from opentinker.envs.mujoco_log import route_mujoco_warnings
 
@@ -86,6 +86,17 @@ def import_env(ref: str) -> EnvLike:
     return found
 
 
+def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registry spec of a gymnasium id, without building the env; Atari's ids are registered first. An unknown id
+    raises ``EnvSpecError`` with gymnasium's hint (``Did you mean: `CartPole`?``, ``Please use `Taxi-v4` instead``)."""
+    if is_atari(env_id):
+        register_ale()
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as exc:  # NameNotFound, VersionNotFound, DeprecatedEnv, NamespaceNotFound, ...
+        raise EnvSpecError(f"env id {env_id!r} is not a registered gymnasium env: {exc}") from exc
+
+
 def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
     """Build one env from a registered id, a ``module:Class``/``module:factory`` path, an env class, a zero-arg
     factory, or (copied) an env instance. Atari ids (``ALE/...``) come preprocessed (``envs/atari.py``)."""
@@ -94,11 +105,9 @@ def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
     if is_atari(env):
         made = make_atari(env, **kwargs)
     elif isinstance(env, str):
+        env_spec(env)
         route_mujoco_warnings(env)
-        try:
-            made = gym.make(env, **kwargs)
-        except gym.error.Error as exc:  # NameNotFound, VersionNotFound, NamespaceNotFound, ...
-            raise EnvSpecError(f"env id {env!r} is not a registered gymnasium env: {exc}") from exc
+        made = gym.make(env, **kwargs)
     elif isinstance(env, gym.Env):
         if kwargs:
             raise EnvSpecError(

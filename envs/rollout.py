@@ -20,8 +20,8 @@ import gymnasium as gym
 import numpy as np
 
 from opentinker.envs.atari import is_atari
-from opentinker.envs.base import EnvLike, make_env
-from opentinker.envs.errors import EnvAPIWarning, EnvSpecError
+from opentinker.envs.base import EnvLike, env_spec, make_env
+from opentinker.envs.errors import EnvAPIWarning
 from opentinker.envs.numpy_policy import NumpyPolicy
 from opentinker.envs.observations import Obs, concat_obs, empty_steps, map_obs, obs_nbytes, write_step
 from opentinker.envs.state_diff import decode_observations, encode_observations
@@ -109,10 +109,7 @@ def has_native_vector_env(env: EnvLike) -> bool:
     ``AtariPreprocessing`` that single copies, evaluation and serving get (``envs/atari.py``)."""
     if not isinstance(env, str) or ":" in env or is_atari(env):
         return False
-    try:
-        spec = gym.spec(env)
-    except gym.error.Error as exc:
-        raise EnvSpecError(f"env id {env!r} is not a registered gymnasium env: {exc}") from exc
+    spec = env_spec(env)
     return isinstance(spec.vector_entry_point, str) and "jax" not in spec.vector_entry_point.lower()
 
 

@@ -78,6 +78,8 @@ def test_make_env_accepts_ids_classes_factories_and_rejects_unknown():
     assert make_env(lambda: GoodEnv()).limit == 3
     with pytest.raises(EnvSpecError, match="'NoSuchEnv-v0' is not a registered gymnasium env"):
         make_env("NoSuchEnv-v0")
+    with pytest.raises(EnvSpecError, match="Did you mean: `CartPole`"):  # gymnasium's hint is passed on
+        make_env("Cartpole-v1")
     with pytest.raises(EnvSpecError, match=r"returned int, expected a gymnasium\.Env"):
         make_env(lambda: 3)
 

@@ -322,6 +322,18 @@ def test_priorities_order_the_tenants_queue_and_idempotency_makes_one_job(job_se
         HTTP.post(f"{server.url}/v1/jobs/{job['id']}/cancel", headers=server.headers(key))
 
 
+def test_every_gymnasium_namespace_is_accepted_at_submit(job_server):
+    """Ids are checked against the registry the jobs build from: Atari's ids exist only once ale-py registered them."""
+    server = job_server
+    key = server.make_key("arcade")
+    admin = server.headers(server.admin_key)
+    HTTP.patch(f"{server.url}/v1/tenants/arcade", headers=admin, json={"max_running_jobs": 0})
+    for env_id in ("ALE/Breakout-v5", "HalfCheetah-v5", "FrozenLake-v1"):
+        answer = HTTP.post(f"{server.url}/v1/jobs", headers=server.headers(key), json={"spec": {"env_id": env_id}})
+        assert answer.status_code == 201 and answer.json()["state"] == "QUEUED", answer.text
+        HTTP.post(f"{server.url}/v1/jobs/{answer.json()['id']}/cancel", headers=server.headers(key))
+
+
 def _zip_with_link() -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
@@ -347,6 +359,12 @@ BAD_SUBMITS = [
         {"spec": {"env_id": "NoSuchEnv-v9"}},
         422,
         "env_id: 'NoSuchEnv-v9' is not a registered gymnasium id",
+    ),
+    (
+        "retired env version",
+        {"spec": {"env_id": "Taxi-v3"}},
+        422,
+        "Please use `Taxi-v4` instead",
     ),
     (
         "own env, no upload",

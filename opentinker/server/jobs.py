@@ -376,10 +376,14 @@ def enqueue(store: Store, orchestrator: Orchestrator, job: Job) -> None:
 
 
 def _check_gymnasium_id(env_id: str) -> None:
-    import gymnasium
+    from opentinker.envs.base import env_spec
+    from opentinker.envs.errors import EnvSpecError
 
-    if env_id not in gymnasium.envs.registry:
+    try:
+        env_spec(env_id)
+    except EnvSpecError as exc:
+        hint = str(exc.__cause__ or exc)
         raise Invalid(
-            f"env_id: {env_id!r} is not a registered gymnasium id (expected e.g. 'CartPole-v1', or your own env as "
-            "'package.module:Class' with its package uploaded)"
-        )
+            f"env_id: {env_id!r} is not a registered gymnasium id ({hint}; expected e.g. 'CartPole-v1', or your own "
+            "env as 'package.module:Class' with its package uploaded)"
+        ) from None
