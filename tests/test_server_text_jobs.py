@@ -100,7 +100,7 @@ def test_a_shipped_text_task_trains_with_grpo_as_a_job(job_server):
 def test_submit_uploads_a_user_text_env_and_trains_it_with_grpo(job_server, tmp_path):
     server = job_server
     key = server.make_key("shouty")
-    code = tmp_path / "code"  # the user's package, on the client's path only (never the server's)
+    code = tmp_path / "code"  # the user's package: `opentinker submit` runs in its parent folder, never the server's
     (code / "shout_pkg").mkdir(parents=True)
     (code / "shout_pkg" / "__init__.py").write_text("")
     (code / "shout_pkg" / "tasks.py").write_text(SHOUT_TASKS)
@@ -110,14 +110,13 @@ def test_submit_uploads_a_user_text_env_and_trains_it_with_grpo(job_server, tmp_
         "OPENTINKER_SERVER_URL": server.url,
         "OPENTINKER_API_KEY": key,
         "OPENTINKER_DATA_DIR": str(tmp_path / "laptop"),
-        "PYTHONPATH": str(code),
         "COLUMNS": "120",
     }
     env_id = "shout_pkg.tasks:make_env"
     done = subprocess.run(
         [str(Path(sys.executable).parent / "opentinker"), "submit", env_id, "--algo", "grpo", "--steps", "1",
          "--config", str(tmp_path / "grpo.toml")],
-        env=env, capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False,
+        env=env, capture_output=True, text=True, cwd=code, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Model: shouty." in done.stdout and "Held-out success:" in done.stdout, done.stdout

@@ -6,6 +6,9 @@ Each module holds one group's commands; they parse options and call the areas' f
 
 from __future__ import annotations
 
+import os
+import sys
+
 import typer
 
 from opentinker.cli import agent, client, cluster, federated, quickstart, serve, server, stack, tinker, train
@@ -15,6 +18,16 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def _user_code_from_here() -> None:
+    """Find the user's own env package (``pkg.module:Class``) in the folder the command runs from, as ``python -m``
+    would: a console script's path holds its own folder instead. Appended, so installed packages keep precedence."""
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+
+
 app.add_typer(quickstart.app)
 app.add_typer(train.app)
 app.add_typer(serve.app)
