@@ -4,6 +4,8 @@ one from a config file and CLI flags."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import json
 import tomllib
 from pathlib import Path
@@ -44,7 +46,7 @@ def load_spec(config_file: Path | None = None, **overrides: Any) -> RunSpec:
         source = f" in {config_file}" if config_file else ""
         algorithm = data.get("algorithm") or ("group" if "policy_mapping" in data else "ppo")
         kind = {"group": "multi-agent training", "grpo": "GRPO"}.get(algorithm, "training")
-        details = describe_errors(exc)
+        details = describe_errors(exc, algorithm)
         if "\n" not in details:  # one problem: one line
             raise ConfigError(f"invalid {kind} config{source}: {details.strip().removeprefix('- ')}") from None
         raise ConfigError(f"invalid {kind} config{source}:\n" + details) from None
@@ -69,8 +71,9 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def describe_errors(exc: ValidationError) -> str:
-    """Pydantic's errors as '  - field: what was expected (got value)' lines."""
+def describe_errors(exc: ValidationError, algorithm: str | None = None) -> str:
+    """Pydantic's errors as '  - field: what was expected (got value)' lines; an unknown top-level field of a run spec
+    says where it belongs (``algorithm``'s engine table) or the field it resembles."""
     lines = []
     for error in exc.errors():
         message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
@@ -86,8 +89,23 @@ def describe_errors(exc: ValidationError) -> str:
         field = ".".join(str(part) for part in loc)
         shown = error["type"] != "missing" and not isinstance(error.get("input", {}), dict)  # not a whole table
         got = f" (got {error['input']!r})" if shown else ""
-        lines.append(f"  - {field}: {message}{got}")
+        unknown = error["type"] == "extra_forbidden" and len(loc) == 1 and algorithm is not None
+        hint = _placement_hint(field, algorithm) if unknown else ""
+        lines.append(f"  - {field}: {message}{got}{hint}")
     return "\n".join(lines)
+
+
+def _placement_hint(name: str, algorithm: str) -> str:
+    """Where an unknown top-level field of a run spec belongs: its algorithm's table, or a field of like spelling."""
+    from opentinker.agents.config import CONFIGS
+
+    engine = CONFIGS.get(algorithm)
+    settings = {field.name: f"{algorithm}.{field.name}" for field in dataclasses.fields(engine)} if engine else {}
+    if name in settings:
+        return f"; it is a {algorithm} setting: {settings[name]} (the [{algorithm}] table of a config file)"
+    known = {field: field for field in [*RunSpec.model_fields, "algorithm", *MEMBERS]} | settings
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return f"; did you mean {known[close[0]]!r}?" if close else ""
 
 
 class TrainFlowResult(BaseModel):
