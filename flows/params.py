@@ -4,7 +4,6 @@ one from a config file and CLI flags."""
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 import tomllib
@@ -13,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from opentinker.tasks.spec import MEMBERS, RunSpec
+from opentinker.tasks.spec import MEMBERS, TABLES, RunSpec
 
 TrainParams = RunSpec
 """The earlier name of ``RunSpec`` (scripts and tests written against it keep working)."""
@@ -97,10 +96,8 @@ def describe_errors(exc: ValidationError, algorithm: str | None = None) -> str:
 
 def _placement_hint(name: str, algorithm: str) -> str:
     """Where an unknown top-level field of a run spec belongs: its algorithm's table, or a field of like spelling."""
-    from opentinker.agents.config import CONFIGS
-
-    engine = CONFIGS.get(algorithm)
-    settings = {field.name: f"{algorithm}.{field.name}" for field in dataclasses.fields(engine)} if engine else {}
+    engine = MEMBERS[algorithm].model_fields if algorithm in TABLES else {}
+    settings = {field: f"{algorithm}.{field}" for field in engine if field != "algorithm"}
     if name in settings:
         return f"; it is a {algorithm} setting: {settings[name]} (the [{algorithm}] table of a config file)"
     known = {field: field for field in [*RunSpec.model_fields, "algorithm", *MEMBERS]} | settings

@@ -37,6 +37,7 @@ def test_bad_env_id_names_the_field_and_the_id():
         ("stepz = 100", ["stepz", "unknown field", "did you mean 'steps'?"]),
         ("learning_rate = 0.1", ["learning_rate: unknown field", "it is a ppo setting: ppo.learning_rate"]),
         ('algorithm = "dqn"\nbufer_size = 9', ["bufer_size: unknown field", "did you mean 'dqn.buffer_size'?"]),
+        ('algorithm = "grpo"\ngroup_sise = 4', ["group_sise: unknown field", "did you mean 'grpo.group_size'?"]),
         ("[ppo]\nlearning_rat = 0.1", ["ppo", "unknown PPOConfig field 'learning_rat'", "learning_rate"]),
         ("[ppo]\ngamma = 3.0", ["ppo", "gamma", "[0, 1]"]),
         ("steps = [", ["not valid TOML"]),
