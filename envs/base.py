@@ -105,8 +105,7 @@ def make_env(env: EnvLike, **kwargs: Any) -> gym.Env:
     if is_atari(env):
         made = make_atari(env, **kwargs)
     elif isinstance(env, str):
-        env_spec(env)
-        route_mujoco_warnings(env)
+        route_mujoco_warnings(env_spec(env))
         made = gym.make(env, **kwargs)
     elif isinstance(env, gym.Env):
         if kwargs:

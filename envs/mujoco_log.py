@@ -15,12 +15,9 @@ import gymnasium as gym
 log = logging.getLogger("opentinker.envs")
 
 
-def route_mujoco_warnings(env_id: str) -> None:
-    """For a gymnasium MuJoCo id: send MuJoCo's warnings to the ``opentinker.envs`` logger (debug level)."""
-    try:
-        entry_point = gym.spec(env_id).entry_point
-    except gym.error.Error:
-        return
+def route_mujoco_warnings(spec: gym.envs.registration.EnvSpec) -> None:
+    """For a gymnasium MuJoCo env's spec: send MuJoCo's warnings to the ``opentinker.envs`` logger (debug level)."""
+    entry_point = spec.entry_point
     if not (isinstance(entry_point, str) and entry_point.startswith("gymnasium.envs.mujoco")):
         return
     import mujoco
