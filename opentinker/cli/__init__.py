@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Annotated
 
 import typer
 
@@ -20,8 +21,26 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    """``--version``: the installed distribution's version (its metadata), then exit."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        number = version("opentinker")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        from opentinker import __version__ as number
+    typer.echo(f"opentinker {number}")
+    raise typer.Exit()
+
+
 @app.callback()
-def _user_code_from_here() -> None:
+def _user_code_from_here(
+    _version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
     """Find the user's own env package (``pkg.module:Class``) in the folder the command runs from, as ``python -m``
     would: a console script's path holds its own folder instead. Appended, so installed packages keep precedence."""
     if os.getcwd() not in sys.path:
