@@ -39,6 +39,14 @@ class EvalResult:
         return cls(float(np.mean(returns)), float(np.std(returns)), returns, **fields)
 
 
+def policy_act(policy: Any, deterministic: bool = True, seed: int = 0) -> Callable[[Any], np.ndarray]:
+    """``act(obs_batch) -> env actions`` of a numpy policy (``NumpyPolicy``): the mode of its distribution (what is
+    served), or with ``deterministic=False`` a draw from it (what training collected with), seeded by ``seed``. A
+    stochastic policy whose greedy action is worse than its samples shows as a gap between the two evaluations."""
+    rng = None if deterministic else np.random.default_rng(seed)
+    return lambda obs: policy.env_actions(policy.sample(obs, rng, deterministic)[0])
+
+
 def evaluate_episodes(
     env: Any, act: Callable[[np.ndarray], np.ndarray], episodes: int = 10, seed: int = 10_000, **env_kwargs: Any
 ) -> EvalResult:

@@ -25,7 +25,7 @@ import torch
 from opentinker.agents.amp import AmpController
 from opentinker.agents.checkpoint import CHECKPOINT_NAME, atomic_save, load_checkpoint, restore_rng_state, rng_state
 from opentinker.agents.config import TrainerConfig, check_fields
-from opentinker.agents.evaluation import EvalResult, evaluate_episodes
+from opentinker.agents.evaluation import EvalResult, evaluate_episodes, policy_act
 from opentinker.agents.learners import (
     GradientSync,
     LearnerGroup,
@@ -293,11 +293,11 @@ class Trainer:
     def numpy_policy(self) -> NumpyPolicy:
         return NumpyPolicy(self.spec, self.policy.numpy_weights())
 
-    def evaluate(self, episodes: int = 10, seed: int = 10_000) -> EvalResult:
-        """Mean/std return of ``episodes`` deterministic episodes, one per env copy, seeded by ``seed``."""
+    def evaluate(self, episodes: int = 10, seed: int = 10_000, deterministic: bool = True) -> EvalResult:
+        """Mean/std return of ``episodes`` episodes, one per env copy, seeded by ``seed``: greedy (the mode of each
+        action's distribution, what serving answers), or with ``deterministic=False`` sampled as in training."""
         env = self._own_env("evaluate")
-        policy = self.numpy_policy()
-        act = lambda obs: policy.env_actions(policy.sample(obs, None, True)[0])  # noqa: E731
+        act = policy_act(self.numpy_policy(), deterministic, seed)
         return evaluate_episodes(env.env, act, episodes, seed, **env.env_kwargs)
 
     # -- persistence ------------------------------------------------------------------------------------------
