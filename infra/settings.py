@@ -135,6 +135,29 @@ class Settings(BaseSettings):
         "'bwrap' (bubblewrap namespaces, fails closed without them) or 'none' "
         "(in-process guard only; trusted local use).",
     )
+    job_limits: Literal["cgroup", "none"] = Field(
+        "cgroup",
+        description="Limits on each job attempt's memory, processes and CPU: 'cgroup' (a kernel cgroup per attempt, "
+        "v2 where the host offers it, else v1; fails closed without one) or 'none' (unbounded; trusted local use).",
+    )
+    job_memory_mb: int | None = Field(
+        None,
+        ge=4,
+        description="Memory of one job attempt, all its processes together; over it the kernel OOM-kills and the job "
+        "fails naming the limit. None: 60% of the machine's memory, at most 8 GiB. A tenant's quota overrides it.",
+    )
+    job_max_processes: int = Field(
+        512,
+        ge=1,
+        description="Processes and threads one job attempt may have at once (a fork bomb stops there). A tenant's "
+        "quota overrides it.",
+    )
+    job_cpus: float | None = Field(
+        None,
+        ge=0.01,
+        description="CPU time of one job attempt in cores (a cgroup quota); None: every core, at `server_job_nice`. "
+        "A tenant's quota overrides it.",
+    )
 
     @classmethod
     def settings_customise_sources(

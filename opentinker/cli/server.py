@@ -151,8 +151,12 @@ def tenants_set(
     max_queued_jobs: Annotated[int | None, typer.Option(help="Jobs waiting at once.")] = None,
     max_steps_per_job: Annotated[int | None, typer.Option(help="Largest steps of one job.")] = None,
     max_gpus: Annotated[float | None, typer.Option(help="GPUs one job may ask for.")] = None,
+    job_memory_mb: Annotated[int | None, typer.Option(help="Memory of one job in MiB (a cgroup limit).")] = None,
+    job_max_processes: Annotated[int | None, typer.Option(help="Processes and threads of one job at once.")] = None,
+    job_cpus: Annotated[float | None, typer.Option(help="CPU cores one job may use.")] = None,
 ) -> None:
-    """Create a tenant or change its quotas (options left out keep their value)."""
+    """Create a tenant or change its quotas (options left out keep their value; a job limit never set is the
+    server's default: `job_memory_mb`, `job_max_processes`, `job_cpus`)."""
     from opentinker.server.tenants import set_quotas
 
     changes = {
@@ -160,14 +164,25 @@ def tenants_set(
         "max_queued_jobs": max_queued_jobs,
         "max_steps_per_job": max_steps_per_job,
         "max_gpus": max_gpus,
+        "job_memory_mb": job_memory_mb,
+        "job_max_processes": job_max_processes,
+        "job_cpus": job_cpus,
     }
     with _store().session() as session:
         row = set_quotas(session, tenant, **{k: v for k, v in changes.items() if v is not None})
         console.print(
             f"tenant {row.name}: running {row.max_running_jobs}, queued {row.max_queued_jobs}, "
-            f"steps/job {row.max_steps_per_job}, GPUs/job {row.max_gpus}",
+            f"steps/job {row.max_steps_per_job}, GPUs/job {row.max_gpus}, {_job_limits(row)}",
             highlight=False,
         )
+
+
+def _job_limits(row) -> str:
+    """A tenant's per-job limits as set ('default' where the server's setting applies)."""
+    memory = f"{row.job_memory_mb} MiB" if row.job_memory_mb is not None else "default"
+    processes = row.job_max_processes if row.job_max_processes is not None else "default"
+    cpus = f"{row.job_cpus:g}" if row.job_cpus is not None else "default"
+    return f"memory/job {memory}, processes/job {processes}, CPUs/job {cpus}"
 
 
 @tenants_app.command("list")
@@ -178,12 +193,13 @@ def tenants_list() -> None:
 
     from opentinker.server.db import Tenant
 
-    table = Table("tenant", "running", "queued", "steps/job", "GPUs/job", "created")
+    table = Table("tenant", "running", "queued", "steps/job", "GPUs/job", "job limits", "created")
     with _store().session() as session:
         for row in session.scalars(sa.select(Tenant).order_by(Tenant.name)):
             table.add_row(
                 row.name,
                 *(str(v) for v in (row.max_running_jobs, row.max_queued_jobs, row.max_steps_per_job, row.max_gpus)),
+                _job_limits(row),
                 _when(row.created_at),
             )
     console.print(table)

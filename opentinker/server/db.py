@@ -21,7 +21,7 @@ class Base(DeclarativeBase):
 
 
 class Tenant(Base):
-    """A tenant and its quotas (None: no limit)."""
+    """A tenant and its quotas (None: no limit; for the job_* limits, the server's default)."""
 
     __tablename__ = "tenants"
     name: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
@@ -30,6 +30,10 @@ class Tenant(Base):
     max_queued_jobs: Mapped[int | None] = mapped_column(default=None)
     max_steps_per_job: Mapped[int | None] = mapped_column(sa.BigInteger, default=None)
     max_gpus: Mapped[float | None] = mapped_column(default=None)
+    # Per-job limits (None: the server's setting of the same name; infra/cgroups.py's limits_for combines them).
+    job_memory_mb: Mapped[int | None] = mapped_column(sa.BigInteger, default=None)
+    job_max_processes: Mapped[int | None] = mapped_column(default=None)
+    job_cpus: Mapped[float | None] = mapped_column(default=None)
 
 
 class ApiKey(Base):

@@ -53,7 +53,8 @@ class TenantOut(Quotas):
 
 
 class QuotasUpdate(BaseModel):
-    """Fields to change; a field sent as null removes that limit, a field left out keeps its value."""
+    """Fields to change; a field sent as null removes that limit (a job_* limit: back to the server's default), a
+    field left out keeps its value."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -61,6 +62,9 @@ class QuotasUpdate(BaseModel):
     max_queued_jobs: int | None = Field(None, ge=0)
     max_steps_per_job: int | None = Field(None, ge=1)
     max_gpus: float | None = Field(None, ge=0)
+    job_memory_mb: int | None = Field(None, ge=4)
+    job_max_processes: int | None = Field(None, ge=1)
+    job_cpus: float | None = Field(None, ge=0.01)
 
 
 class ErrorBody(BaseModel):

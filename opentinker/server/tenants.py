@@ -39,7 +39,8 @@ def check_name(tenant: str) -> str:
 
 
 class Quotas(BaseModel):
-    """A tenant's limits; None means no limit. Over a limit a submit answers 429 naming it."""
+    """A tenant's limits; None means no limit (for the job_* limits: the server's default). Over a limit a submit
+    answers 429 naming it; a job over a job_* limit ends FAILED naming it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -49,6 +50,20 @@ class Quotas(BaseModel):
     max_queued_jobs: int | None = Field(100, ge=0, description="Jobs waiting in the tenant's queue at once.")
     max_steps_per_job: int | None = Field(10_000_000, ge=1, description="Largest `steps` of one job.")
     max_gpus: float | None = Field(1.0, ge=0, description="GPUs one job may ask for (learner plus rollout actors).")
+    job_memory_mb: int | None = Field(
+        None,
+        ge=4,
+        description="Memory of one job attempt in MiB (a cgroup limit; over it the job fails naming the limit); "
+        "None: the server's `job_memory_mb`.",
+    )
+    job_max_processes: int | None = Field(
+        None,
+        ge=1,
+        description="Processes and threads one job attempt may have at once; None: the server's `job_max_processes`.",
+    )
+    job_cpus: float | None = Field(
+        None, ge=0.01, description="CPU cores one job attempt may use (a cgroup quota); None: the server's `job_cpus`."
+    )
 
 
 def data_dir(tenant: str, settings: Settings | None = None) -> Path:
