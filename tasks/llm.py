@@ -198,32 +198,23 @@ class GateDecision(BaseModel):
     champion_success: float | None
 
 
-@task(cache_policy=NO_CACHE)
-def gate_adapter(
+def decide_adapter(
     model_name: str,
     version: str,
     candidate: LLMEvaluation,
+    champion: Any,
+    champion_success: float | None,
     threshold: float = 0.0,
-    eval_batch: int = 16,
-    cache_dir: str | None = None,
 ) -> GateDecision:
-    """Move ``champion`` to ``version`` only if its held-out success beats the current champion's on the same
-    prompts (the champion is re-evaluated here, not trusted from its run) and reaches ``threshold``."""
-    from opentinker.tracking.llm_store import download_adapter
-    from opentinker.tracking.registry import PolicyStoreError, set_alias
+    """Move ``champion`` to ``version`` only if its held-out success reaches ``threshold`` and beats the current
+    champion's (``champion_success``, measured on the same prompts; None: no champion to beat)."""
+    from opentinker.tracking.registry import set_alias
 
-    champion_success = None
-    try:
-        ref, folder = download_adapter(f"models:/{model_name}@champion")
-    except PolicyStoreError:
-        ref = None
-    if ref is not None and ref.version != version:
-        champion_success = evaluate_adapter.fn(str(folder), candidate.prompts, eval_batch, cache_dir).success
     if candidate.success < threshold:
         decision = f"kept champion: success {candidate.success:.3f} below threshold {threshold:.3f}"
     elif champion_success is not None and candidate.success <= champion_success:
         decision = (
-            f"kept champion v{ref.version}: success {candidate.success:.3f} does not beat "
+            f"kept champion v{champion.version}: success {candidate.success:.3f} does not beat "
             f"{champion_success:.3f} on the same {candidate.prompts} prompts"
         )
     else:
@@ -235,3 +226,27 @@ def gate_adapter(
         )
     aliases = ["candidate"] + (["champion"] if decision.startswith("promoted") else [])
     return GateDecision(version=version, aliases=aliases, decision=decision, champion_success=champion_success)
+
+
+@task(cache_policy=NO_CACHE)
+def gate_adapter(
+    model_name: str,
+    version: str,
+    candidate: LLMEvaluation,
+    threshold: float = 0.0,
+    eval_batch: int = 16,
+    cache_dir: str | None = None,
+) -> GateDecision:
+    """The gate of ``decide_adapter``, with the champion re-evaluated here on the candidate's prompts (not trusted
+    from its run)."""
+    from opentinker.tracking.llm_store import download_adapter
+    from opentinker.tracking.registry import PolicyStoreError
+
+    champion_success = None
+    try:
+        ref, folder = download_adapter(f"models:/{model_name}@champion")
+    except PolicyStoreError:
+        ref = None
+    if ref is not None and ref.version != version:
+        champion_success = evaluate_adapter.fn(str(folder), candidate.prompts, eval_batch, cache_dir).success
+    return decide_adapter(model_name, version, candidate, ref, champion_success, threshold)

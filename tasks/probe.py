@@ -79,7 +79,9 @@ def probe_env(spec: RunSpec, run_id: str | None = None, n_steps: int = 64) -> Pr
             client.log_metric(run_id, "charts/random_policy_return", mean_return, step=0)
         if options:
             log_capacity_wait(client, run_id, capacity_wait_s)
-    get_run_logger().info("random-policy probe: %d episodes, mean return %s", len(finished), mean_return)
+    from opentinker.tasks.train import run_log
+
+    run_log().info("random-policy probe: %d episodes, mean return %s", len(finished), mean_return)
     return ProbeSummary(
         steps=n_steps * env.num_envs,
         episodes=len(finished),

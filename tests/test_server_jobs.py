@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import tarfile
 import textwrap
@@ -35,6 +36,7 @@ import numpy as np
 TARGETS = {targets!r}
 SERVER = {server!r}
 PREFECT = {prefect!r}
+ESCAPE = {escape!r}
 
 
 def _try(path):
@@ -63,24 +65,53 @@ def _get(url, body=None):
         return type(exc).__name__
 
 
+def _written_outside():
+    """Folders outside its scratch, /tmp and /dev/shm where this process could create a file (the sandbox's own
+    tmpfs stubs allow it; the test checks that none of those files reached the host)."""
+    written = []
+    for top in ("/", "/run", "/var", "/home", "/root", "/srv", "/opt", "/usr", "/etc", "/work"):
+        for root, dirs, _ in os.walk(top):
+            dirs[:] = [d for d in dirs if os.path.join(root, d) not in ("/proc", "/sys", "/dev", "/tmp", "/job")]
+            try:
+                Path(root, ESCAPE).write_text("x")
+                written.append(root)
+            except OSError:
+                pass
+            if root.count("/") > 3:
+                dirs[:] = []
+    return written
+
+
+def _plant_link(victim, path):
+    """Try to replace ``path`` (the tenant's uploads folder, as the attacker guesses it) with a link to ``victim``."""
+    try:
+        os.symlink(victim, path)
+        return "planted"
+    except Exception as exc:
+        return type(exc).__name__
+
+
 class Probe(gym.Env):
     observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     action_space = gym.spaces.Discrete(2)
 
     def __init__(self):
+        self.t = 0
+        if os.environ.get("PROBED"):  # once per process: the env is built for each copy
+            return
+        os.environ["PROBED"] = "1"
         report = {{name: _try(path) for name, path in TARGETS.items()}}
-        report["environ"] = dict(os.environ)
         report["proc_environs"] = [_try(f"/proc/{{pid}}/environ") for pid in os.listdir("/proc") if pid.isdigit()]
         report["server_api"] = _get(SERVER + "/healthz")
         report["prefect_direct"] = _get(PREFECT + "/health")
-        if os.environ.get("PREFECT_API_URL", "").startswith("http://127.0.0.1:4200"):  # through the job's proxy
-            report["proxy_all_runs"] = _get("http://127.0.0.1:4200/api/flow_runs/filter", b"{{}}")
-            report["proxy_deployments"] = _get("http://127.0.0.1:4200/api/deployments/filter", b"{{}}")
-            report["proxy_logs"] = _get("http://127.0.0.1:4200/api/logs/filter", b"{{}}")
-        out = Path(os.environ.get("OPENTINKER_DATA_DIR", "/tmp")) / "probe"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{{os.getpid()}}.json").write_text(json.dumps(report))
-        self.t = 0
+        report["prefect_loopback"] = _get("http://127.0.0.1:4200/api/flow_runs/filter", b"{{}}")
+        report["written"] = _written_outside()
+        report["link"] = _plant_link(TARGETS["alpha_dir"], TARGETS["beta_uploads"])
+        report["sockets"] = [p for p in ("/run/opentinker", "/run/opentinker/api.sock") if os.path.exists(p)]
+        for key, value in report.items():  # the job's output reaches its log, line by line: the test reads it there
+            print("PROBE", key, json.dumps(value)[:1500], flush=True)
+        for key, value in os.environ.items():
+            print("PROBE-ENV", key, json.dumps(value)[:200], flush=True)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -135,12 +166,17 @@ def tenants(job_server, tmp_path_factory):
         "alpha_dir": str(alpha_dir),
         "etc_shadow": "/etc/shadow",
         "root_home": "/root",
+        "beta_uploads": str(server.data_dir / "tenants" / "beta" / "uploads"),
     }
     code = tmp_path_factory.mktemp("beta-code")
     _package(
         code,
         "probe_env",
-        {"envs.py": PROBE_ENV.format(targets=targets, server=server.url, prefect=f"{server.prefect_url}/api")},
+        {
+            "envs.py": PROBE_ENV.format(
+                targets=targets, server=server.url, prefect=f"{server.prefect_url}/api", escape=ESCAPE
+            )
+        },
     )
 
     sys.path.insert(0, str(code))  # the client packs the package from where the user has it
@@ -216,33 +252,57 @@ def test_another_tenants_job_answers_404_on_every_route(tenants, method, path, b
         )
 
 
+def _probe_reports(server, key: str, job_id: str) -> list[dict]:
+    """What the probe env printed, per process that built it (the env check's sandbox prints to no log; the job's
+    attempts do), read from the job's log."""
+    lines = HTTP.get(f"{server.url}/v1/jobs/{job_id}/logs", headers=server.headers(key)).text.splitlines()
+    reports: list[dict] = []
+    for line in lines:
+        message = json.loads(line)["message"]
+        if "PROBE " not in message and "PROBE-ENV " not in message:
+            continue
+        kind, name, value = message.split("job: ", 1)[1].split(" ", 2)
+        if kind == "PROBE" and name == TARGET_FIRST:
+            reports.append({"environ": {}})
+        if kind == "PROBE-ENV":
+            reports[-1]["environ"][name] = value
+        else:
+            reports[-1][name] = json.loads(value)
+    return reports
+
+
+TARGET_FIRST = "key_store"
+ESCAPE = f"opentinker-escape-{os.getpid()}"
+"""The file the probe env writes wherever it can: none may appear on the host."""
+
+
 def test_a_hostile_env_reaches_nothing_of_the_server_or_the_other_tenant(tenants):
-    server = tenants["server"]
-    reports = sorted((server.data_dir / "tenants" / "beta" / "probe").glob("*.json"))
-    assert reports, "the env ran inside the job and wrote its report"
-    job_reports = 0
-    for path in reports:
-        report = json.loads(path.read_text())
-        for target in ("key_store", "worker_key", "server_dir", "alpha_store", "alpha_dir", "etc_shadow"):
+    server, keys, jobs = tenants["server"], tenants["keys"], tenants["jobs"]
+    reports = _probe_reports(server, keys["beta"], jobs["beta"]["id"])
+    assert reports, "the env ran inside the job and printed its report into the job's log"
+    for report in reports:
+        for target in ("key_store", "worker_key", "server_dir", "data_dir", "alpha_store", "alpha_dir", "etc_shadow"):
             assert report[target] in ("FileNotFoundError", "PermissionError"), (target, report[target])
         # /root holds nothing but the path to the interpreter's installation when Python lives there (pyenv)
         interpreter = Path(sys.base_prefix)
         allowed = {f"listed:{interpreter.parts[2]}"} if interpreter.parts[1:2] == ("root",) else set()
         assert report["root_home"] in {"FileNotFoundError", *allowed}, report["root_home"]
-        assert report["data_dir"] == "listed:tenants"  # only the path down to its own tenant's folder exists
         environ = report["environ"]
-        assert CANARY not in json.dumps(environ) and "OPENTINKER_TEST_CANARY" not in environ
-        assert not any(key in environ for key in ("OPENTINKER_SERVER_DATABASE_URL", "OPENTINKER_API_KEY"))
-        assert "OPENTINKER_JOB_TOKEN" not in environ  # the attempt's token stays with the job's launcher code
+        assert environ and CANARY not in json.dumps(environ) and "OPENTINKER_TEST_CANARY" not in environ
+        assert not any(key.startswith(("PREFECT_", "OPENTINKER_MLFLOW", "OPENTINKER_SERVER")) for key in environ)
+        assert "OPENTINKER_JOB_TOKEN" not in environ and not any("tml-" in value for value in environ.values())
         assert all(CANARY not in text for text in report["proc_environs"])
-        # No network but the job's own proxy: the server's API and Prefect itself are out of reach...
+        # No network at all: the server's API and Prefect are out of reach, directly and on the old proxy's port...
         assert report["server_api"] == "URLError" and report["prefect_direct"] == "URLError", report
-        if "proxy_all_runs" in report:  # (the job, not the env check, which has no proxy at all)
-            # ...and through the proxy, nothing but its own flow run: no listing of runs, deployments or logs.
-            assert (report["proxy_all_runs"], report["proxy_deployments"], report["proxy_logs"]) == (403, 403, 403)
-            job_reports += 1
-    assert job_reports >= 1
-    # ...while the job itself could write its own tenant's store (it trained and registered a model).
+        assert report["prefect_loopback"] == "URLError" and report["sockets"] == []
+        # ...what it writes outside its scratch stays in its own private tmpfs (nothing reached the host), and no
+        # link can be planted where the server writes (its tenant's folder does not exist in there).
+        leaked = [folder for folder in report["written"] if (Path(folder) / ESCAPE).exists()]
+        assert leaked == [], leaked
+        assert report["link"] == "FileNotFoundError"
+    uploads = server.data_dir / "tenants" / "beta" / "uploads"
+    assert uploads.is_dir() and not uploads.is_symlink()
+    # Trusted code wrote the job's store from what crossed the channel; the job itself never saw it.
     assert (server.data_dir / "tenants" / "beta" / "mlflow.db").exists()
 
 

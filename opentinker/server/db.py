@@ -121,6 +121,7 @@ class Store:
         if url.startswith("sqlite"):
             sa.event.listen(self.engine, "connect", _sqlite_pragmas)
         Base.metadata.create_all(self.engine)
+        _add_new_columns(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager
@@ -131,6 +132,19 @@ class Store:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def _add_new_columns(engine: sa.Engine) -> None:
+    """Columns added to a table since its database was made (all nullable, with model defaults): ``create_all``
+    makes missing tables only, so a server upgraded in place would fail on every query of that table."""
+    inspector = sa.inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        present = {column["name"] for column in inspector.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in present and column.nullable:
+                kind = column.type.compile(dialect=engine.dialect)
+                with engine.begin() as connection:
+                    connection.execute(sa.text(f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {kind}'))
 
 
 def _sqlite_pragmas(connection, _record) -> None:

@@ -26,7 +26,7 @@ from opentinker.tasks.spec import RunSpec
 
 from . import tenants
 from .db import Job, Store, Tenant, Upload
-from .env_check import EnvCheck
+from .env_check import EnvCheck, merge_resolved
 from .orchestration import PRIORITY_STEP, Orchestrator
 from .packaging import top_package
 from .schemas import FINAL_STATES, JobOut, JobSubmit, Progress, QueueInfo
@@ -98,9 +98,15 @@ class JobService:
         with self.store.session() as session:
             quotas = session.get(Tenant, tenant)
             self._check_quotas(quotas, params)
-        problem = self.env_check.check(params, upload)
+        problem, resolved = self.env_check.check(params, upload)
         if problem:
             raise Invalid(problem)
+        try:
+            params = merge_resolved(params, resolved)
+        except ValueError as exc:
+            raise Invalid(str(exc)) from None
+        with self.store.session() as session:
+            self._check_quotas(session.get(Tenant, tenant), params)  # the resolved budget, checked again
         with self._submit_lock, self.store.session() as session:
             existing = self._by_idempotency_key(tenant, request.idempotency_key, session)
             if existing is not None:
@@ -369,7 +375,7 @@ def enqueue(store: Store, orchestrator: Orchestrator, job: Job) -> None:
     with store.session() as session:
         limit = session.get(Tenant, job.tenant).max_running_jobs
     orchestrator.ensure_queue(job.tenant, limit)
-    flow_run_id = orchestrator.submit(job.id, job.attempts, job.tenant, job.spec, job.priority, job.queued_at)
+    flow_run_id = orchestrator.submit(job.id, job.attempts, job.tenant, job.priority, job.queued_at)
     with store.session() as session:
         session.get(Job, job.id).flow_run_id = flow_run_id
     job.flow_run_id = flow_run_id

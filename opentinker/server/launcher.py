@@ -26,7 +26,16 @@ from .orchestration import WORKER_QUERY_SECONDS
 
 WATCH_S = 2.0
 """How often ``up`` checks that its worker still runs."""
-WORKER_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "OPENTINKER_SANDBOX", "OPENTINKER_SERVER_JOB_NICE")
+WORKER_ENV = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_ALL",
+    "TMPDIR",
+    "OPENTINKER_SANDBOX",
+    "OPENTINKER_SERVER_JOB_NICE",
+    "OPENTINKER_JOB_LIMITS",
+)
 """What the worker inherits from ``server up``'s environment (no keys, no database URL, no store credentials)."""
 
 

@@ -1,14 +1,17 @@
-"""What passes between the server and a job attempt: the launch (worker → server) and progress (job → server).
+"""What passes between the server and a job attempt: the launch (worker → server), then progress and the result
+(the attempt's trusted side → server).
 
 A worker, holding a key with the ``worker`` scope, asks for a flow run's launch before it starts anything: the server
 answers only for a flow run it made for an unfinished job, so a flow run created behind its back (Prefect's API has
-no tenants) starts nothing. The answer holds the sandbox's layout and environment: the tenant's directory and store,
-the uploaded code, and a fresh token for this attempt, the only credential the job's code ever sees. The job reports
-its progress with that token; it cannot act for its tenant or see anything of another.
+no tenants) starts nothing. The answer holds the resolved spec, the job's run folder and the tenant's store (for the
+attempt's trusted side), the sandbox's read-only code and environment, the tenant's limits, and a fresh token for
+this attempt. The token stays with the trusted attempt process (the sandbox never holds it): with it the attempt
+reports progress and, once, its typed result, which the server stores on the job — the job record's one writer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -18,12 +21,14 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from opentinker.infra.cgroups import limits_for
 from opentinker.infra.settings import Settings
+from opentinker.tasks.train import run_dir
 
 from . import tenants
-from .db import Job, Store, Upload
+from .db import Job, Store, Tenant, Upload
 from .models import prepare_store
-from .schemas import LaunchInfo, ProgressReport
+from .schemas import JobResult, LaunchInfo, ProgressReport
 
 PASSED_SETTINGS = ("ray_address", "ray_num_cpus", "rollout_resource", "rollout_node_timeout_s")
 """Settings a job inherits from the server as they are (where its compute is); stores are the tenant's own."""
@@ -40,33 +45,38 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
             return None
         job.token_hash, job.launch_host = _digest(token), host
         upload = session.get(Upload, job.upload_id) if job.upload_id else None
+        quotas = session.get(Tenant, job.tenant)
         tenant, job_id, spec = job.tenant, job.id, job.spec
-    home = tenants.data_dir(tenant, settings)
-    (home / ".prefect").mkdir(parents=True, exist_ok=True)
     prepare_store(tenant, settings)
     env = {
-        "OPENTINKER_DATA_DIR": str(home),
-        "OPENTINKER_MLFLOW_TRACKING_URI": tenants.tracking_uri(tenant, settings),
-        "OPENTINKER_MLFLOW_EXPERIMENT": tenants.experiment(tenant),
         "OPENTINKER_SANDBOX": "none",  # the job is inside the sandbox already, which allows no nested one
-        "PREFECT_HOME": str(home / ".prefect"),
         "MPLCONFIGDIR": "/tmp/matplotlib",
+        "HF_HUB_OFFLINE": "1",
     }
     for name in PASSED_SETTINGS:
         value = getattr(settings, name)
         if value not in ("", None):
             env[f"OPENTINKER_{name.upper()}"] = str(value)
     readonly = [str(cache) for cache in _base_models(spec, settings)]
+    code = None
     if upload is not None:
         code = tenants.uploads_dir(tenant, settings) / upload.id
-        readonly.append(str(code))
-        env["PYTHONPATH"] = str(code)
         if settings.ray_address:  # a Ray cluster imports the package through the job's runtime env
             modules = [str(code / name) for name in upload.packages if (code / name).is_dir()]
             env["RAY_JOB_CONFIG_JSON_ENV_VAR"] = json.dumps({"runtime_env": {"py_modules": modules}})
-    isolated = not (settings.ray_address or settings.mlflow_tracking_uri or settings.s3_endpoint_url)
     return LaunchInfo(
-        job_id=job_id, tenant=tenant, token=token, writable=[str(home)], readonly=readonly, env=env, isolated=isolated
+        job_id=job_id,
+        tenant=tenant,
+        token=token,
+        spec=spec,
+        job_dir=str(run_dir(tenants.data_dir(tenant, settings), job_id)),
+        tracking_uri=tenants.tracking_uri(tenant, settings),
+        experiment=tenants.experiment(tenant),
+        readonly=readonly,
+        code=str(code) if code else None,
+        env=env,
+        limits=dataclasses.asdict(limits_for(quotas, settings)),
+        isolated=not settings.ray_address,
     )
 
 
@@ -106,3 +116,15 @@ def report_progress(store: Store, job_id: str, token: str, report: ProgressRepor
 def _digest(token: str) -> str:
     """A random 256-bit token needs no slow hash: SHA-256 of it cannot be reversed."""
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def record_result(store: Store, job_id: str, token: str, result: JobResult) -> bool:
+    """Store the attempt's result on its job (the sync loop marks the job SUCCEEDED once its flow run completes);
+    False when the token is not this job's current one."""
+    with store.session() as session:
+        job = session.get(Job, job_id)
+        if job is None or not job.token_hash or not hmac.compare_digest(job.token_hash, _digest(token)):
+            return False
+        if job.state in ("QUEUED", "RUNNING"):
+            job.result = result.model_dump()
+    return True

@@ -29,7 +29,7 @@ from . import tenants
 POOL = "opentinker-jobs"
 DEPLOYMENT = "jobs"
 FLOW = "train"
-ENTRYPOINT = "opentinker/server/job_flow.py:train_job"
+ENTRYPOINT = "opentinker/server/attempt.py:job_attempt"
 PRIORITY_STEP = datetime.timedelta(days=1)
 WORKER_QUERY_SECONDS = 0.5
 """``PREFECT_WORKER_QUERY_SECONDS`` of the server's workers (Prefect's default: 15)."""
@@ -127,7 +127,7 @@ class Orchestrator:
         self._queues[name] = concurrency_limit
 
     def submit(
-        self, job_id: str, attempt: int, tenant: str, spec: dict[str, Any], priority: int, submitted_at: float
+        self, job_id: str, attempt: int, tenant: str, priority: int, submitted_at: float
     ) -> str:
         """A scheduled flow run for one attempt of a job, in the tenant's queue (idempotent per job and attempt)."""
         from prefect.states import Scheduled
@@ -135,7 +135,7 @@ class Orchestrator:
         when = datetime.datetime.fromtimestamp(submitted_at, datetime.UTC) - priority * PRIORITY_STEP
         flow_run = self.client.create_flow_run_from_deployment(
             self.deployment_id,
-            parameters={"spec": spec},
+            parameters={"job_id": job_id},
             state=Scheduled(scheduled_time=when),
             name=job_id if attempt == 1 else f"{job_id}-{attempt}",
             tags=[f"tenant:{tenant}", f"job:{job_id}"],

@@ -44,7 +44,9 @@ class Sandbox:
     writable: tuple[Path, ...] = ()
     readonly: tuple[Path, ...] = ()
     binds: tuple[tuple[Path, Path], ...] = ()
-    """(host path, sandbox path) pairs bound writable, e.g. the proxy's socket folder."""
+    """(host path, sandbox path) pairs bound writable, e.g. a job attempt's scratch folder."""
+    readonly_at: tuple[tuple[Path, Path], ...] = ()
+    """(host path, sandbox path) pairs bound read-only, e.g. a tenant's uploaded code (its host path stays unknown)."""
     env: Mapping[str, str] = field(default_factory=dict)
     network: bool = True
     chdir: Path = SOURCE_ROOT
@@ -71,6 +73,8 @@ class Sandbox:
             args += ["--ro-bind", str(path), str(path)]
         for source, target in self.binds:
             args += ["--bind", str(source), str(target)]
+        for source, target in self.readonly_at:
+            args += ["--ro-bind", str(source), str(target)]
         args += ["--chdir", str(self.chdir), "--", *command]
         return args
 

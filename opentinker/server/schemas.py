@@ -126,17 +126,34 @@ class JobOut(BaseModel):
     flow_run_url: str | None = None
 
 
-class JobResult(BaseModel):
-    run_id: str
-    experiment_id: str
+class KindResult(BaseModel):
+    """A multi-agent group's agent kind: its registered model and evaluation."""
+
+    model_config = ConfigDict(extra="forbid")
+
     model_name: str
     model_version: str
-    aliases: list[str]
-    decision: str
+    eval_mean: float
+    eval_std: float
+
+
+class JobResult(BaseModel):
+    """What a finished job produced: reported by its last attempt's trusted side, stored on the job by the server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["policy", "grpo", "group"] = "policy"
+    run_id: str = Field(max_length=64)
+    experiment_id: str = Field(max_length=64)
+    model_name: str = Field(max_length=300)
+    model_version: str = Field("", max_length=32, description="The registered version (a group: one per kind).")
+    aliases: list[str] = Field(max_length=8)
+    decision: str = Field(max_length=1000)
     eval_mean: float | None = Field(None, description="A policy's mean evaluation return (not GRPO).")
     eval_std: float | None = None
     heldout_success: float | None = Field(None, description="GRPO: the adapter's held-out success rate.")
     global_step: int | None = Field(None, description="Env steps reached; GRPO: optimiser updates.")
+    kinds: dict[str, KindResult] = Field(default_factory=dict, max_length=64, description="A group: per agent kind.")
 
 
 class LogLine(BaseModel):
@@ -163,18 +180,25 @@ class LaunchRequest(BaseModel):
 
 
 class LaunchInfo(BaseModel):
-    """What a worker needs to start one attempt of a job in its sandbox."""
+    """What a worker needs to run one attempt of a job: the spec, where its files go, its sandbox and limits."""
 
     job_id: str
     tenant: str
-    token: str = Field(description="The attempt's own credential (progress reports); never the tenant's key.")
-    writable: list[str]
-    readonly: list[str]
-    env: dict[str, str]
+    token: str = Field(description="The attempt's own credential (progress, result); never the tenant's key, and "
+                       "held by the trusted attempt process only, never by the sandbox.")
+    spec: dict[str, Any] = Field(description="The job's resolved run spec.")
+    job_dir: str = Field(description="The job's run folder (checkpoints, export): written by trusted code only.")
+    tracking_uri: str = Field(description="The tenant's MLflow store, written by the attempt's trusted side.")
+    experiment: str
+    readonly: list[str] = Field(description="Bound read-only into the sandbox at the same path: base models.")
+    code: str | None = Field(None, description="The tenant's uploaded code: bound read-only at /code, on PYTHONPATH.")
+    env: dict[str, str] = Field(description="The sandboxed child's environment (nothing of the server's).")
+    limits: dict[str, float | None] = Field(description="The attempt's cgroup limits (infra.cgroups.JobLimits).")
     isolated: bool = Field(
-        description="No network but the worker's filtering proxy to Prefect (the embedded stack); False: the host's "
-        "network, for a configured MLflow server, S3 or Ray cluster."
+        description="No network in the sandbox (the embedded stack); False: the host's network, for a configured "
+        "Ray cluster."
     )
+    server_url: str = Field("", description="Set by the worker: where the attempt reports.")
 
 
 class ProgressReport(BaseModel):

@@ -1,12 +1,12 @@
 """Job states follow their flow runs: a thread reads the unfinished jobs' flow runs from Prefect four times a second.
 
 Prefect state → job state: Scheduled → QUEUED (AwaitingRetry, a flow retry in progress, stays RUNNING); Pending (a
-worker took it, its process starts) and Running → RUNNING; Completed → SUCCEEDED, with the result read from the
-tenant's MLflow store; Failed → FAILED with Prefect's message; Cancelled → CANCELLED. Crashed (the flow-run process
-died: killed, out of memory, its worker gone; a run whose process on this host is gone is marked so here) queues the
-job's next attempt as a new flow run, up to ``MAX_ATTEMPTS`` attempts: it resumes from the last checkpoint, and a late
-report about the crashed run cannot touch it. Every server process may run this loop; each change is a compare-and-set
-on the job's row, so two of them never apply the same change twice.
+worker took it, its process starts) and Running → RUNNING; Completed → SUCCEEDED, with the result the attempt reported
+(``launches.record_result``); Failed → FAILED with Prefect's message; Cancelled → CANCELLED. Crashed (the flow-run
+process died: killed, out of memory, its worker gone; a run whose process on this host is gone is marked so here)
+queues the job's next attempt as a new flow run, up to ``MAX_ATTEMPTS`` attempts: it resumes from the last checkpoint,
+and a late report about the crashed run cannot touch it. Every server process may run this loop; each change is a
+compare-and-set on the job's row, so two of them never apply the same change twice.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from typing import Any
 import psutil
 import sqlalchemy as sa
 
-from . import tenants
 from .db import Job, Store
 from .orchestration import Orchestrator
 from .schemas import FINAL_STATES
@@ -106,7 +105,7 @@ class JobSync:
             if job.started_at is None:
                 changes["started_at"] = time.time()
         elif state == "COMPLETED":
-            changes = {"state": "SUCCEEDED", "ended_at": time.time(), "reason": "", "result": self._result(job)}
+            changes = self._after_completion(job)
         elif state == "CANCELLED":
             changes = {"state": "CANCELLED", "ended_at": time.time(), "reason": message or "cancelled"}
         elif state == "FAILED":
@@ -152,34 +151,10 @@ class JobSync:
             ).rowcount
         return bool(updated)
 
-    def _result(self, job: Job) -> dict[str, Any] | None:
-        """The finished job's MLflow run, registered version, aliases and gate decision, from its tenant's store."""
-        import mlflow
-
-        client = mlflow.MlflowClient(tracking_uri=tenants.tracking_uri(job.tenant, self.settings))
-        experiment = client.get_experiment_by_name(tenants.experiment(job.tenant))
-        if experiment is None:
-            return None
-        runs = client.search_runs(
-            [experiment.experiment_id],
-            filter_string=f"tags.`prefect.flow_run_id` = '{job.flow_run_id}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
-        )
-        if not runs:
-            return None
-        run = runs[0]
-        tags, metrics = run.data.tags, run.data.metrics
-        last = "heldout/success_rate" if job.spec["engine"]["algorithm"] == "grpo" else "eval/mean_return"
-        return {
-            "run_id": run.info.run_id,
-            "experiment_id": experiment.experiment_id,
-            "model_name": job.spec["model_name"],
-            "model_version": tags.get("opentinker.model_version", ""),
-            "aliases": [a for a in tags.get("opentinker.aliases", "").split(",") if a],
-            "decision": tags.get("gate.decision", ""),
-            "eval_mean": metrics.get("eval/mean_return"),
-            "eval_std": metrics.get("eval/std_return"),
-            "heldout_success": metrics.get("heldout/success_rate"),
-            "global_step": max((m.step for m in client.get_metric_history(run.info.run_id, last)), default=None),
-        }
+    def _after_completion(self, job: Job) -> dict[str, Any]:
+        """SUCCEEDED with the result the attempt reported (stored on the job before its flow run completed)."""
+        with self.store.session() as session:
+            result = session.get(Job, job.id).result
+        if not result:
+            return {"state": "FAILED", "ended_at": time.time(), "reason": "the attempt completed without a result"}
+        return {"state": "SUCCEEDED", "ended_at": time.time(), "reason": ""}

@@ -1,12 +1,12 @@
-"""The server's Prefect worker: Prefect's own process worker, whose every run starts in the job's sandbox.
+"""The server's Prefect worker: Prefect's own process worker, whose every run is one job attempt's trusted side.
 
 ``opentinker server worker`` (and ``server up``, for its embedded worker) runs it: it polls the work pool twice a
 second (``PREFECT_WORKER_QUERY_SECONDS``), respects the pool's and queues' concurrency limits and cancels runs as
 Prefect's process worker does. Only the command differs, and it is fixed in code, not taken from the pool's job
 template: before a run starts, the worker asks the server for that run's launch (``launches.py``), then starts
-``python -m opentinker.server.job_entry`` inside the sandbox the launch describes. A run the server does not know
-is refused, so nothing else reaching Prefect's API can make this worker run a command. With the embedded stack the
-sandbox has no network: the worker's ``JobProxy`` (one Unix socket, bound into every sandbox) is its way to Prefect.
+``python -m opentinker.server.attempt`` with the launch in its environment — trusted code, which runs the flow run and
+starts the tenant's code in a sandbox of its own (``attempt.py``). A run the server does not know is refused, so
+nothing else reaching Prefect's API can make this worker run a command; and no job's code ever reaches Prefect.
 """
 
 from __future__ import annotations
@@ -26,14 +26,26 @@ from prefect.workers.process import ProcessWorker
 
 from opentinker.infra.settings import get_settings
 
-from .job_proxy import PROGRESS_PATH, PROXY_PORT, Attempt, JobProxy
+from .attempt import LAUNCH_VARIABLE, SCRATCH_ROOT_VARIABLE
 from .orchestration import HEARTBEAT_S, POOL, WORKER_QUERY_SECONDS
-from .sandbox import Sandbox, base_env, check_available, write_seccomp_program
+from .sandbox import base_env, check_available
 from .schemas import LaunchInfo
 
-JOB_COMMAND = (sys.executable, "-m", "opentinker.server.job_entry")
-SANDBOX_PROXY_DIR = "/run/opentinker"
-"""Where a job's sandbox finds the proxy's socket."""
+ATTEMPT_COMMAND = (sys.executable, "-m", "opentinker.server.attempt")
+PASSED = (
+    "PREFECT_API_URL",
+    "PREFECT_API_AUTH_STRING",
+    "PREFECT_HOME",
+    "OPENTINKER_JOB_LIMITS",
+    "OPENTINKER_SANDBOX",
+    "OPENTINKER_SERVER_JOB_NICE",
+    "OPENTINKER_S3_ENDPOINT_URL",
+    "OPENTINKER_S3_BUCKET",
+    "OPENTINKER_S3_ACCESS_KEY",
+    "OPENTINKER_S3_SECRET_KEY",
+    "OPENTINKER_S3_REGION",
+)
+"""What an attempt's trusted process inherits from the worker (Prefect's API, the operator's stores and settings)."""
 
 
 class LaunchRefused(RuntimeError):
@@ -50,16 +62,9 @@ class SandboxWorker(ProcessWorker):
         super().__init__(*args, **kwargs)
         self.server_url = server_url.rstrip("/")
         self._key = worker_key
-        self._sandboxed = get_settings().sandbox == "bwrap"
-        self._nice = ("nice", "-n", str(get_settings().server_job_nice))
-        self.runtime = Path(tempfile.mkdtemp(prefix="opentinker-worker-"))
-        self._proxy = None
-        if self._sandboxed:
+        if get_settings().sandbox == "bwrap":
             check_available()
-            self._seccomp = write_seccomp_program(self.runtime / "seccomp.bpf")
-            (self.runtime / "proxy").mkdir(mode=0o755)
-            self._proxy = JobProxy(self.runtime / "proxy" / "api.sock", os.environ["PREFECT_API_URL"], self.server_url)
-            self._proxy.start()
+        self.runtime = Path(tempfile.mkdtemp(prefix="opentinker-worker-"))
         self._taken: set[UUID] = set()
         """Runs handed to this worker that have not left Scheduled yet (their Pending not yet proposed)."""
 
@@ -106,45 +111,21 @@ class SandboxWorker(ProcessWorker):
             if task_status is not None:
                 task_status.started(refused)
             return ProcessWorkerResult(identifier="", status_code=0)
+        launch = launch.model_copy(update={"server_url": self.server_url})
         env = {
-            **launch.env,
+            **base_env(),
+            **{name: os.environ[name] for name in PASSED if name in os.environ},
+            LAUNCH_VARIABLE: launch.model_dump_json(),
+            SCRATCH_ROOT_VARIABLE: str(self.runtime),
             "PREFECT__FLOW_RUN_ID": str(flow_run.id),
             "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
-            "OPENTINKER_JOB_ID": launch.job_id,
-            "OPENTINKER_JOB_TOKEN": launch.token,
+            "OPENTINKER_DATA_DIR": str(Path(launch.job_dir).parent.parent),
+            "OPENTINKER_MLFLOW_TRACKING_URI": launch.tracking_uri,
+            "OPENTINKER_MLFLOW_EXPERIMENT": launch.experiment,
         }
-        isolated = self._sandboxed and launch.isolated
-        if isolated:  # no network: Prefect and progress through the proxy, which knows this attempt by its token
-            env.update(
-                PREFECT_API_URL=f"http://127.0.0.1:{PROXY_PORT}/api",
-                PREFECT_API_AUTH_STRING=launch.token,
-                OPENTINKER_JOB_PROXY=f"{SANDBOX_PROXY_DIR}/api.sock",
-                OPENTINKER_JOB_REPORT_URL=f"http://127.0.0.1:{PROXY_PORT}{PROGRESS_PATH}",
-            )
-            self._proxy.admit(launch.token, Attempt(launch.job_id, str(flow_run.id)))
-        else:
-            env.update(
-                PREFECT_API_URL=os.environ["PREFECT_API_URL"],
-                OPENTINKER_JOB_REPORT_URL=f"{self.server_url}/v1/internal/jobs/{launch.job_id}/progress",
-            )
-        if self._sandboxed:
-            box = Sandbox(
-                writable=tuple(map(Path, launch.writable)),
-                readonly=tuple(map(Path, launch.readonly)),
-                binds=((self.runtime / "proxy", Path(SANDBOX_PROXY_DIR)),) if isolated else (),
-                env=env,
-                network=not isolated,
-            )
-            configuration.command = shlex.join((*self._nice, *box.shell_command(JOB_COMMAND, self._seccomp)))
-            configuration.env = {"PATH": "/usr/bin:/bin"}
-        else:  # OPENTINKER_SANDBOX=none: trusted tenants only (docs/service.md)
-            configuration.command = shlex.join((*self._nice, *JOB_COMMAND))
-            configuration.env = {**base_env(), **env}
-        try:
-            return await super().run(flow_run, configuration, task_status)
-        finally:
-            if isolated:
-                self._proxy.dismiss(launch.token)
+        configuration.command = shlex.join(ATTEMPT_COMMAND)
+        configuration.env = env
+        return await super().run(flow_run, configuration, task_status)
 
 
 def run_worker(server_url: str, worker_key: str, name: str | None = None, limit: int | None = None) -> None:

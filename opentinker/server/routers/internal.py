@@ -1,4 +1,5 @@
-"""``/v1/internal``: workers fetch launches (``worker`` scope), running jobs report progress (their attempt token)."""
+"""``/v1/internal``: workers fetch launches (``worker`` scope); attempts report progress and their result (with
+their token)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..auth import Caller, require_scope
-from ..launches import launch, report_progress
-from ..schemas import LaunchInfo, LaunchRequest, ProgressReport
+from ..launches import launch, record_result, report_progress
+from ..schemas import JobResult, LaunchInfo, LaunchRequest, ProgressReport
 
 router = APIRouter(prefix="/v1/internal", tags=["internal"])
-_job_token = HTTPBearer(auto_error=False, description="The job attempt's token (given to its sandbox at launch).")
+_job_token = HTTPBearer(auto_error=False, description="The job attempt's token (given to its trusted side at launch).")
 
 
 @router.post("/launches", response_model=LaunchInfo)
@@ -34,4 +35,16 @@ def post_progress(
 ) -> None:
     """A running attempt's step, total and latest metrics (steps/s, mean return)."""
     if token is None or not report_progress(request.app.state.store, job_id, token.credentials, body):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id!r} not found")
+
+
+@router.post("/jobs/{job_id}/result", status_code=status.HTTP_204_NO_CONTENT)
+def post_result(
+    job_id: str,
+    body: JobResult,
+    request: Request,
+    token: HTTPAuthorizationCredentials | None = Depends(_job_token),
+) -> None:
+    """The attempt's typed result (run, model version, evaluation, gate decision), stored on the job."""
+    if token is None or not record_result(request.app.state.store, job_id, token.credentials, body):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"job {job_id!r} not found")

@@ -1,0 +1,258 @@
+"""The one way out of a job's sandbox: a private, typed, versioned, size-bounded channel per attempt.
+
+The trusted attempt process (``attempt.py``) makes a ``socketpair`` and passes one end to the sandboxed child as an
+inherited descriptor: no path, port or token names it, so no other job can open it and nothing shared is writable.
+Frames are ``[4-byte length][1-byte kind][payload]``: kind ``J`` a JSON message (at most ``MAX_MESSAGE`` bytes), kind
+``B`` a chunk of the file the last ``FileBegin`` announced. The reader validates every message with the pydantic
+models below (unknown fields, wrong types, oversized strings and maps are refused: the attempt fails with one line
+naming the field), bounds each file and all files of an attempt, and throttles a chatty child by reading no more than
+``MAX_MESSAGES_PER_S`` (back-pressure: the child's writes block). Nothing a job writes reaches trusted code otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+VERSION = 1
+MAX_MESSAGE = 1 << 20
+"""A JSON message's bytes."""
+CHUNK = 1 << 20
+"""A file chunk's bytes."""
+MAX_MESSAGES_PER_S = 200
+MAX_METRICS = 256
+MAX_LINE = 2000
+FILE_PATTERN = r"^(checkpoints|export|adapter|exports/[a-z0-9_-]{1,64})/[A-Za-z0-9_.-]{1,128}$"
+"""Where a job's files may land under its run folder: checkpoints, a policy export, an adapter, a group's exports."""
+HEADER = struct.Struct(">IB")
+
+Name = Annotated[str, Field(max_length=128)]
+Line = Annotated[str, Field(max_length=MAX_LINE)]
+
+
+class ChannelError(RuntimeError):
+    """The child broke the protocol (a malformed, oversized or unexpected message): the attempt fails with this."""
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
+
+
+class Start(Message):
+    """Trusted → child, first and only: what to run."""
+
+    type: Literal["start"] = "start"
+    version: int = VERSION
+    spec: dict[str, Any]
+    champion_dir: str | None = None
+    """A read-only folder with the current champion's export (policy) or adapter (GRPO), to evaluate beside."""
+
+
+class Metrics(Message):
+    """One training iteration's metrics at global ``step`` (they go to the MLflow run and the job's progress)."""
+
+    type: Literal["metrics"] = "metrics"
+    step: int = Field(ge=0, le=1 << 62)
+    values: dict[Name, float] = Field(max_length=MAX_METRICS)
+
+
+class Log(Message):
+    type: Literal["log"] = "log"
+    level: Literal["info", "warning", "error"] = "info"
+    line: Line
+
+
+class FileBegin(Message):
+    """The next ``size`` bytes of ``B`` frames are the file ``path`` under the job's run folder."""
+
+    type: Literal["file"] = "file"
+    path: str = Field(pattern=FILE_PATTERN)
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Evaluation(Message):
+    """An evaluation's returns on seeds ``seed + i``; the mean and std are computed by the reader, not believed."""
+
+    returns: list[float] = Field(min_length=1, max_length=100_000)
+    seed: int
+    mean_length: float | None = None
+    terminated_fraction: float | None = None
+
+
+class PolicyResult(Message):
+    """A policy job's end: how far it trained and what it scored (its export and checkpoint went as files)."""
+
+    type: Literal["policy"] = "policy"
+    start_step: int = Field(ge=0)
+    global_step: int = Field(ge=0)
+    train_seconds: float = Field(ge=0)
+    evaluation: Evaluation
+    champion_evaluation: Evaluation | None = None
+    random_evaluation: Evaluation | None = None
+    threshold: float | None = None
+
+
+class GroupResult(Message):
+    """A multi-agent group's end: one export and evaluation per agent kind (``exports/<kind>/``)."""
+
+    type: Literal["group"] = "group"
+    global_step: int = Field(ge=0)
+    evaluations: dict[Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,64}$")], Evaluation] = Field(max_length=64)
+
+
+class LMEvaluation(Message):
+    success: float = Field(ge=0, le=1)
+    mean_reward: float
+    prompts: int = Field(ge=0)
+
+
+class GRPOResult(Message):
+    """A GRPO job's end: the adapter (``adapter/``) and its held-out evaluation, the champion's beside it."""
+
+    type: Literal["grpo"] = "grpo"
+    updates: int = Field(ge=0)
+    train_seconds: float = Field(ge=0)
+    completions_per_s: float = Field(ge=0)
+    evaluation: LMEvaluation
+    base_evaluation: LMEvaluation | None = None
+    champion_success: float | None = Field(None, ge=0, le=1)
+
+
+class Failure(Message):
+    type: Literal["failure"] = "failure"
+    error: Annotated[str, Field(max_length=8000)]
+
+
+Result = PolicyResult | GroupResult | GRPOResult
+FromChild = Annotated[
+    Metrics | Log | FileBegin | PolicyResult | GroupResult | GRPOResult | Failure, Field(discriminator="type")
+]
+_from_child: TypeAdapter[Any] = TypeAdapter(FromChild)
+
+
+class Channel:
+    """One end of an attempt's socket pair, with framing and limits; the child's end is ``Channel(fd=N)``."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+
+    @classmethod
+    def from_fd(cls, fd: int) -> Channel:
+        return cls(socket.socket(fileno=fd))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # -- writing (either side) --
+
+    def send(self, message: Message) -> None:
+        payload = message.model_dump_json().encode()
+        if len(payload) > MAX_MESSAGE:
+            raise ChannelError(f"message {message.__class__.__name__}: {len(payload)} bytes, at most {MAX_MESSAGE}")
+        self.sock.sendall(HEADER.pack(len(payload), ord("J")) + payload)
+
+    def send_file(self, path: str, data: bytes) -> None:
+        self.send(FileBegin(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest()))
+        for start in range(0, len(data), CHUNK):
+            chunk = data[start : start + CHUNK]
+            self.sock.sendall(HEADER.pack(len(chunk), ord("B")) + chunk)
+
+    # -- reading --
+
+    def _exactly(self, n: int) -> bytes:
+        buffer = bytearray()
+        while len(buffer) < n:
+            part = self.sock.recv(min(n - len(buffer), CHUNK))
+            if not part:
+                raise EOFError
+            buffer += part
+        return bytes(buffer)
+
+    def _frame(self) -> tuple[str, bytes]:
+        size, kind = HEADER.unpack(self._exactly(HEADER.size))
+        if kind not in (ord("J"), ord("B")) or size > max(MAX_MESSAGE, CHUNK):
+            raise ChannelError(f"frame: kind {kind} of {size} bytes; expected J or B of at most {MAX_MESSAGE}")
+        return chr(kind), self._exactly(size)
+
+    def receive_start(self) -> Start:
+        """The child's first read: the start message."""
+        kind, payload = self._frame()
+        if kind != "J":
+            raise ChannelError("expected the start message")
+        return Start.model_validate_json(payload)
+
+    def messages(self, max_file: int, max_total: int) -> Iterator[Message | tuple[FileBegin, bytes]]:
+        """The child's messages until it closes its end; a file comes whole as ``(FileBegin, bytes)`` once its
+        bytes and checksum are in. ``max_file``/``max_total``: bytes of one file, of all files of the attempt."""
+        total, window, count = 0, int(time.monotonic()), 0
+        while True:
+            try:
+                kind, payload = self._frame()
+            except EOFError:
+                return
+            now = int(time.monotonic())
+            window, count = (window, count + 1) if now == window else (now, 1)
+            if count > MAX_MESSAGES_PER_S:
+                time.sleep(max(0.0, window + 1 - time.monotonic()))
+            if kind != "J":
+                raise ChannelError("file bytes without a file message before them")
+            try:
+                message = _from_child.validate_json(payload)
+            except ValidationError as exc:
+                raise ChannelError(f"invalid message from the job: {_first_error(exc)}") from None
+            if not isinstance(message, FileBegin):
+                yield message
+                continue
+            if message.size > max_file or total + message.size > max_total:
+                raise ChannelError(
+                    f"file {message.path}: {message.size} bytes; at most {max_file} per file, {max_total} per attempt"
+                )
+            total += message.size
+            yield message, self._file(message)
+
+    def _file(self, begin: FileBegin) -> bytes:
+        data, digest = bytearray(), hashlib.sha256()
+        while len(data) < begin.size:
+            kind, chunk = self._frame()
+            if kind != "B" or len(data) + len(chunk) > begin.size:
+                raise ChannelError(f"file {begin.path}: its bytes did not follow as announced ({begin.size} bytes)")
+            data += chunk
+            digest.update(chunk)
+        if digest.hexdigest() != begin.sha256:
+            raise ChannelError(f"file {begin.path}: checksum does not match")
+        return bytes(data)
+
+
+def evaluation_result(evaluation: Evaluation, model_key: str) -> Any:
+    """The RL core's ``EvalResult`` of a reported evaluation (mean and std computed here)."""
+    from opentinker.agents.evaluation import EvalResult
+
+    return EvalResult.of(
+        evaluation.returns,
+        seed=evaluation.seed,
+        model_key=model_key,
+        mean_length=evaluation.mean_length,
+        terminated_fraction=evaluation.terminated_fraction,
+    )
+
+
+def safe_relative(path: str) -> PurePosixPath:
+    """A validated file path as a relative path (the pattern already excludes ``..`` and absolute paths)."""
+    relative = PurePosixPath(path)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise ChannelError(f"file {path[:100]!r}: not a plain relative path")
+    return relative
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}"[:300]
