@@ -115,12 +115,13 @@ def fault_jobs(job_server, tmp_path_factory):
     client.kill()  # the laptop goes away mid-job
     client.wait()
 
-    # The flow-run process of one job dies (SIGKILL): Prefect reports it crashed, the server queues the job again.
+    # The flow-run process of one job (the attempt's trusted side, and with it its sandbox) dies (SIGKILL): Prefect
+    # reports it crashed, the server queues the job again.
     # Submitted only now, so that nothing else is awaited while it trains: it cannot finish unobserved.
     jobs["process_killed"] = _submit(server, key)
     wait_for_job(server, key, jobs["process_killed"], _training)
-    engine = [p for p, command in _job_processes(jobs["process_killed"]).items() if "server.job_entry" in command]
-    assert engine, "the job's process runs with its job id in its environment"
+    engine = [p for p, command in _job_processes(jobs["process_killed"]).items() if "server.attempt" in command]
+    assert engine, "the attempt's process runs with its job id in its environment"
     for proc in engine:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()

@@ -135,7 +135,7 @@ class SandboxedChild:
         self.channel, theirs = (Channel(end) for end in socket.socketpair())
         self.cgroup = _cgroup(launch)
         sandboxed = settings.sandbox == "bwrap"
-        env = {**launch.env, "OPENTINKER_CHANNEL_FD": str(theirs.sock.fileno())}
+        env = {**launch.env, "OPENTINKER_JOB_ID": launch.job_id, "OPENTINKER_CHANNEL_FD": str(theirs.sock.fileno())}
         nice = ("nice", "-n", str(settings.server_job_nice))
         fds = [theirs.sock.fileno()]
         if sandboxed:

@@ -118,6 +118,7 @@ class SandboxWorker(ProcessWorker):
             LAUNCH_VARIABLE: launch.model_dump_json(),
             SCRATCH_ROOT_VARIABLE: str(self.runtime),
             "PREFECT__FLOW_RUN_ID": str(flow_run.id),
+            "OPENTINKER_JOB_ID": launch.job_id,
             "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
             "OPENTINKER_DATA_DIR": str(Path(launch.job_dir).parent.parent),
             "OPENTINKER_MLFLOW_TRACKING_URI": launch.tracking_uri,

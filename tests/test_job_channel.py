@@ -1,0 +1,141 @@
+"""The attempt's channel as a hostile child would use it: every malformed, oversized or misplaced message fails the
+attempt with one line naming what was wrong, before trusted code allocates or writes anything for it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import threading
+
+import pytest
+
+from opentinker.server.channel import (
+    HEADER,
+    Channel,
+    ChannelError,
+    FileBegin,
+    Metrics,
+    PolicyResult,
+    Start,
+)
+
+MAX_FILE, MAX_TOTAL = 1 << 16, 1 << 17
+
+
+def _pair() -> tuple[Channel, Channel]:
+    ours, theirs = socket.socketpair()
+    return Channel(ours), Channel(theirs)
+
+
+def _read_all(channel: Channel) -> list:
+    return list(channel.messages(MAX_FILE, MAX_TOTAL))
+
+
+def _raw(channel: Channel, kind: str, payload: bytes) -> None:
+    channel.sock.sendall(HEADER.pack(len(payload), ord(kind)) + payload)
+
+
+def _from_child(write) -> list:
+    """What the trusted side reads while a child thread runs ``write(channel)`` then closes its end."""
+    trusted, child = _pair()
+
+    def run() -> None:
+        try:
+            write(child)
+        except OSError:
+            pass
+        finally:
+            child.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        return _read_all(trusted)
+    finally:
+        trusted.close()
+        thread.join(timeout=10)
+
+
+def test_a_well_behaved_child_is_read_whole():
+    evaluation = {"returns": [1.0, 3.0], "seed": 7}
+
+    def child(channel: Channel) -> None:
+        channel.send(Metrics(step=64, values={"charts/sps": 1000.0, "losses/value": float("nan")}))
+        channel.send_file("export/weights.npz", b"\x00" * 5000)
+        channel.send(
+            PolicyResult(start_step=0, global_step=64, train_seconds=1.5, evaluation=evaluation, threshold=None)
+        )
+
+    metrics, (begin, data), result = _from_child(child)
+    assert metrics.step == 64 and metrics.values["charts/sps"] == 1000.0 and metrics.values["losses/value"] != 0
+    assert begin.path == "export/weights.npz" and data == b"\x00" * 5000
+    assert result.evaluation.returns == [1.0, 3.0]
+
+
+def test_the_start_message_reaches_the_child():
+    trusted, child = _pair()
+    trusted.send(Start(spec={"env_id": "CartPole-v1"}))
+    assert child.receive_start().spec == {"env_id": "CartPole-v1"}
+
+
+def _json(channel: Channel, body: dict) -> None:
+    _raw(channel, "J", json.dumps(body).encode())
+
+
+ATTACKS = {
+    "not json": (lambda c: _raw(c, "J", b"{not json"), "invalid message"),
+    "unknown type": (lambda c: _json(c, {"type": "admin", "cmd": "rm"}), "invalid message"),
+    "extra field": (lambda c: _json(c, {"type": "log", "line": "x", "token": "t"}), "token"),
+    "too many metrics": (
+        lambda c: _json(c, {"type": "metrics", "step": 1, "values": {f"k{i}": 1.0 for i in range(300)}}),
+        "values",
+    ),
+    "huge log line": (lambda c: _json(c, {"type": "log", "line": "x" * 100_000}), "line"),
+    "path with ..": (
+        lambda c: _json(c, {"type": "file", "path": "export/../../other/x", "size": 1, "sha256": "0" * 64}),
+        "path",
+    ),
+    "absolute path": (
+        lambda c: _json(c, {"type": "file", "path": "/etc/passwd", "size": 1, "sha256": "0" * 64}),
+        "path",
+    ),
+    "file over its limit": (
+        lambda c: _json(c, {"type": "file", "path": "export/w.npz", "size": MAX_FILE + 1, "sha256": "0" * 64}),
+        "at most",
+    ),
+    "bytes without a file": (lambda c: _raw(c, "B", b"\x00" * 10), "without a file message"),
+    "oversized frame": (lambda c: c.sock.sendall(HEADER.pack(1 << 31, ord("J"))), "at most"),
+    "unknown frame kind": (lambda c: c.sock.sendall(HEADER.pack(3, ord("X")) + b"abc"), "expected J or B"),
+    "wrong checksum": (
+        lambda c: (
+            c.send(FileBegin(path="export/a.json", size=3, sha256=hashlib.sha256(b"xyz").hexdigest())),
+            _raw(c, "B", b"abc"),
+        ),
+        "checksum",
+    ),
+    "more bytes than announced": (
+        lambda c: (
+            c.send(FileBegin(path="export/a.json", size=2, sha256=hashlib.sha256(b"ab").hexdigest())),
+            _raw(c, "B", b"abc"),
+        ),
+        "did not follow as announced",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ATTACKS))
+def test_a_hostile_message_fails_the_attempt_naming_what_was_wrong(case):
+    write, expected = ATTACKS[case]
+    with pytest.raises(ChannelError) as refused:
+        _from_child(write)
+    assert expected in str(refused.value) and len(str(refused.value)) < 400
+
+
+def test_files_of_one_attempt_are_bounded_together():
+    def child(channel: Channel) -> None:
+        for index in range(3):  # 3 x 48 KiB > the 128 KiB per attempt
+            channel.send_file(f"checkpoints/c{index}.pt", b"\x01" * (48 << 10))
+
+    with pytest.raises(ChannelError, match="per attempt"):
+        _from_child(child)
