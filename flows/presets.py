@@ -4,8 +4,9 @@ The family is picked from the env itself (``ProblemKind``): discrete or continuo
 episode length, and the suite it belongs to (the ALE namespace: Atari; a gymnasium ``MujocoEnv``: MuJoCo). Per-id
 entries exist only where the family default is known to fail. A config file's algorithm table (``[ppo]``, ``[sac]``,
 ...) and top-level ``num_envs`` (``RunSpec.engine``) override any field; ``resolve_spec`` fills the rest into a run's
-spec, once. The table is documented in
-docs/pipeline.md ("Presets").
+spec, once. A user's own env (``module:Class``: no registry entry, so no measured preset) takes PPO's family preset
+under the row of ``BUDGET_TABLE`` for the run's steps and its measured episode length (``budget_defaults``). The tables
+are documented in docs/pipeline.md ("Presets").
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ class ProblemKind:
     reward_threshold: float | None
     suite: str | None = None
     """"atari" (an id in gymnasium's ALE namespace), "mujoco" (the env is a gymnasium ``MujocoEnv``) or None."""
+    registered: bool = True
+    """A gymnasium id (its family presets were measured on registered envs); False: a user's ``module:Class``,
+    whose PPO defaults follow the run's budget (``budget_defaults``); ``episode_steps`` is then measured."""
 
     @property
     def family(self) -> str:
@@ -201,15 +205,79 @@ def problem_kind(env_ref: str) -> ProblemKind:
             raise ValueError(problem or f"action_space {env.action_space}: a text env trains with algorithm 'grpo'")
         actions = action_kind(env.action_space)
         obs_dim = int(gym.spaces.flatdim(env.observation_space))
+        registered = spec is not None
+        episode_steps = getattr(spec, "max_episode_steps", None)
+        if not registered:
+            episode_steps = probe_episodes(env)
         return ProblemKind(
             actions,
             obs_dim,
-            getattr(spec, "max_episode_steps", None),
+            episode_steps,
             getattr(spec, "reward_threshold", None),
             env_suite(env),
+            registered,
         )
     finally:
         env.close()
+
+
+PROBE_STEPS, PROBE_SECONDS = 2_000, 1.0
+
+
+def probe_episodes(env: Any, seed: int = 0) -> int | None:
+    """The longest episode a uniform random policy plays in ``PROBE_STEPS`` steps (at most ``PROBE_SECONDS``): a
+    user's env has no ``max_episode_steps``, and the budget table sizes rollouts by it. None when no episode ends
+    within the probe (an unlimited or long env: the long family)."""
+    import copy
+    import time
+
+    space = copy.deepcopy(env.action_space)
+    space.seed(seed)
+    env.reset(seed=seed)
+    longest, length, deadline = None, 0, time.perf_counter() + PROBE_SECONDS
+    for step in range(PROBE_STEPS):
+        _, _, terminated, truncated, _ = env.step(space.sample())
+        length += 1
+        if terminated or truncated:
+            longest, length = max(longest or 0, length), 0
+            env.reset()
+        if step % 64 == 63 and time.perf_counter() > deadline:
+            break
+    return longest
+
+
+BUDGET_TABLE: tuple[tuple[int, dict[str, Any]], ...] = (
+    (
+        50_000,
+        {"batch": 512, "update_epochs": 10, "num_minibatches": 8, "learning_rate": 3e-4, "anneal_lr": False},
+    ),
+    (
+        500_000,
+        {"batch": 2048, "update_epochs": 10, "num_minibatches": 16, "learning_rate": 3e-4, "anneal_lr": False},
+    ),
+)
+"""PPO on a user's env (no registry entry, no per-id preset): (largest budget, settings). A small run gets small
+batches reused many times (10 epochs of 64-transition minibatches: 0.16 gradient steps per env step, as SB3's
+default PPO) at a constant learning rate (annealed to 0 over 100k steps the MultiDiscrete bench env stayed at random,
+constant it solved it: docs/pipeline.md); above the last row, the family's preset (throughput: many env copies, few
+updates per sample, the learning rate annealed). ``batch`` is split into env copies x rollout steps by the episode
+length (``budget_defaults``)."""
+SMALL_BUDGET_FIELDS: dict[str, Any] = {"ent_coef": 0.0, "clip_vloss": False}
+"""What every budget row sets besides its own: SB3's PPO defaults (no entropy bonus, unclipped value loss)."""
+
+
+def budget_defaults(budget: int, kind: ProblemKind) -> dict[str, Any]:
+    """The budget table's fields for a run of ``budget`` env steps on an env of ``kind`` ({} above the table: the
+    family's preset stands). Rollout steps per env copy: the episode length rounded up to a power of two, between 64
+    and half the batch (an unlimited or unmeasured episode: half the batch); env copies: the batch over that."""
+    row = next((fields for limit, fields in BUDGET_TABLE if budget <= limit), None)
+    if row is None:
+        return {}
+    fields = {key: value for key, value in row.items() if key != "batch"}
+    batch = row["batch"]
+    episode = kind.episode_steps or batch
+    n_steps = min(max(64, 1 << max(int(episode) - 1, 1).bit_length()), batch // 2)
+    return {**SMALL_BUDGET_FIELDS, **fields, "num_envs": batch // n_steps, "n_steps": n_steps}
 
 
 FAMILIES: dict[tuple[str, str], dict[str, Any] | None] = {
@@ -231,9 +299,10 @@ FAMILIES: dict[tuple[str, str], dict[str, Any] | None] = {
 do). A MuJoCo env with PPO takes the continuous family's preset (CleanRL's, tuned on MuJoCo)."""
 
 
-def preset(algorithm: str, env_id: str, kind: ProblemKind) -> dict[str, Any]:
+def preset(algorithm: str, env_id: str, kind: ProblemKind, budget: int | None = None) -> dict[str, Any]:
     """The preset for this algorithm and env: the per-id entry, else the most specific family's (a copy: callers may
-    update it)."""
+    update it); PPO on a user's env (not registered, no suite) with ``budget`` env steps: the family's preset under
+    the budget table's row (``budget_defaults``)."""
     if (algorithm, env_id) in PER_ID:
         return dict(PER_ID[(algorithm, env_id)])
     family = _family(algorithm, kind)
@@ -241,7 +310,10 @@ def preset(algorithm: str, env_id: str, kind: ProblemKind) -> dict[str, Any]:
         fits = sorted({a for a, _ in FAMILIES if (f := _family(a, kind)) and FAMILIES[(a, f)] is not None})
         what = f"{kind.actions} actions" if family is None else f"the {family} family"
         raise ValueError(f"algorithm: {algorithm!r} does not handle {what} (env {env_id!r}); use {' or '.join(fits)}")
-    return dict(FAMILIES[(algorithm, family)])
+    table = dict(FAMILIES[(algorithm, family)])
+    if algorithm == "ppo" and budget is not None and not kind.registered and kind.suite is None:
+        table.update(budget_defaults(budget, kind))
+    return table
 
 
 def _family(algorithm: str, kind: ProblemKind) -> str | None:
@@ -262,7 +334,8 @@ def resolve_spec(spec: RunSpec) -> RunSpec:
         from opentinker.envs.remote_env import resolve_backend
 
         kind = problem_kind(spec.env_id)
-        table = {**preset(engine.algorithm, spec.env_id, kind), **engine.config_fields()}
+        budget = engine.config_fields().get("total_steps") or spec.steps  # the schedules' horizon, else the run's
+        table = {**preset(engine.algorithm, spec.env_id, kind, budget), **engine.config_fields()}
         if table.get("backend", "auto") == "auto":
             table["backend"] = (
                 "ray"
@@ -285,7 +358,7 @@ def _run_fields(engine: EngineSpec) -> dict[str, Any]:
     return {key: value for key, value in engine.model_dump(exclude={"algorithm"}).items() if key not in names}
 
 
-def engine_preset(algorithm: str, env_id: str) -> dict[str, Any]:
-    """The preset as trainer keyword arguments (``num_envs`` included): what ``opentinker train ENV`` (and
-    ``PPOTrainer(env_id)``) uses."""
-    return preset(algorithm, env_id, problem_kind(env_id))
+def engine_preset(algorithm: str, env_id: str, steps: int | None = None) -> dict[str, Any]:
+    """The preset as trainer keyword arguments (``num_envs`` included): what ``opentinker train ENV --steps STEPS``
+    (and ``PPOTrainer(env_id)``) uses."""
+    return preset(algorithm, env_id, problem_kind(env_id), steps)

@@ -291,11 +291,12 @@ class _BadDict(_Env):
 
 
 def test_presets_put_multi_discrete_actions_in_the_discrete_family():
-    from opentinker.flows.presets import PPO_DISCRETE_LONG, engine_preset, problem_kind
+    from opentinker.flows.presets import PPO_DISCRETE, engine_preset, problem_kind
 
     kind = problem_kind("opentinker.envs.identity:MultiBinaryIdentityEnv")
-    assert kind.actions == "multi-discrete" and kind.family == "multi-discrete-long"  # no spec: unlimited episodes
-    assert engine_preset("ppo", "opentinker.envs.identity:MultiDiscreteIdentityEnv") == PPO_DISCRETE_LONG
+    assert kind.actions == "multi-discrete" and kind.family == "multi-discrete"  # no spec: 16-step episodes measured
+    assert kind.episode_steps == 16 and not kind.registered
+    assert engine_preset("ppo", "opentinker.envs.identity:MultiDiscreteIdentityEnv") == PPO_DISCRETE
     with pytest.raises(ValueError, match="'dqn' does not handle multi-discrete actions"):
         engine_preset("dqn", "opentinker.envs.identity:MultiDiscreteIdentityEnv")
     with pytest.raises(EnvSpecError, match=r"MultiDiscrete.* is not supported by this algorithm: expected Discrete"):
