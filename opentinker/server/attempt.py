@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.states import Failed
 
 from opentinker.infra.files import atomic_write
 from opentinker.infra.settings import get_settings
@@ -62,7 +61,11 @@ MAX_OUTPUT_LINES = 5000
 REPORT_EVERY_S = 0.5
 LIMITS_POLL_S = 0.5
 RETRIES = 2
-"""Flow retries per attempt (a child that failed: the retry resumes from the last checkpoint it sent)."""
+"""Children started again within an attempt after one failed (each resumes from the last checkpoint sent)."""
+
+
+class ChildFailed(RuntimeError):
+    """The child ended without a result (its own error, a broken protocol, a killed process): worth one more try."""
 
 
 class LimitExceeded(RuntimeError):
@@ -225,7 +228,7 @@ class SandboxedChild:
             raise LimitExceeded(limit)
         if result is None:
             last = failure.strip().splitlines()[-1] if failure.strip() else f"the job's process exited with {code}"
-            raise RuntimeError(f"{last[:500]}\n{failure[-4000:]}" if failure else last)
+            raise ChildFailed(f"{last[:500]}\n{failure[-4000:]}" if failure else last)
         return result
 
     def wait(self) -> int:
@@ -468,9 +471,11 @@ def current_launch() -> LaunchInfo:
     return LaunchInfo.model_validate_json(os.environ[LAUNCH_VARIABLE])
 
 
-@flow(name="train", log_prints=True, retries=RETRIES, retry_delay_seconds=1)
-def job_attempt(job_id: str) -> Any:
-    """One attempt of job ``job_id``: the tenant's code in its sandbox, everything it reports written here."""
+@flow(name="train", log_prints=True)
+def job_attempt(job_id: str) -> JobResult:
+    """One attempt of job ``job_id``: the tenant's code in its sandbox, everything it reports written here. A child
+    that fails is started again from the last checkpoint it sent, up to ``RETRIES`` times (this loop is the flow's one
+    retry layer: a Prefect flow retry would also retry a limit hit); a limit hit fails the attempt at once."""
     from opentinker.flows.presets import resolve_spec
     from opentinker.tasks.run import tracked_run
     from opentinker.tasks.spec import RunSpec
@@ -486,34 +491,42 @@ def job_attempt(job_id: str) -> Any:
     reporter = Reporter(launch.server_url, launch.job_id, launch.token)
     progress.add_listener(reporter)
     champion_root = Path(tempfile.mkdtemp(prefix="champion-"))
-    child = None
+    log = get_run_logger()
     try:
         champion, champion_dir = _champion(spec, champion_root / "files")
-        child = SandboxedChild(launch, job_dir, champion_dir, get_run_logger())
-        child.start(launch.spec, champion_dir)
+
+        def start() -> SandboxedChild:
+            child = SandboxedChild(launch, job_dir, champion_dir, log)
+            child.start(launch.spec, champion_dir)
+            return child
+
+        child = start()  # before the MLflow run: the child's start-up overlaps it
         total = spec.engine.updates if spec.algorithm == "grpo" else spec.steps
         logger = MetricsLogger.with_progress(None, total)
-        try:
-            with tracked_run(spec.config_form(), spec.resolved_run_name, spec.experiment) as run:
-                logger.run_id = run.run_id
+        with tracked_run(spec.config_form(), spec.resolved_run_name, spec.experiment) as run:
+            logger.run_id = run.run_id
+            for retry in range(RETRIES + 1):
                 try:
                     result = child.pump(job_dir, logger)
+                    break
+                except ChildFailed as exc:
+                    if retry == RETRIES:
+                        raise
+                    log.warning("the job failed (%s); starting it again from its last checkpoint", str(exc)[:300])
                 finally:
+                    child.close()
                     logger.flush()
-                if isinstance(result, PolicyResult):
-                    outcome = finish_policy(spec, run, result, job_dir, logger, champion)
-                elif isinstance(result, GroupResult):
-                    outcome = finish_group(spec, run, result, job_dir)
-                else:
-                    outcome = finish_grpo(spec, run, result, job_dir, champion)
-        except LimitExceeded as exc:  # final: a retry would hit the same limit
-            return Failed(message=str(exc))
+                child = start()
+            if isinstance(result, PolicyResult):
+                outcome = finish_policy(spec, run, result, job_dir, logger, champion)
+            elif isinstance(result, GroupResult):
+                outcome = finish_group(spec, run, result, job_dir)
+            else:
+                outcome = finish_grpo(spec, run, result, job_dir, champion)
         reporter.result(outcome)
         return outcome
     finally:
         progress.remove_listener(reporter)
-        if child is not None:
-            child.close()
         shutil.rmtree(champion_root, ignore_errors=True)
 
 
