@@ -182,6 +182,41 @@ def test_save_state_then_load_resumes_bit_exact(tinker_server, sdk):
         sdk("resume").create_training_client_from_state(saved).result()
 
 
+def test_a_training_run_and_its_metadata_outlive_its_session_until_its_checkpoints_expire(tinker_server, sdk):
+    """The cookbook's resume reads the run's ``user_metadata`` (its renderer) after the session that trained it
+    closed: the run is the database's, readable while it has a checkpoint that has not expired."""
+    metadata = {"renderer_name": "role_colon"}
+    service = sdk("history")
+    training = service.create_lora_training_client(base_model=TINY, rank=4, seed=0, user_metadata=metadata).result()
+    saved = training.save_state("kept", ttl_seconds=3600).result().path
+    sampler_path = training.save_weights_for_sampler("kept").result().path
+    unsaved = service.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+    session_id = training.model_id.split(":")[0]
+    service.close("success").result()
+
+    rest = tinker.RestClient(base_url=tinker_server.url, api_key=tinker_server.key("history"))
+    run = rest.get_training_run_by_tinker_path(saved).result()
+    assert run.training_run_id == training.model_id and run.user_metadata == metadata
+    assert run.last_checkpoint.tinker_path == saved and run.last_sampler_checkpoint.tinker_path == sampler_path
+    assert run.lora_rank == 4 and run.base_model == TINY
+    listed = [r.training_run_id for r in rest.list_training_runs().result().training_runs]
+    assert listed == [training.model_id]  # the run without a checkpoint went with its session
+    with pytest.raises(tinker.NotFoundError):
+        rest.get_training_run(unsaved.model_id).result()
+    session = rest.get_session(session_id).result()
+    assert set(session.training_run_ids) == {training.model_id, unsaved.model_id}
+    assert session_id in rest.list_sessions().result().sessions
+    other = tinker.RestClient(base_url=tinker_server.url, api_key=tinker_server.key("beta"))
+    with pytest.raises(tinker.NotFoundError):
+        other.get_training_run_by_tinker_path(saved).result()
+
+    rest.delete_checkpoint_from_tinker_path(sampler_path).result()
+    rest.set_checkpoint_ttl_from_tinker_path(saved, 1).result()
+    time.sleep(1.2)
+    with pytest.raises(tinker.NotFoundError):
+        rest.get_training_run_by_tinker_path(saved).result()
+
+
 def test_two_tenants_cannot_see_each_others_models_checkpoints_or_samplers(tinker_server, sdk):
     alpha = sdk("alpha")
     training = alpha.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()

@@ -3,6 +3,7 @@ model's requests run in, and the checkpoint store's paths, tenants and time-to-l
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -14,6 +15,7 @@ from tinker.proto.response_conv import deserialize_forward_backward_output, dese
 
 from opentinker.agents.adapter_trainer import ForwardResult
 from opentinker.agents.lm_sampler import Completion, JobResult
+from opentinker.server.db import Store
 from opentinker.server.tinker import wire
 from opentinker.server.tinker.errors import BadRequest
 from opentinker.server.tinker.futures import Future
@@ -124,22 +126,50 @@ def test_a_models_requests_run_in_sequence_order_once_each():
 
 
 def test_checkpoints_belong_to_a_tenant_and_expire(tmp_path):
-    store = CheckpointStore(lambda tenant: tmp_path / tenant)
+    db = Store(f"sqlite:///{tmp_path / 'server.db'}")
+    store = CheckpointStore(lambda tenant: tmp_path / tenant, db)
     path = CheckpointPath.make("s:train:0", "weights", "step-1")
-    meta = store.write("acme", path, lambda folder: (folder / "state.pt").write_bytes(b"x" * 10), ttl_seconds=1)
+    fill = lambda folder: (folder / "state.pt").write_bytes(b"x" * 10)  # noqa: E731
+    meta = store.write("acme", path, fill, "tiny", ttl_seconds=1)
     assert meta["tinker_path"] == "tinker://s:train:0/weights/step-1" and meta["size_bytes"] == 10
+    assert meta["base_model"] == "tiny" and store.usage_bytes("acme") == 10
     assert store.open("acme", path.uri)[1].joinpath("state.pt").read_bytes() == b"x" * 10
     with pytest.raises(CheckpointNotFound):
         store.open("other", path.uri)  # another tenant's path is not found
+    assert store.list("other") == [] and store.usage_bytes("other") == 0
     with pytest.raises(CheckpointError, match="already exists"):
-        store.write("acme", path, lambda folder: None)
+        store.write("acme", path, lambda folder: None, "tiny")
     store.set_ttl("acme", path.uri, None)
     assert store.list("acme")[0]["expires_at"] is None
+    # The records are the database's: a second store on the same database (another API process) sees them.
+    assert CheckpointStore(lambda tenant: tmp_path / tenant, db).list("acme", "s:train:0")[0]["size_bytes"] == 10
     store.set_ttl("acme", path.uri, 1)
     time.sleep(1.1)
     with pytest.raises(CheckpointNotFound, match="expired"):
         store.open("acme", path.uri)
-    assert store.usage_bytes("acme") == 0 and store.sweep(tmp_path) == 1
+    assert store.usage_bytes("acme") == 0 and store.sweep() == 1
+    assert not store.folder("acme", path).exists()
     for bad in ("tinker://x/other/y", "s3://bucket/key", "tinker://x/weights/../../etc"):
         with pytest.raises(CheckpointError):
             CheckpointPath.parse(bad)
+
+
+def test_checkpoints_of_a_server_before_the_database_are_adopted(tmp_path):
+    """A checkpoint folder with the ``checkpoint.json`` earlier servers wrote is recorded once, at start."""
+    store = CheckpointStore(lambda tenant: tmp_path / "tenants" / tenant, Store(f"sqlite:///{tmp_path / 'db.sqlite'}"))
+    path = CheckpointPath.make("s:train:0", "sampler_weights", "final")
+    folder = store.folder("acme", path)
+    folder.mkdir(parents=True)
+    meta = {
+        "tinker_path": path.uri,
+        "time": "2026-12-01T00:00:00+00:00",
+        "expires_at": None,
+        "size_bytes": 7,
+        "user_metadata": {"renderer_name": "role_colon"},
+        "base_model": "tiny",
+    }
+    (folder / "checkpoint.json").write_text(json.dumps(meta))
+    assert store.adopt(tmp_path / "tenants") == 1 and store.adopt(tmp_path / "tenants") == 0
+    listed = store.list("acme")
+    assert len(listed) == 1 and listed[0]["user_metadata"] == {"renderer_name": "role_colon"}
+    assert listed[0]["checkpoint_type"] == "sampler" and store.usage_bytes("acme") == 7

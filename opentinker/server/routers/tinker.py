@@ -47,7 +47,7 @@ class _TinkerRoute(APIRoute):
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI):
     """The service (and its worker, tracking writer and reaper) for the life of the app."""
-    service = TinkerService(app.state.settings, asyncio.get_running_loop())
+    service = TinkerService(app.state.settings, asyncio.get_running_loop(), app.state.store)
     app.state.tinker = service
     reaper = asyncio.create_task(service.maintain())
     try:
@@ -130,7 +130,8 @@ def usage(service: Service, caller: TinkerCaller) -> dict[str, Any]:
 # -- sessions -----------------------------------------------------------------------------------------------------
 @router.post("/create_session")
 async def create_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.create_session(caller.tenant, await _parse(request, types.CreateSessionRequest)))
+    body = await _parse(request, types.CreateSessionRequest)
+    return _json(await service.create_session(caller.tenant, body))
 
 
 @router.post("/session_heartbeat")
@@ -149,20 +150,12 @@ async def finish_session(session_id: str, service: Service, caller: TinkerCaller
 
 @router.get("/sessions/{session_id}")
 def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    session = service.session(caller.tenant, session_id)
-    body = types.GetSessionResponse(
-        training_run_ids=list(session.models),
-        sampler_ids=list(session.samplers),
-        user_metadata=session.user_metadata,
-        display_name=session.display_name,
-    )
-    return {**_json(body), "status": session.status}
+    return service.session_info(caller.tenant, session_id)
 
 
 @router.get("/sessions")
 def list_sessions(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
-    ids = [s.session_id for s in service.core.registry.sessions.values() if s.tenant == caller.tenant]
-    return _json(types.ListSessionsResponse(sessions=ids[offset : offset + limit]))
+    return _json(types.ListSessionsResponse(sessions=service.session_ids(caller.tenant, limit, offset)))
 
 
 # -- training -----------------------------------------------------------------------------------------------------
@@ -233,7 +226,7 @@ def _checkpoints(service: TinkerService, tenant: str, model_id: str | None) -> d
 
 @router.get("/training_runs")
 def list_training_runs(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
-    """The caller's live training clients (a finished session's are gone; their checkpoints stay)."""
+    """The caller's training runs: live ones, and ended ones while they have a checkpoint that has not expired."""
     runs = service.training_runs(caller.tenant)
     cursor = types.Cursor(offset=offset, limit=limit, total_count=len(runs))
     return _json(types.TrainingRunsResponse(training_runs=runs[offset : offset + limit], cursor=cursor))
@@ -241,7 +234,7 @@ def list_training_runs(service: Service, caller: TinkerCaller, limit: int = 20, 
 
 @router.get("/training_runs/{model_id}")
 def get_training_run(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    runs = [run for run in service.training_runs(caller.tenant) if run.training_run_id == model_id]
+    runs = service.training_runs(caller.tenant, model_id)
     if not runs:
         raise NotFound(f"training run {model_id!r} not found")
     return _json(runs[0])

@@ -20,11 +20,13 @@ from opentinker.agents.multi_lora import MultiLoraModel
 from opentinker.agents.token_losses import LossInputError
 from opentinker.infra.settings import Settings
 from opentinker.server import tenants
+from opentinker.server.db import Store
 
 from . import wire
 from .engine import Engine, Work
 from .errors import OverQuota, RateLimited
 from .futures import Future, FutureStore, Outcome
+from .records import Records
 from .sessions import Registry, TrainingModel
 from .store import CheckpointError, CheckpointStore
 from .tracking import TrackingWriter
@@ -40,11 +42,13 @@ USER_ERRORS = (LossInputError, SamplingError, CheckpointError, wire.WireError, V
 class Core:
     """One per server process, created on the event loop it serves."""
 
-    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, db: Store):
+        """``db``: the server's database (sessions, training runs and checkpoints are recorded there)."""
         self.settings = settings
         self.futures = FutureStore(loop)
         self.registry = Registry()
-        self.store = CheckpointStore(lambda tenant: tenants.data_dir(tenant, settings))
+        self.records = Records(db)
+        self.store = CheckpointStore(lambda tenant: tenants.data_dir(tenant, settings), db)
         self.tracking = TrackingWriter(settings)
         self.engine = Engine(self.futures, self.load_base, max_rows=settings.tinker_sample_batch_rows)
         self.bases = {DISPLAY_NAMES.get(b, b): b for b in settings.tinker_base_models}

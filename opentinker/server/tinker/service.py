@@ -17,6 +17,7 @@ from typing import Any
 from tinker import types
 
 from opentinker.infra.settings import Settings
+from opentinker.server.db import Store
 
 from .core import Core
 from .errors import NotFound
@@ -34,8 +35,8 @@ SESSIONS_KEPT_S = 3600.0
 class TinkerService:
     """One per server process (``app.state.tinker``), created on the event loop it serves."""
 
-    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop):
-        self.core = Core(settings, loop)
+    def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, db: Store):
+        self.core = Core(settings, loop, db)
         self.sampling = Sampling(self.core)
         self.training = Training(self.core, self.sampling)
 
@@ -51,8 +52,11 @@ class TinkerService:
         return types.GetServerCapabilitiesResponse(supported_models=models)
 
     # -- sessions --------------------------------------------------------------------------------------------------
-    def create_session(self, tenant: str, request: types.CreateSessionRequest) -> types.CreateSessionResponse:
+    async def create_session(self, tenant: str, request: types.CreateSessionRequest) -> types.CreateSessionResponse:
         session = self.core.registry.new_session(tenant, request.user_metadata, request.display_name)
+        await asyncio.to_thread(
+            self.core.records.add_session, session.session_id, tenant, request.user_metadata, request.display_name
+        )
         return types.CreateSessionResponse(session_id=session.session_id)
 
     def heartbeat(self, tenant: str, session_id: str) -> types.SessionHeartbeatResponse:
@@ -60,7 +64,33 @@ class TinkerService:
         return types.SessionHeartbeatResponse()
 
     def session(self, tenant: str, session_id: str) -> Session:
+        """A session this process serves (or served within ``SESSIONS_KEPT_S``)."""
         return self.core.registry.session(tenant, session_id, live=False)
+
+    def session_info(self, tenant: str, session_id: str) -> dict[str, Any]:
+        """``get_session``'s answer: from this process's registry, else from the database (a session of another
+        process, or of this one before a restart, is reported ``expired`` unless it ended otherwise)."""
+        try:
+            live = self.session(tenant, session_id)
+        except NotFound:
+            live = None
+        if live is not None:
+            runs, samplers = list(live.models), list(live.samplers)
+            metadata, name, status = live.user_metadata, live.display_name, live.status
+        else:
+            record = self.core.records.session(tenant, session_id)
+            if record is None:
+                raise NotFound(f"session {session_id!r} not found")
+            runs, samplers = self.core.records.run_ids(session_id), []
+            metadata, name = record.user_metadata, record.display_name
+            status = "expired" if record.status == "active" else record.status
+        body = types.GetSessionResponse(
+            training_run_ids=runs, sampler_ids=samplers, user_metadata=metadata, display_name=name
+        )
+        return {**body.model_dump(mode="json"), "status": status}
+
+    def session_ids(self, tenant: str, limit: int, offset: int) -> list[str]:
+        return self.core.records.session_ids(tenant, limit, offset)
 
     async def close_session(self, session: Session, status: str) -> None:
         """Mark it ``status``, fail what it still has queued and free its adapters and optimiser state."""
@@ -78,6 +108,7 @@ class TinkerService:
                 self.sampling.adapters.release(sampler)
 
         await asyncio.wrap_future(core.engine.call(free))
+        await asyncio.to_thread(core.records.end_session, session.session_id, status)
         for model in models:
             if model.run is not None:
                 model.run.end("FINISHED" if status == "finished" else "KILLED")
@@ -85,6 +116,12 @@ class TinkerService:
     async def maintain(self, period: float = 1.0) -> None:
         """Reap sessions whose heartbeats stopped, skip sequence gaps, forget old futures, drop expired checkpoints."""
         core, sweeps = self.core, 0
+        try:
+            adopted = await asyncio.to_thread(core.store.adopt, self.settings.resolved_data_dir / "tenants")
+            if adopted:
+                log.info("recorded %d checkpoints of an earlier server in the database", adopted)
+        except Exception:
+            log.exception("adopting earlier checkpoints failed")
         while True:
             await asyncio.sleep(period)
             try:
@@ -97,31 +134,44 @@ class TinkerService:
                 core.registry.prune(keep_s=SESSIONS_KEPT_S)
                 sweeps += 1
                 if sweeps % 60 == 0:
-                    await asyncio.to_thread(core.store.sweep, self.settings.resolved_data_dir / "tenants")
+                    await asyncio.to_thread(core.store.sweep)
+                    await asyncio.to_thread(core.records.prune, SESSIONS_KEPT_S)
             except Exception:  # the reaper must outlive one bad round
                 log.exception("tinker maintenance round failed")
 
-    def training_runs(self, tenant: str) -> list[types.TrainingRun]:
-        """The tenant's live training clients as Tinker's training runs, with their latest checkpoints."""
+    def training_runs(self, tenant: str, model_id: str | None = None) -> list[types.TrainingRun]:
+        """The tenant's training runs, oldest first, with their latest checkpoints: those of live training clients,
+        and those of ended ones (a finished session, an earlier server) while they have a checkpoint that has not
+        expired. Blocking (database reads)."""
+        core = self.core
+        live = {
+            m.model_id: m
+            for m in core.registry.models.values()
+            if m.tenant == tenant and not m.closed and m.trainer is not None
+        }
+        rows = core.records.readable_runs(tenant, set(live), model_id)
+        latest: dict[tuple[str, str], dict[str, Any]] = {}
+        for meta in core.store.list(tenant, model_id):  # oldest first: the last one of each kind wins
+            latest[meta["training_run_id"], meta["checkpoint_type"]] = meta
         runs = []
-        for model in self.core.registry.models.values():
-            if model.tenant != tenant or model.closed or model.trainer is None:
-                continue
-            latest: dict[str, types.Checkpoint] = {}
-            for meta in sorted(self.core.store.list(tenant, model.model_id), key=lambda m: m["time"]):
-                latest[meta["checkpoint_type"]] = types.Checkpoint.model_validate(meta)
-            session = self.core.registry.sessions[model.session_id]
+        for row in rows:
+            model = live.get(row.model_id)
+            session = core.registry.sessions.get(model.session_id) if model is not None else None
+            if session is not None:
+                last_request = time.time() - (time.monotonic() - session.last_seen)
+            else:
+                last_request = row.ended_at or row.last_request_at
             runs.append(
                 types.TrainingRun(
-                    training_run_id=model.model_id,
-                    base_model=self.core.display(model.base),
+                    training_run_id=row.model_id,
+                    base_model=core.display(row.base_model),
                     model_owner=tenant,
                     is_lora=True,
-                    lora_rank=model.shape.rank,
-                    last_request_time=datetime.fromtimestamp(time.time() - (time.monotonic() - session.last_seen), UTC),
-                    last_checkpoint=latest.get("training"),
-                    last_sampler_checkpoint=latest.get("sampler"),
-                    user_metadata={k: str(v) for k, v in (model.user_metadata or {}).items()} or None,
+                    lora_rank=row.lora_rank,
+                    last_request_time=datetime.fromtimestamp(last_request, UTC),
+                    last_checkpoint=_checkpoint(latest.get((row.model_id, "training"))),
+                    last_sampler_checkpoint=_checkpoint(latest.get((row.model_id, "sampler"))),
+                    user_metadata={k: str(v) for k, v in (row.user_metadata or {}).items()} or None,
                 )
             )
         return runs
@@ -157,3 +207,7 @@ class TinkerService:
     def close(self) -> None:
         self.core.engine.close()
         self.core.tracking.close()
+
+
+def _checkpoint(meta: dict[str, Any] | None) -> types.Checkpoint | None:
+    return types.Checkpoint.model_validate(meta) if meta is not None else None

@@ -8,6 +8,7 @@ model's sequence order.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from . import wire
 from .core import STATE_FILE, Core
 from .errors import BadRequest
 from .futures import Outcome
+from .records import TinkerTrainingRun
 from .sampling import Sampling
 from .sessions import Sequencer, Session, TrainingModel
 from .store import CheckpointPath
@@ -93,9 +95,8 @@ class Training:
         self.core.registry.add_model(session, model)
         return model
 
-    @staticmethod
-    def _or_forget(model: TrainingModel, op: Callable[[], Outcome]) -> Callable[[], Outcome]:
-        """``op``, after which a model that did not start is dropped (its quota slot released)."""
+    def _or_forget(self, model: TrainingModel, op: Callable[[], Outcome]) -> Callable[[], Outcome]:
+        """``op``, after which a model that did not start is dropped (its quota slot released, its run ended)."""
 
         def run() -> Outcome:
             outcome = None
@@ -105,6 +106,7 @@ class Training:
             finally:
                 if model.trainer is None or outcome is None or outcome.error:
                     model.closed = True
+                    self.core.records.end_run(model.model_id)
 
         return run
 
@@ -116,6 +118,17 @@ class Training:
         tags = {"tinker.model_id": model.model_id, "tinker.session_id": model.session_id}
         model.run = core.tracking.start_run(model.tenant, f"tinker-{model.model_id}", params, tags)
         core.tracking.flush()  # the run exists before the client hears of its model (its store, too, on first use)
+        core.records.add_run(
+            TinkerTrainingRun(
+                model_id=model.model_id,
+                tenant=model.tenant,
+                session_id=model.session_id,
+                base_model=model.base,
+                lora_rank=model.shape.rank,
+                shape=dataclasses.asdict(model.shape),
+                user_metadata=model.user_metadata,
+            )
+        )
         return model.trainer
 
     def get_info(self, tenant: str, model_id: str) -> types.GetInfoResponse:
@@ -168,10 +181,10 @@ class Training:
                 tenant,
                 path,
                 lambda folder: torch.save(state, folder / STATE_FILE),
+                model.base,
                 request.ttl_seconds,
                 request.overwrite,
                 request.user_metadata,
-                extra={"base_model": model.base},
             )
             model.run.checkpoint(path.uri)
             return _json(types.SaveWeightsResponse(path=path.uri))
@@ -196,10 +209,10 @@ class Training:
                 tenant,
                 path,
                 lambda folder: core.engine.model(model.base).save(model.adapter, folder, **meta),
+                model.base,
                 request.ttl_seconds,
                 True,
                 request.user_metadata,
-                extra={"base_model": model.base},
             )
             model.run.checkpoint(path.uri)
             return _json(types.SaveWeightsForSamplerResponseInternal(path=path.uri))
