@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from fixtures.server import CANARY, wait_for_job
 
@@ -82,6 +83,22 @@ def _written_outside():
     return written
 
 
+def _poison_store():
+    """The old attack: an SQLite trigger in a store the job writes, rewriting model sources to another tenant's files.
+    The job's only store now is this scratch file, which no trusted code opens."""
+    import sqlite3
+
+    path = Path(os.environ.get("OPENTINKER_DATA_DIR", "/tmp")) / "mlflow.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE IF NOT EXISTS model_versions (source TEXT)")
+        db.execute(
+            "CREATE TRIGGER IF NOT EXISTS steal AFTER INSERT ON model_versions BEGIN "
+            "UPDATE model_versions SET source = '%s'; END" % TARGETS["alpha_dir"]
+        )
+    return str(path)
+
+
 def _plant_link(victim, path):
     """Try to replace ``path`` (the tenant's uploads folder, as the attacker guesses it) with a link to ``victim``."""
     try:
@@ -107,6 +124,7 @@ class Probe(gym.Env):
         report["prefect_loopback"] = _get("http://127.0.0.1:4200/api/flow_runs/filter", b"{{}}")
         report["written"] = _written_outside()
         report["link"] = _plant_link(TARGETS["alpha_dir"], TARGETS["beta_uploads"])
+        report["poisoned"] = _poison_store()
         report["sockets"] = [p for p in ("/run/opentinker", "/run/opentinker/api.sock") if os.path.exists(p)]
         for key, value in report.items():  # the job's output reaches its log, line by line: the test reads it there
             print("PROBE", key, json.dumps(value)[:1500], flush=True)
@@ -191,7 +209,13 @@ def tenants(job_server, tmp_path_factory):
     }
     assert done["alpha"]["state"] == "SUCCEEDED", done["alpha"]
     assert done["beta"]["state"] == "SUCCEEDED", done["beta"]
-    return {"server": server, "keys": {"alpha": alpha_key, "beta": beta_key}, "jobs": done, "alpha_dir": alpha_dir}
+    # The same job as alpha's, alone (no attacker beside it), for the weights alpha's job must end with.
+    gamma_key = server.make_key("gamma")
+    gamma_job = Client(server.url, gamma_key).submit({"env_id": "CartPole-v1", **SMALL})
+    done["gamma"] = wait_for_job(server, gamma_key, gamma_job["id"], lambda s: s["state"] in FINAL)
+    assert done["gamma"]["state"] == "SUCCEEDED", done["gamma"]
+    keys = {"alpha": alpha_key, "beta": beta_key, "gamma": gamma_key}
+    return {"server": server, "keys": keys, "jobs": done, "alpha_dir": alpha_dir}
 
 
 def test_each_tenant_trains_and_sees_only_its_own(tenants):
@@ -300,6 +324,7 @@ def test_a_hostile_env_reaches_nothing_of_the_server_or_the_other_tenant(tenants
         leaked = [folder for folder in report["written"] if (Path(folder) / ESCAPE).exists()]
         assert leaked == [], leaked
         assert report["link"] == "FileNotFoundError"
+    assert all(report["poisoned"] == "/job/mlflow.db" for report in reports)  # only its own scratch
     uploads = server.data_dir / "tenants" / "beta" / "uploads"
     assert uploads.is_dir() and not uploads.is_symlink()
     # Trusted code wrote the job's store from what crossed the channel; the job itself never saw it.
@@ -521,3 +546,55 @@ def test_no_key_and_a_bad_key_answer_401_on_job_routes(job_server):
         assert HTTP.post(f"{server.url}/v1/jobs", headers=headers, json={"spec": {}}).status_code == 401
         assert HTTP.get(f"{server.url}/v1/jobs", headers=headers).status_code == 401
         assert HTTP.post(f"{server.url}/v1/uploads?filename=a.tar.gz", headers=headers, content=b"x").status_code == 401
+
+
+def test_a_group_job_reports_one_model_per_kind_through_the_same_path(job_server):
+    """A multi-agent group is a job like any other: its sandboxed child trains and evaluates every kind, the trusted
+    side registers one model per kind from the validated exports, and the job's result names them."""
+    from opentinker.cli.client import outcome_lines
+
+    key = job_server.make_key("herd")
+    spec = {
+        "env_id": "pursuit",
+        "algorithm": "group",
+        "env_kwargs": {"n_predators": 2, "n_prey": 3, "grid_size": 6, "max_cycles": 12},
+        "configs": {"prey": {"learning_starts": 64, "buffer_size": 512, "batch_size": 32, "train_frequency": 8}},
+        "steps": 128,
+        "num_envs": 2,
+        "n_steps": 16,
+        "eval_episodes": 2,
+    }
+    answer = HTTP.post(f"{job_server.url}/v1/jobs", headers=job_server.headers(key), json={"spec": spec})
+    assert answer.status_code == 201, answer.text
+    job = wait_for_job(job_server, key, answer.json()["id"], lambda s: s["state"] in FINAL)
+    assert job["state"] == "SUCCEEDED", job
+    result = HTTP.get(f"{job_server.url}/v1/jobs/{job['id']}/result", headers=job_server.headers(key)).json()
+    assert result["kind"] == "group" and set(result["kinds"]) == {"predator", "prey"}
+    for kind, model in result["kinds"].items():
+        assert model["model_name"] == f"{result['model_name']}-{kind}" and model["model_version"] == "1"
+        assert isinstance(model["eval_mean"], float)
+    assert "predator" in "\n".join(outcome_lines(result))  # the CLI prints it (no eval_mean of its own)
+    policy = HTTP.get(f"{job_server.url}/v1/jobs/{job['id']}/policy", headers=job_server.headers(key))
+    assert policy.status_code == 409 and "one model per agent kind" in policy.json()["detail"]
+
+
+def _policy(server, key: str, job_id: str) -> tuple[dict, dict[str, np.ndarray]]:
+    archive = HTTP.get(f"{server.url}/v1/jobs/{job_id}/policy", headers=server.headers(key))
+    assert archive.status_code == 200, archive.text
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as tar:
+        spec = json.loads(tar.extractfile("policy.json").read())
+        data = tar.extractfile("weights.npz").read()
+    with np.load(io.BytesIO(data)) as weights:
+        return spec, {name: weights[name] for name in weights.files}
+
+
+def test_the_attacked_tenants_model_ends_exactly_as_without_the_attacker(tenants):
+    """Alpha trained beside the hostile job; gamma the same spec alone: the same weights, byte for byte. And each
+    tenant's policy route hands back its own model (the poisoned store in beta's scratch reached nothing)."""
+    server, keys, jobs = tenants["server"], tenants["keys"], tenants["jobs"]
+    alpha_spec, alpha = _policy(server, keys["alpha"], jobs["alpha"]["id"])
+    _, alone = _policy(server, keys["gamma"], jobs["gamma"]["id"])
+    assert alpha.keys() == alone.keys() and all(np.array_equal(alpha[name], alone[name]) for name in alpha)
+    beta_spec, _ = _policy(server, keys["beta"], jobs["beta"]["id"])
+    assert alpha_spec["env_id"] == "CartPole-v1" and beta_spec["env_id"] == "probe_env.envs:Probe"
+    assert beta_spec["metadata"]["run_id"] != alpha_spec["metadata"]["run_id"]

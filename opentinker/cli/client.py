@@ -76,16 +76,28 @@ def _print_outcome(client, job: dict) -> None:
     if job["state"] != "SUCCEEDED":
         console.print(f"[bold red]{job['state']}[/]: {job['reason']}", highlight=False)
         raise typer.Exit(1)
-    result = client.result(job["id"])
+    console.print("\n".join(outcome_lines(client.result(job["id"]))), highlight=False)
+
+
+def outcome_lines(result: dict) -> list[str]:
+    """A finished job's result as the CLI prints it: a policy, a GRPO adapter, or a group's model per agent kind."""
+    if result.get("kinds"):
+        models = [
+            f"{kind}: {k['model_name']} version {k['model_version']} · mean return {k['eval_mean']:.1f} ± "
+            f"{k['eval_std']:.1f}"
+            for kind, k in result["kinds"].items()
+        ]
+        return [*models, f"Registered: {result['decision']}", f"MLflow run: {result['run_id']}"]
     if result.get("heldout_success") is not None:  # a GRPO job's adapter
         evaluation = f"Held-out success: {result['heldout_success']:.1%}"
     else:
         evaluation = f"Evaluation: mean return {result['eval_mean']:.1f} ± {result['eval_std']:.1f}"
-    console.print(
-        f"Model: {result['model_name']} version {result['model_version']} · aliases {', '.join(result['aliases'])}\n"
-        f"{evaluation}\nGate: {result['decision']}\nMLflow run: {result['run_id']}",
-        highlight=False,
-    )
+    return [
+        f"Model: {result['model_name']} version {result['model_version']} · aliases {', '.join(result['aliases'])}",
+        evaluation,
+        f"Gate: {result['decision']}",
+        f"MLflow run: {result['run_id']}",
+    ]
 
 
 @jobs_app.command("list")

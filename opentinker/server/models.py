@@ -70,7 +70,11 @@ def tenant_mlflow(tenant: str, settings: Settings) -> Iterator[object]:
 
 def not_a_policy(job: Job) -> str | None:
     """Why a finished job has no numpy policy to download or serve, or None: a GRPO job registers a LoRA adapter,
-    which the server's policy services (numpy forward pass) cannot run."""
+    which the server's policy services (numpy forward pass) cannot run; a group one model per agent kind."""
+    kinds = (job.result or {}).get("kinds")
+    if kinds:
+        models = ", ".join(f"{k['model_name']} v{k['model_version']}" for k in kinds.values())
+        return f"job {job.id} trained a group: one model per agent kind ({models}), not one policy"
     if job.spec["engine"]["algorithm"] != "grpo":
         return None
     return (
