@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from opentinker.agents.config import GRPOConfig
+from opentinker.agents.token_losses import clipped_ratio
 
 
 def grpo_config(overrides: dict[str, Any]) -> GRPOConfig:
@@ -50,15 +51,15 @@ def token_loss(
     clip_range: float,
     kl_coef: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token GRPO loss and KL (shapes like ``logp``); ``advantages`` broadcast over tokens."""
-    ratio = torch.exp(logp - old_logp)
-    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_range, 1 + clip_range) * advantages)
+    """Per-token GRPO loss and KL (shapes like ``logp``); ``advantages`` broadcast over tokens. The surrogate is
+    the Tinker ``ppo`` loss's (``token_losses.clipped_ratio``) with the band ``1 -/+ clip_range``."""
+    policy_loss = clipped_ratio(logp, old_logp, advantages, 1 - clip_range, 1 + clip_range)
     if ref_logp is None:
         kl = torch.zeros_like(logp)
     else:
         delta = ref_logp - logp
         kl = torch.exp(delta) - delta - 1
-    return -surrogate + kl_coef * kl, kl
+    return policy_loss + kl_coef * kl, kl
 
 
 def reduce_loss(

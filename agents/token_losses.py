@@ -8,12 +8,18 @@ sampler's ``logprobs``), ``A`` the ``advantages`` and ``w`` the ``weights``:
     cross_entropy        -w * logp
     importance_sampling  -ratio * A                                        (REINFORCE, off-policy corrected)
     ppo                  -min(ratio * A, clip(ratio, low, high) * A)       (Schulman et al. 2017)
+    stable_reinforce     ppo's, q being the logprobs the server recorded when it sampled the tokens
     cispo                -sg(clip(ratio, low, high)) * logp * A            (MiniMax-M1; sg: no gradient)
     dro                  -(logp * A - beta / 2 * (logp - q)^2)             (Richemond et al. 2024)
 
+``clipped_ratio`` is the one clipped-ratio surrogate: ppo's, stable_reinforce's and the built-in GRPO's
+(``agents.grpo.token_loss``). stable_reinforce is ppo's maths on the sampler's own logprobs: the server fills
+``logprobs`` from what it recorded at sampling time (``record_stability_info``; ``opentinker.server.tinker.stability``)
+and zeroes the advantages of tokens it did not sample, so here it is one more name for that loss.
+
 ``LOSSES`` says which inputs each needs and which ``loss_fn_config`` keys it takes; ``check_datum`` and
-``check_config`` turn a bad request into one line naming the field. Defaults: ppo clips to [0.8, 1.2] (Tinker's
-documented epsilon 0.2), cispo to [0.0, 4.0] (no lower bound, as the paper), dro's beta is 0.05.
+``check_config`` turn a bad request into one line naming the field. Defaults: ppo and stable_reinforce clip to
+[0.8, 1.2] (Tinker's documented epsilon 0.2), cispo to [0.0, 4.0] (no lower bound, as the paper), dro's beta is 0.05.
 """
 
 from __future__ import annotations
@@ -43,11 +49,18 @@ def importance_sampling(
     return -ratio * inputs["advantages"]
 
 
+def clipped_ratio(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, low: float, high: float
+) -> torch.Tensor:
+    """Per-token ``-min(ratio * A, clip(ratio, low, high) * A)``, ``ratio = exp(logp - old_logp)``: PPO's clipped
+    surrogate (``advantages`` broadcast over ``logp``)."""
+    ratio = torch.exp(logp - old_logp)
+    return -torch.min(ratio * advantages, torch.clamp(ratio, low, high) * advantages)
+
+
 def ppo(logp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]) -> torch.Tensor:
-    advantages = inputs["advantages"]
-    ratio = torch.exp(logp - inputs["logprobs"])
-    clipped = torch.clamp(ratio, config["clip_low_threshold"], config["clip_high_threshold"])
-    return -torch.min(ratio * advantages, clipped * advantages)
+    low, high = config["clip_low_threshold"], config["clip_high_threshold"]
+    return clipped_ratio(logp, inputs["logprobs"], inputs["advantages"], low, high)
 
 
 def cispo(logp: torch.Tensor, inputs: Mapping[str, torch.Tensor], config: Mapping[str, float]) -> torch.Tensor:
@@ -81,10 +94,10 @@ LOSSES: dict[str, LossSpec] = {
     "ppo": LossSpec(ppo, _RL_INPUTS, defaults=_CLIP_PPO),
     "cispo": LossSpec(cispo, _RL_INPUTS, defaults=_CLIP_CISPO),
     "dro": LossSpec(dro, _RL_INPUTS, defaults={"beta": 0.05}),
+    "stable_reinforce": LossSpec(ppo, _RL_INPUTS, defaults=_CLIP_PPO),
 }
 UNSUPPORTED = {
     "gspo": "needs sequence-level importance ratios this server does not compute",
-    "stable_reinforce": "needs the sampler's recorded stability information, which this server does not keep",
     "custom": "server-side custom losses are not supported: forward_backward_custom runs them client-side",
 }
 """Loss names the SDK knows that this server refuses, and why (``loss_spec``'s error says it)."""

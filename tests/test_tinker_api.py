@@ -140,6 +140,49 @@ def test_an_rl_loop_raises_a_verifier_reward(sdk):
     assert np.mean(history[-5:]) > np.mean(history[:5]) + 0.15, history
 
 
+def test_stable_reinforce_trains_on_what_the_sampler_recorded(sdk):
+    """Sampled with ``record_stability_info``, each sequence has a ``sequence_id``; a datum naming it through its
+    provenance trains with ``stable_reinforce`` against the logprobs the server recorded (the client's are ignored),
+    and only inside the session that sampled it."""
+    service = sdk("stable")
+    training = service.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+    prompt = training.get_tokenizer().encode(TEXT)[:6]
+    sampler = training.save_weights_and_get_sampling_client(record_stability_info=True).result()
+    params = types.SamplingParams(max_tokens=4, seed=3, stop=[])
+    sequence = sampler.sample(types.ModelInput.from_ints(prompt), 2, params).result().sequences[0]
+    assert sequence.sequence_id and len(sequence.tokens) == 4
+    full, n = prompt + list(sequence.tokens), len(prompt) + 3
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(full[:-1]),
+        loss_fn_inputs={
+            "target_tokens": np.array(full[1:]),
+            "logprobs": np.zeros(n, np.float32),  # wrong on purpose: the recorded ones are used
+            "advantages": np.ones(n, np.float32),  # prompt positions' are zeroed
+        },
+    ).with_provenance(
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id=sequence.sequence_id, length=6),
+            types.SampledProvenanceSpan(sequence_id=sequence.sequence_id, length=3),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id=sequence.sequence_id, offset=1, length=5),
+            types.SampledProvenanceSpan(sequence_id=sequence.sequence_id, length=4),
+        ],
+    )
+    step = training.forward_backward([datum], "stable_reinforce").result()
+    # Same weights as the sampler's: every ratio is 1, so the loss is minus the sampled tokens' advantages.
+    assert step.metrics["loss:sum"] == pytest.approx(-4.0, rel=1e-3)
+    assert training.optim_step(types.AdamParams(learning_rate=1e-2)).result().metrics["grad_norm:mean"] > 0
+
+    with pytest.raises(tinker.RequestFailedError, match="needs the datum's provenance"):
+        training.forward_backward(
+            [types.Datum(model_input=datum.model_input, loss_fn_inputs=datum.loss_fn_inputs)], "stable_reinforce"
+        ).result()
+    other = sdk("stable").create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+    with pytest.raises(tinker.RequestFailedError, match="not sampled with record_stability_info in this session"):
+        other.forward_backward([datum], "stable_reinforce").result()
+
+
 def test_save_state_then_load_resumes_bit_exact(tinker_server, sdk):
     service = sdk("resume")
     training = service.create_lora_training_client(base_model=TINY, rank=8, seed=1).result()

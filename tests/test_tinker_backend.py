@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from opentinker.agents.adapter_trainer import AdamStep, AdapterTrainer, TokenDatum
+from opentinker.agents.grpo import token_loss as grpo_token_loss
 from opentinker.agents.lm_sampler import HFSampler, SampleJob, SamplingError, SamplingSpec
 from opentinker.agents.multi_lora import AdapterShape, MultiLoraModel
 from opentinker.agents.token_losses import LOSSES, LossInputError, check_config, check_datum
@@ -50,6 +51,7 @@ def test_each_loss_has_the_value_and_gradient_of_its_formula():
     clipped = ratio.clamp(0.8, 1.2)
     unclipped_is_min = ratio * adv <= clipped * adv
     expected["ppo"] = (-torch.min(ratio * adv, clipped * adv).sum(), torch.where(unclipped_is_min, -ratio * adv, 0.0))
+    expected["stable_reinforce"] = expected["ppo"]  # on the logprobs the server recorded (stability.resolve)
     for name, spec in LOSSES.items():
         logp.grad = None
         used = {k: v for k, v in inputs.items() if k in spec.required + spec.optional}
@@ -58,13 +60,19 @@ def test_each_loss_has_the_value_and_gradient_of_its_formula():
         value, grad = expected[name]
         assert torch.allclose(loss.detach(), value), name
         assert torch.allclose(logp.grad, grad), name
+    # The built-in GRPO's surrogate is the same clipped ratio (one function): without KL it is ppo's loss.
+    per_token, _ = grpo_token_loss(logp.detach(), q, None, adv, 0.2, 0.0)
+    assert torch.allclose(per_token.sum(), expected["ppo"][0])
 
 
 @pytest.mark.parametrize(
     ("call", "message"),
     [
         (lambda: check_config("gspo", None), "'gspo' is not supported by this server"),
-        (lambda: check_config("hinge", None), "supported: cross_entropy, importance_sampling, ppo, cispo, dro"),
+        (
+            lambda: check_config("hinge", None),
+            "supported: cross_entropy, importance_sampling, ppo, cispo, dro, stable_reinforce",
+        ),
         (lambda: check_config("ppo", {"beta": 0.1}), "loss_fn_config['beta']: not a parameter of ppo"),
         (lambda: check_config("dro", {"beta": "x"}), "expected a finite number"),
         (lambda: check_config("ppo", {"clip_low_threshold": 1.1}), "clip_low_threshold <= 1"),

@@ -13,13 +13,14 @@ from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
 
-from opentinker.agents.adapter_trainer import ForwardResult
+from opentinker.agents.adapter_trainer import ForwardResult, TokenDatum
 from opentinker.agents.lm_sampler import Completion, JobResult
 from opentinker.server.db import Store
 from opentinker.server.tinker import wire
 from opentinker.server.tinker.errors import BadRequest
 from opentinker.server.tinker.futures import Future
 from opentinker.server.tinker.sessions import Sequencer
+from opentinker.server.tinker.stability import StabilityLog, resolve
 from opentinker.server.tinker.store import CheckpointError, CheckpointNotFound, CheckpointPath, CheckpointStore
 
 
@@ -173,3 +174,43 @@ def test_checkpoints_of_a_server_before_the_database_are_adopted(tmp_path):
     listed = store.list("acme")
     assert len(listed) == 1 and listed[0]["user_metadata"] == {"renderer_name": "role_colon"}
     assert listed[0]["checkpoint_type"] == "sampler" and store.usage_bytes("acme") == 7
+
+
+def test_provenance_decodes_and_stable_reinforce_reads_the_recorded_logprobs():
+    """A datum's provenance comes off the SDK's protobuf; ``resolve`` checks each run against the session's records
+    and fills ``logprobs`` with the sampler's, zeroing advantages where the sampler produced nothing."""
+    prompt, sampled, logprobs = [5, 6, 7], [8, 9], [-0.5, -1.5]
+    log = StabilityLog()
+    log.record(["req-1:0"], prompt, [Completion(tokens=sampled, logprobs=logprobs)])
+    tokens = prompt + sampled  # the datum: input prompt + sampled[:-1], targets prompt[1:] + sampled
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "advantages": np.ones(4, np.float32)},
+    ).with_provenance(
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id="req-1:0", length=3),
+            types.SampledProvenanceSpan(sequence_id="req-1:0", length=1),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id="req-1:0", offset=1, length=2),
+            types.SampledProvenanceSpan(sequence_id="req-1:0", length=2),
+        ],
+    )
+    call = wire.decode_forward_backward(_request([datum], loss="stable_reinforce"))
+    assert call.provenance[0].loss_fn_inputs[1].sampled and call.provenance[0].loss_fn_inputs[1].length == 2
+    [filled] = resolve(call.data, call.provenance, log)
+    assert filled.inputs["logprobs"].tolist() == [0.0, 0.0, -0.5, -1.5]
+    assert filled.inputs["advantages"].tolist() == [0.0, 0.0, 1.0, 1.0]
+
+    plain = wire.decode_forward_backward(
+        _request(
+            [types.Datum(model_input=datum.model_input, loss_fn_inputs=datum.loss_fn_inputs)], loss="stable_reinforce"
+        )
+    )
+    with pytest.raises(ValueError, match="needs the datum's provenance"):
+        resolve(plain.data, plain.provenance, log)
+    with pytest.raises(ValueError, match="was not sampled with record_stability_info in this session"):
+        resolve(call.data, call.provenance, StabilityLog())  # another session's log
+    wrong = TokenDatum(call.data[0].tokens, {**call.data[0].inputs, "target_tokens": np.array([6, 7, 8, 1])})
+    with pytest.raises(ValueError, match=r"tokens 2\.\.4 are not positions 0\.\.2 of sequence 'req-1:0'"):
+        resolve([wrong], call.provenance, log)

@@ -159,7 +159,12 @@ class Sampling:
             core.futures.resolve(future, Outcome.failed(str(error)))
             return types.UntypedAPIFuture(request_id=future.request_id, sample_sequence_ids=ids)
 
+        session = core.registry.sessions[sampler.session_id]
+        record = bool(request.record_stability_info)
+
         def encode(result: Any) -> Outcome:
+            if record:  # stable_reinforce's training requests read them (stability.resolve)
+                session.stability.record(ids, job.prompt, result.completions)
             return Outcome(json=lambda: wire.sample_json(result), proto=lambda: wire.sample_proto(result))
 
         work = Work(future, job=job, base=sampler.base, encode=encode, after=self._tracker(sampler, future))

@@ -96,6 +96,7 @@ class TinkerService:
         """Mark it ``status``, fail what it still has queued and free its adapters and optimiser state."""
         core = self.core
         session.status = status
+        session.stability.clear()
         models, samplers = core.registry.forget(session)
         for owner in [m.model_id for m in models] + [s.sampler_id for s in samplers]:
             core.futures.fail_owner(owner, f"session {session.session_id} is {status}")
@@ -130,6 +131,8 @@ class TinkerService:
                 now = time.monotonic()
                 for model in list(core.registry.models.values()):
                     model.sequencer.release_stalled(now)
+                for session in list(core.registry.sessions.values()):
+                    session.stability.expire()
                 core.futures.sweep()
                 core.registry.prune(keep_s=SESSIONS_KEPT_S)
                 sweeps += 1

@@ -18,6 +18,7 @@ from opentinker.agents.multi_lora import AdapterShape
 
 from .errors import BadRequest, Gone, NotFound
 from .futures import Future
+from .stability import StabilityLog
 
 SEEN_KEPT = 256
 """Sequence ids remembered per model, so a re-sent request gets its first answer instead of running twice."""
@@ -109,6 +110,8 @@ class Session:
     """``active``, ``finished`` (the client closed it) or ``expired`` (its heartbeats stopped)."""
     models: dict[str, TrainingModel] = field(default_factory=dict)
     samplers: dict[str, Sampler] = field(default_factory=dict)
+    stability: StabilityLog = field(default_factory=StabilityLog)
+    """Its sequences sampled with ``record_stability_info`` (``stable_reinforce``)."""
 
 
 class Registry:

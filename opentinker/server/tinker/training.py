@@ -19,7 +19,7 @@ from tinker import types
 from opentinker.agents.adapter_trainer import AdapterTrainer
 from opentinker.agents.multi_lora import AdapterShape
 
-from . import wire
+from . import stability, wire
 from .core import STATE_FILE, Core
 from .errors import BadRequest
 from .futures import Outcome
@@ -142,10 +142,14 @@ class Training:
     # -- the training loop -----------------------------------------------------------------------------------------
     def forward_backward(self, tenant: str, call: wire.ForwardBackwardCall) -> types.UntypedAPIFuture:
         model = self.core.registry.model(tenant, call.model_id)
+        session = self.core.registry.sessions[model.session_id]
 
         def op() -> Outcome:
             started = time.perf_counter()
-            result = model.trainer.forward_backward(call.data, call.loss_fn, call.loss_fn_config, call.forward_only)
+            data = call.data
+            if call.loss_fn == "stable_reinforce":  # the sampler's recorded logprobs, checked against the datums
+                data = stability.resolve(call.data, call.provenance, session.stability)
+            result = model.trainer.forward_backward(data, call.loss_fn, call.loss_fn_config, call.forward_only)
             if not call.forward_only:
                 model.run.forward_backward(result.loss, result.tokens, time.perf_counter() - started)
             metrics = {"loss:sum": result.loss}

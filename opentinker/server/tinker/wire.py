@@ -19,6 +19,8 @@ from tinker.proto import tinker_public_pb2 as pb
 from opentinker.agents.adapter_trainer import AdamStep, ForwardResult, TokenDatum
 from opentinker.agents.lm_sampler import JobResult, SampleJob, SamplingSpec
 
+from .stability import Provenance, Span
+
 PROTOBUF = "application/x-protobuf"
 _DTYPES = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 _STOP_REASONS = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
@@ -38,6 +40,8 @@ class ForwardBackwardCall:
     loss_fn_config: dict[str, float | str]
     forward_only: bool
     data: list[TokenDatum]
+    provenance: list[Provenance | None]
+    """Per datum: the runs naming the sampled sequences its tokens come from (``Datum.with_provenance``), if any."""
 
 
 def decode_forward_backward(body: bytes, content_encoding: str | None = None) -> ForwardBackwardCall:
@@ -59,9 +63,25 @@ def decode_forward_backward(body: bytes, content_encoding: str | None = None) ->
     for key, value in message.loss_fn_config_v2.items():
         config[key] = value.text if value.WhichOneof("value") == "text" else value.number
     data = [_datum(i, datum) for i, datum in enumerate(message.data)]
+    provenance = [_provenance(datum) for datum in message.data]
     return ForwardBackwardCall(
-        message.model_id, int(message.seq_id), message.loss_fn, config, bool(message.forward_only), data
+        message.model_id, int(message.seq_id), message.loss_fn, config, bool(message.forward_only), data, provenance
     )
+
+
+def _provenance(datum: pb.Datum) -> Provenance | None:
+    if not datum.model_input_spans and not datum.loss_fn_input_spans:
+        return None
+    return Provenance(_spans(datum.model_input_spans), _spans(datum.loss_fn_input_spans))
+
+
+def _spans(spans) -> tuple[Span, ...]:
+    runs = []
+    for span in spans:
+        kind = span.WhichOneof("span")
+        arm = span.sampled_tokens if kind == "sampled_tokens" else span.prompt_tokens
+        runs.append(Span(kind == "sampled_tokens", arm.sequence_id, int(arm.offset), int(arm.length)))
+    return tuple(runs)
 
 
 def _datum(index: int, datum: pb.Datum) -> TokenDatum:
@@ -146,7 +166,6 @@ def sample_job(request: types.SampleRequest, adapter: str | None) -> SampleJob:
         "target_prompt_logprobs": request.target_prompt_logprobs is not None,
         "prompt_alt_tokens_k": request.prompt_alt_tokens_k > 0,
         "prompt_logprobs_last_n": request.prompt_logprobs_last_n is not None,
-        "record_stability_info": bool(request.record_stability_info),
     }
     for name, asked in unsupported.items():
         if asked:
