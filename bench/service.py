@@ -20,6 +20,11 @@ line is JSON.
     a higher-priority job of a tenant never starts after a lower one that was queued beside it, every job ends in a
     final state, none lost.
 
+(e) The sandbox's own cost per attempt, without the server: ``sandbox_start_s``, from starting an attempt's child
+    (bubblewrap, its cgroup, a fresh scratch folder, the channel) to its first message, against the same child as a
+    plain process (``plain_start_s``; ``sandbox_start_overhead_s`` the difference); ``channel_round_trip_us``, one
+    message each way over the attempt's channel (median of ``--round-trips``).
+
 Smoke test at tiny sizes: ``--steps 20000 --latency-jobs 2 --clients 4 --duration 5 --jobs 8 --small-steps 512``.
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -42,6 +48,7 @@ import time
 from pathlib import Path
 
 import httpx
+from rich.progress import Progress
 
 FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 POLL_S = 0.5
@@ -343,6 +350,85 @@ def many_jobs(bench: Bench, jobs: int, tenants: int, limit: int, steps: int) -> 
     }
 
 
+ECHO = """
+import os
+from opentinker.server.channel import Channel, Metrics
+channel = Channel.from_fd(int(os.environ["OPENTINKER_CHANNEL_FD"]))
+while True:
+    try:
+        channel.receive_start()
+    except EOFError:
+        break
+    channel.send(Metrics(step=0, values={}))
+"""
+
+
+def sandbox_overhead(attempts: int, round_trips: int) -> dict:
+    """(e): an attempt's child started as the worker starts it (sandboxed, in its cgroup) and as a plain process,
+    interleaved; then messages over its channel."""
+    import logging
+
+    from opentinker.infra.cgroups import limits_for
+    from opentinker.infra.settings import get_settings
+    from opentinker.server.attempt import SandboxedChild
+    from opentinker.server.channel import Start
+    from opentinker.server.schemas import LaunchInfo
+
+    launch = LaunchInfo(
+        job_id="bench",
+        tenant="bench",
+        token="-",
+        spec={},
+        job_dir=tempfile.mkdtemp(prefix="opentinker-bench-job-"),
+        tracking_uri="",
+        experiment="",
+        readonly=[],
+        env={},
+        limits=dataclasses.asdict(limits_for(None)),
+        isolated=True,
+    )
+    log = logging.getLogger("bench")
+
+    def start(mode: str) -> tuple[float, SandboxedChild]:
+        os.environ["OPENTINKER_SANDBOX"] = mode
+        os.environ["OPENTINKER_JOB_LIMITS"] = "cgroup" if mode == "bwrap" else "none"
+        get_settings.cache_clear()
+        started = time.perf_counter()
+        child = SandboxedChild(launch, Path(launch.job_dir), None, log, command=("-c", ECHO))
+        child.channel.send(Start(spec={}))
+        next(child.channel.messages(1, 1))
+        return time.perf_counter() - started, child
+
+    times: dict[str, list[float]] = {"bwrap": [], "none": []}
+    with Progress() as progress:
+        task = progress.add_task("(e) attempt start-up, sandboxed and plain", total=attempts)
+        for _ in range(attempts):
+            for name in ("bwrap", "none"):
+                seconds, child = start(name)
+                times[name].append(seconds)
+                child.channel.close()
+                child.close()
+            progress.advance(task)
+    _, child = start("bwrap")
+    messages = child.channel.messages(1, 1)
+    trips = []
+    for _ in range(round_trips):
+        started = time.perf_counter()
+        child.channel.send(Start(spec={}))
+        next(messages)
+        trips.append(time.perf_counter() - started)
+    child.channel.close()
+    child.close()
+    shutil.rmtree(launch.job_dir, ignore_errors=True)
+    sandboxed, plain = statistics.median(times["bwrap"]), statistics.median(times["none"])
+    return {
+        "sandbox_start_s": round(sandboxed, 3),
+        "plain_start_s": round(plain, 3),
+        "sandbox_start_overhead_s": round(sandboxed - plain, 3),
+        "channel_round_trip_us": round(statistics.median(trips) * 1e6, 1),
+    }
+
+
 def _seconds(iso: str) -> float:
     import datetime
 
@@ -359,7 +445,9 @@ def main() -> None:
     parser.add_argument("--tenants", type=int, default=4, help="(d) tenants")
     parser.add_argument("--limit", type=int, default=2, help="(d) max_running_jobs of each tenant")
     parser.add_argument("--small-steps", type=int, default=4096, help="(d) env steps of each small job")
-    parser.add_argument("--parts", default="abcd", help="which of (a)-(d) to run, e.g. 'cd'")
+    parser.add_argument("--attempts", type=int, default=10, help="(e) attempt start-ups timed per mode")
+    parser.add_argument("--round-trips", type=int, default=1000, help="(e) messages each way over the channel")
+    parser.add_argument("--parts", default="abcde", help="which of (a)-(e) to run, e.g. 'cd'")
     parser.add_argument("--keep", action="store_true", help="keep the server's data dir (its logs) and print it")
     parser.add_argument(
         "--prefect-database", choices=("sqlite", "postgres"), default="sqlite", help="the embedded Prefect's database"
@@ -377,6 +465,7 @@ def main() -> None:
         "a": lambda: api_vs_local(bench, args.steps),
         "c": lambda: under_load(bench, args.clients, args.duration, max(args.steps, 50_000_000)),
         "d": lambda: many_jobs(bench, args.jobs, args.tenants, args.limit, args.small_steps),
+        "e": lambda: sandbox_overhead(args.attempts, args.round_trips),
     }
     try:
         for name, part in parts.items():

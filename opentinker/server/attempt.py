@@ -125,7 +125,9 @@ class Reporter:
 class SandboxedChild:
     """The attempt's sandboxed child: a fresh scratch folder, a cgroup, the channel's other end, its process."""
 
-    def __init__(self, launch: LaunchInfo, job_dir: Path, champion_dir: Path | None, log: Any):
+    def __init__(
+        self, launch: LaunchInfo, job_dir: Path, champion_dir: Path | None, log: Any, command: tuple[str, ...] = CHILD
+    ):
         from .sandbox import Sandbox, base_env
 
         self.log = log
@@ -155,9 +157,9 @@ class SandboxedChild:
             )
             seccomp = pipe_with(seccomp_program())
             fds.append(seccomp)
-            argv, process_env = box.argv([sys.executable, *CHILD], seccomp_fd=seccomp), {}
+            argv, process_env = box.argv([sys.executable, *command], seccomp_fd=seccomp), {}
         else:  # OPENTINKER_SANDBOX=none: trusted tenants only (docs/service.md); the same channel, no namespaces
-            argv = [sys.executable, *CHILD]
+            argv = [sys.executable, *command]
             process_env = {**base_env(), **env, "OPENTINKER_DATA_DIR": str(self.scratch)}
             if launch.code:
                 process_env["PYTHONPATH"] = launch.code
