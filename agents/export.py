@@ -192,6 +192,6 @@ def load_policy(directory: str | os.PathLike) -> InferencePolicy:
         raise ValueError(
             f"{spec_path}: format_version {spec.get('format_version')!r}, expected one of {READABLE_VERSIONS}"
         )
-    with np.load(directory / WEIGHTS_FILE) as data:
+    with np.load(directory / WEIGHTS_FILE, allow_pickle=False) as data:  # an export may come from a tenant's job
         weights = {k: data[k] for k in data.files}
     return InferencePolicy(spec, weights)

@@ -131,6 +131,7 @@ class SandboxedChild:
         from .sandbox import Sandbox, base_env
 
         self.log = log
+        self._lines = 0
         settings = get_settings()
         root = Path(os.environ.get(SCRATCH_ROOT_VARIABLE) or tempfile.gettempdir())
         self.scratch = Path(tempfile.mkdtemp(prefix="attempt-", dir=root))
@@ -188,13 +189,17 @@ class SandboxedChild:
 
     def _log_output(self) -> None:
         """The child's own output (prints, warnings, tracebacks) into the flow run's log, line by bounded line."""
-        log, lines = self.log, 0
         while line := self.process.stdout.readline(2000):
-            lines += 1
-            if lines <= MAX_OUTPUT_LINES:
-                log.info("job: %s", line.decode(errors="replace").rstrip())
-            elif lines == MAX_OUTPUT_LINES + 1:
-                log.warning("job: more output than %d lines; the rest is left out", MAX_OUTPUT_LINES)
+            self._log_line(line.decode(errors="replace").rstrip())
+
+    def _log_line(self, line: str) -> None:
+        """One line of the job's into the flow run's log, at most ``MAX_OUTPUT_LINES`` per child (output and ``log``
+        messages together): a chatty job cannot fill Prefect's log store."""
+        self._lines += 1
+        if self._lines <= MAX_OUTPUT_LINES:
+            self.log.info("job: %s", line)
+        elif self._lines == MAX_OUTPUT_LINES + 1:
+            self.log.warning("job: more output than %d lines; the rest is left out", MAX_OUTPUT_LINES)
 
     def start(self, spec: dict[str, Any], champion_dir: Path | None) -> None:
         self.channel.send(Start(spec=spec, champion_dir=str(champion_dir) if champion_dir else None))
@@ -212,7 +217,7 @@ class SandboxedChild:
                 elif isinstance(message, Metrics):
                     on_metrics(dict(message.values), message.step)
                 elif isinstance(message, Log):
-                    self.log.info("job: %s", message.line)
+                    self._log_line(message.line)
                 elif isinstance(message, Failure):
                     failure = message.error
                 elif result is None:
