@@ -184,8 +184,10 @@ class LaunchInfo(BaseModel):
 
     job_id: str
     tenant: str
-    token: str = Field(description="The attempt's own credential (progress, result); never the tenant's key, and "
-                       "held by the trusted attempt process only, never by the sandbox.")
+    token: str = Field(
+        description="The attempt's own credential (progress, result); never the tenant's key, and "
+        "held by the trusted attempt process only, never by the sandbox."
+    )
     spec: dict[str, Any] = Field(description="The job's resolved run spec.")
     job_dir: str = Field(description="The job's run folder (checkpoints, export): written by trusted code only.")
     tracking_uri: str = Field(description="The tenant's MLflow store, written by the attempt's trusted side.")
