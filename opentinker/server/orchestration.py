@@ -126,9 +126,7 @@ class Orchestrator:
             self.client.update_work_queue(queue.id, concurrency_limit=concurrency_limit)
         self._queues[name] = concurrency_limit
 
-    def submit(
-        self, job_id: str, attempt: int, tenant: str, priority: int, submitted_at: float
-    ) -> str:
+    def submit(self, job_id: str, attempt: int, tenant: str, priority: int, submitted_at: float) -> str:
         """A scheduled flow run for one attempt of a job, in the tenant's queue (idempotent per job and attempt)."""
         from prefect.states import Scheduled
 
