@@ -260,6 +260,57 @@ def test_a_training_run_and_its_metadata_outlive_its_session_until_its_checkpoin
         rest.get_training_run_by_tinker_path(saved).result()
 
 
+def test_search_checkpoints_and_each_checkpoints_base_model_over_http(tinker_server, sdk):
+    """SDK 0.39's ``search_checkpoints`` (``POST checkpoints/search``, built from its API reference: the 0.38 SDK
+    has no such call) and ``Checkpoint.base_model``, over HTTP; 0.38's types still read the answers."""
+    training = sdk("search").create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+    first = training.save_state("a", user_metadata={"stage": "sft"}).result().path
+    second = training.save_state("b", user_metadata={"stage": "rl"}).result().path
+    sampler = training.save_weights_for_sampler("c").result().path
+    with tinker_server.http("search") as http, tinker_server.http("nosy") as nosy:
+
+        def search(client=http, **body) -> dict:
+            response = client.post("/api/v1/checkpoints/search", json=body)
+            assert response.status_code == 200, response.text
+            return response.json()
+
+        def paths(**body) -> list[str]:
+            return [c["tinker_path"] for c in search(**body)["checkpoints"]]
+
+        everything = search()
+        assert [c["tinker_path"] for c in everything["checkpoints"]] == [sampler, second, first]  # newest first
+        assert everything["next_cursor"] is None
+        assert {c["base_model"] for c in everything["checkpoints"]} == {TINY}
+        assert paths(user_metadata={"stage": "rl"}) == [second]
+        assert paths(checkpoint_type="sampler") == [sampler] and paths(checkpoint_type="external") == []
+        assert paths(base_models=[TINY]) == [sampler, second, first] and paths(base_models=["tiny"]) == paths()
+        assert paths(base_models=["Qwen/Qwen3-8B"]) == [] and paths(base_models=[]) == []
+        assert paths(owner={"type": "accessible"}) == paths(owner={"type": "own"}) == paths()
+        assert paths(owner={"type": "user", "owner_urns": ["someone-else"]}) == []
+        page = search(limit=2)
+        assert [c["tinker_path"] for c in page["checkpoints"]] == [sampler, second]
+        rest = search(limit=2, cursor=page["next_cursor"])
+        assert [c["tinker_path"] for c in rest["checkpoints"]] == [first] and rest["next_cursor"] is None
+        assert search(nosy)["checkpoints"] == []  # another tenant's checkpoints are never found
+        for bad, field in (
+            ({"project_ids": ["p"]}, "project_ids"),
+            ({"limit": 0}, "limit"),
+            ({"owner_id": 1}, "owner_id"),
+        ):
+            response = http.post("/api/v1/checkpoints/search", json=bad)
+            assert response.status_code == 400 and field in response.json()["detail"], response.text
+        listed = http.get(f"/api/v1/training_runs/{training.model_id}/checkpoints").json()["checkpoints"]
+        assert {c["base_model"] for c in listed} == {TINY}
+        run = http.get(f"/api/v1/training_runs/{training.model_id}").json()
+        assert run["last_checkpoint"]["base_model"] == TINY
+
+    client = tinker.RestClient(base_url=tinker_server.url, api_key=tinker_server.key("search"))
+    assert {c.tinker_path for c in client.list_user_checkpoints().result().checkpoints} == {first, second, sampler}
+    assert client.get_training_run_by_tinker_path(first).result().last_sampler_checkpoint.tinker_path == sampler
+    info = client.get_weights_info_by_tinker_path(first).result()
+    assert info.base_model == TINY and info.lora_rank == 4 and info.train_mlp
+
+
 def test_two_tenants_cannot_see_each_others_models_checkpoints_or_samplers(tinker_server, sdk):
     alpha = sdk("alpha")
     training = alpha.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()

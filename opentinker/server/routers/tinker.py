@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -16,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 from tinker import types
 
 from ..auth import Caller, require_scope
@@ -220,8 +221,8 @@ async def asample(request: Request, service: Service, caller: TinkerCaller) -> d
 
 # -- checkpoints --------------------------------------------------------------------------------------------------
 def _checkpoints(service: TinkerService, tenant: str, model_id: str | None) -> dict[str, Any]:
-    listed = [types.Checkpoint.model_validate(meta) for meta in service.core.store.list(tenant, model_id)]
-    return _json(types.CheckpointsListResponse(checkpoints=listed))
+    listed = [service.checkpoint_json(meta) for meta in service.core.store.list(tenant, model_id)]
+    return {"checkpoints": listed, "cursor": None}
 
 
 @router.get("/training_runs")
@@ -229,7 +230,7 @@ def list_training_runs(service: Service, caller: TinkerCaller, limit: int = 20, 
     """The caller's training runs: live ones, and ended ones while they have a checkpoint that has not expired."""
     runs = service.training_runs(caller.tenant)
     cursor = types.Cursor(offset=offset, limit=limit, total_count=len(runs))
-    return _json(types.TrainingRunsResponse(training_runs=runs[offset : offset + limit], cursor=cursor))
+    return {"training_runs": runs[offset : offset + limit], "cursor": _json(cursor)}
 
 
 @router.get("/training_runs/{model_id}")
@@ -237,7 +238,7 @@ def get_training_run(model_id: str, service: Service, caller: TinkerCaller) -> d
     runs = service.training_runs(caller.tenant, model_id)
     if not runs:
         raise NotFound(f"training run {model_id!r} not found")
-    return _json(runs[0])
+    return runs[0]
 
 
 @router.get("/training_runs/{model_id}/checkpoints")
@@ -263,6 +264,74 @@ def _checkpoint_call(fn: Callable[[], Any]) -> Any:
 def delete_checkpoint(model_id: str, kind: str, name: str, service: Service, caller: TinkerCaller) -> dict:
     _checkpoint_call(lambda: service.core.store.delete(caller.tenant, f"tinker://{model_id}/{kind}/{name}"))
     return {}
+
+
+class CheckpointSearchCursor(BaseModel):
+    """SDK 0.39's ``CheckpointSearchCursor``: where the next page starts (pass ``next_cursor`` back unchanged)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    last_created_at: AwareDatetime
+    last_checkpoint_uuid: str
+
+
+class CheckpointSearchRequest(BaseModel):
+    """SDK 0.39's ``CheckpointSearchRequest`` (its published API reference; the 0.38 SDK has no such type)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project_ids: list[str] | None = None
+    user_metadata: dict[str, str] = {}
+    checkpoint_type: types.CheckpointType | None = None
+    owner: types.SearchOwner = types.OwnSearchOwner()
+    base_models: list[str] | None = None
+    limit: int = Field(50, ge=1, le=200)
+    cursor: CheckpointSearchCursor | None = None
+
+
+@router.post("/checkpoints/search")
+async def search_checkpoints(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    """SDK 0.39's ``RestClient.search_checkpoints``: the caller's live checkpoints matching every filter, newest
+    first, a page at a time. There are no projects here (naming one is an error), and every owner filter sees the
+    caller's tenant only: ``own`` and ``accessible`` alike, ``user`` when its URNs name the tenant."""
+    body = await _parse(request, CheckpointSearchRequest)
+    if body.project_ids:
+        raise BadRequest(f"project_ids: this server has no projects (omit project_ids), got {body.project_ids}")
+    owner = body.owner
+    if body.project_ids == [] or (
+        isinstance(owner, types.UserSearchOwner)
+        and not {caller.tenant, f"tenant:{caller.tenant}"} & set(owner.owner_urns)
+    ):
+        return {"checkpoints": [], "next_cursor": None}
+    after = None
+    if body.cursor is not None:
+        try:
+            after = int(body.cursor.last_checkpoint_uuid)
+        except ValueError:
+            raise BadRequest("cursor: not a cursor this server handed out (pass next_cursor back unchanged)") from None
+    search = functools.partial(
+        service.search_checkpoints, caller.tenant, body.user_metadata, body.checkpoint_type, body.base_models
+    )
+    metas, last = await asyncio.to_thread(search, body.limit, after)
+    cursor = None
+    if last is not None:
+        cursor = {"last_created_at": metas[-1]["time"], "last_checkpoint_uuid": str(last)}
+    return {"checkpoints": [service.checkpoint_json(meta) for meta in metas], "next_cursor": cursor}
+
+
+class WeightsInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tinker_path: str
+
+
+@router.post("/weights_info")
+async def weights_info(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    """``RestClient.get_weights_info_by_tinker_path``: the checkpoint's base model and LoRA shape."""
+    body = await _parse(request, WeightsInfo)
+    return _json(
+        await asyncio.to_thread(_checkpoint_call, lambda: service.weights_info(caller.tenant, body.tinker_path))
+    )
 
 
 class CheckpointTtl(BaseModel):

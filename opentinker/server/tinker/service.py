@@ -142,14 +142,21 @@ class TinkerService:
             except Exception:  # the reaper must outlive one bad round
                 log.exception("tinker maintenance round failed")
 
-    def training_runs(self, tenant: str, model_id: str | None = None) -> list[types.TrainingRun]:
-        """The tenant's training runs, oldest first, with their latest checkpoints: those of live training clients,
-        and those of ended ones (a finished session, an earlier server) while they have a checkpoint that has not
-        expired. Blocking (database reads)."""
+    def checkpoint_json(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint as Tinker's ``Checkpoint``, with SDK 0.39's ``base_model`` (older SDKs ignore it)."""
+        return {**types.Checkpoint.model_validate(meta).model_dump(mode="json"), "base_model": self._base(meta)}
+
+    def _base(self, meta: dict[str, Any]) -> str:
+        return self.core.display(meta["base_model"])
+
+    def training_runs(self, tenant: str, model_id: str | None = None) -> list[dict[str, Any]]:
+        """The tenant's training runs (Tinker's ``TrainingRun`` as JSON), oldest first, with their latest
+        checkpoints: those of live training clients, and those of ended ones (a finished session, an earlier server)
+        while they have a checkpoint that has not expired. Blocking (database reads)."""
         core = self.core
         live = {
             m.model_id: m
-            for m in core.registry.models.values()
+            for m in list(core.registry.models.values())
             if m.tenant == tenant and not m.closed and m.trainer is not None
         }
         rows = core.records.readable_runs(tenant, set(live), model_id)
@@ -164,20 +171,49 @@ class TinkerService:
                 last_request = time.time() - (time.monotonic() - session.last_seen)
             else:
                 last_request = row.ended_at or row.last_request_at
-            runs.append(
-                types.TrainingRun(
-                    training_run_id=row.model_id,
-                    base_model=core.display(row.base_model),
-                    model_owner=tenant,
-                    is_lora=True,
-                    lora_rank=row.lora_rank,
-                    last_request_time=datetime.fromtimestamp(last_request, UTC),
-                    last_checkpoint=_checkpoint(latest.get((row.model_id, "training"))),
-                    last_sampler_checkpoint=_checkpoint(latest.get((row.model_id, "sampler"))),
-                    user_metadata={k: str(v) for k, v in (row.user_metadata or {}).items()} or None,
-                )
-            )
+            run = types.TrainingRun(
+                training_run_id=row.model_id,
+                base_model=core.display(row.base_model),
+                model_owner=tenant,
+                is_lora=True,
+                lora_rank=row.lora_rank,
+                last_request_time=datetime.fromtimestamp(last_request, UTC),
+                user_metadata={k: str(v) for k, v in (row.user_metadata or {}).items()} or None,
+            ).model_dump(mode="json")
+            for field, kind in (("last_checkpoint", "training"), ("last_sampler_checkpoint", "sampler")):
+                meta = latest.get((row.model_id, kind))
+                run[field] = self.checkpoint_json(meta) if meta is not None else None
+            runs.append(run)
         return runs
+
+    def search_checkpoints(
+        self,
+        tenant: str,
+        user_metadata: dict[str, str],
+        checkpoint_type: str | None,
+        base_models: list[str] | None,
+        limit: int,
+        after: int | None,
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """SDK 0.39's ``search_checkpoints`` over the tenant's live checkpoints (``base_models`` by the names
+        clients use; a name this server does not serve matches nothing): (a page, the id after which the next
+        starts)."""
+        bases = None if base_models is None else [self.core.bases[b] for b in base_models if b in self.core.bases]
+        return self.core.store.search(tenant, user_metadata, checkpoint_type, bases, limit, after)
+
+    def weights_info(self, tenant: str, uri: str) -> types.WeightsInfoResponse:
+        """What a checkpoint is of (``get_weights_info_by_tinker_path``): its base model and adapter shape."""
+        path, _, meta = self.core.store.open(tenant, uri)
+        run = self.core.records.readable_runs(tenant, set(), path.model_id)
+        shape = run[0].shape if run else {}
+        return types.WeightsInfoResponse(
+            base_model=self._base(meta),
+            is_lora=True,
+            lora_rank=shape.get("rank"),
+            train_unembed=shape.get("train_unembed"),
+            train_mlp=shape.get("train_mlp"),
+            train_attn=shape.get("train_attn"),
+        )
 
     def usage(self, tenant: str) -> dict[str, Any]:
         core = self.core
@@ -210,7 +246,3 @@ class TinkerService:
     def close(self) -> None:
         self.core.engine.close()
         self.core.tracking.close()
-
-
-def _checkpoint(meta: dict[str, Any] | None) -> types.Checkpoint | None:
-    return types.Checkpoint.model_validate(meta) if meta is not None else None

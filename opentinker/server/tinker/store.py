@@ -155,6 +155,37 @@ class CheckpointStore:
             rows = session.scalars(query.order_by(TinkerCheckpoint.created_at, TinkerCheckpoint.id)).all()
         return [_meta(row) for row in rows]
 
+    def search(
+        self,
+        tenant: str,
+        user_metadata: dict[str, str],
+        checkpoint_type: str | None,
+        base_models: list[str] | None,
+        limit: int,
+        after: int | None,
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """The tenant's live checkpoints matching every filter, newest recorded first: (one page of at most
+        ``limit``, the record id to pass as ``after`` for the next page, or None on the last)."""
+        query = sa.select(TinkerCheckpoint).filter_by(tenant=tenant).where(live_checkpoint())
+        if checkpoint_type is not None:
+            kinds = [kind for kind, name in KINDS.items() if name == checkpoint_type]
+            query = query.where(TinkerCheckpoint.kind.in_(kinds))
+        if base_models is not None:
+            query = query.where(TinkerCheckpoint.base_model.in_(base_models))
+        if after is not None:
+            query = query.where(TinkerCheckpoint.id < after)
+        page: list[TinkerCheckpoint] = []
+        with self.db.session() as session:
+            for row in session.scalars(query.order_by(TinkerCheckpoint.id.desc())):
+                metadata = row.user_metadata or {}
+                if all(metadata.get(key) == value for key, value in user_metadata.items()):
+                    page.append(row)
+                    if len(page) > limit:
+                        break
+        more = len(page) > limit
+        page = page[:limit]
+        return [_meta(row) for row in page], (page[-1].id if more else None)
+
     def usage_bytes(self, tenant: str) -> int:
         query = sa.select(sa.func.coalesce(sa.func.sum(TinkerCheckpoint.size_bytes), 0)).filter_by(tenant=tenant)
         with self.db.session() as session:
@@ -253,4 +284,5 @@ def _meta(row: TinkerCheckpoint) -> dict[str, Any]:
         "user_metadata": row.user_metadata,
         "base_model": row.base_model,
         "training_run_id": row.model_id,
+        "record_id": row.id,
     }
