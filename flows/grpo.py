@@ -4,6 +4,8 @@ shipped task or your own ``module:factory``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
 from opentinker.tasks.llm import (
@@ -62,19 +64,7 @@ def grpo_run(spec: RunSpec) -> GRPOFlowResult:
             config.eval_batch,
             config.cache_dir,
         )
-        run.summarise(
-            tags={
-                "opentinker.model_version": version,
-                "opentinker.aliases": ",".join(gate.aliases),
-                "opentinker.base_model": config.base_model,
-                "gate.decision": gate.decision,
-            },
-            metrics={
-                "heldout/success_rate": evaluation.success,
-                "train/completions_per_s_overall": trained.completions_per_s,
-            },
-            step=trained.updates,
-        )
+        summarise_adapter(run, gate, config.base_model, evaluation, trained.completions_per_s, trained.updates)
     return GRPOFlowResult(
         run_id=run.run_id,
         run_url=run.tracking.url,
@@ -90,4 +80,20 @@ def grpo_run(spec: RunSpec) -> GRPOFlowResult:
         completions_per_s=trained.completions_per_s,
         adapter_dir=trained.adapter_dir,
         checkpoint_path=trained.checkpoint_path,
+    )
+
+
+def summarise_adapter(
+    run: Any, gate: GateDecision, base_model: str, evaluation: LLMEvaluation, completions_per_s: float, updates: int
+) -> None:
+    """An adapter's run closes with its version, aliases, base model and gate decision (this flow, a server job)."""
+    run.summarise(
+        tags={
+            "opentinker.model_version": gate.version,
+            "opentinker.aliases": ",".join(gate.aliases),
+            "opentinker.base_model": base_model,
+            "gate.decision": gate.decision,
+        },
+        metrics={"heldout/success_rate": evaluation.success, "train/completions_per_s_overall": completions_per_s},
+        step=updates,
     )

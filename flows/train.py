@@ -6,6 +6,8 @@ No ``from __future__ import annotations`` in flow modules: Prefect builds a pyda
 signature to validate deployment parameters, and string annotations leave it "not fully defined".
 """
 
+from typing import Any
+
 from prefect import flow
 
 from opentinker.agents.config import CONFIGS
@@ -56,15 +58,7 @@ def policy_run(spec: RunSpec, early: EarlyTraining | None = None) -> TrainFlowRe
         released = release_flow.fn(
             spec.resolved_model_name, candidate.version, threshold=spec.champion_threshold, candidate_eval=evaluation
         )
-        reports = render_reports(config, trained, evaluation, released)
-        uris = upload_artifacts(run.run_id, reports, trained.checkpoint_path, spec.resolved_run_name)
-        publish_summary(run.tracking, released, evaluation)
-        run.summarise(
-            tags={"opentinker.model_version": released.version, "opentinker.aliases": ",".join(released.aliases)},
-            metrics={"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std},
-            step=trained.global_step,
-            model_id=candidate.model_id,
-        )
+        uris = publish_policy(spec, run, trained, evaluation, released, candidate.model_id)
     threshold = spec.champion_threshold
     return TrainFlowResult(
         run_id=run.run_id,
@@ -86,6 +80,23 @@ def policy_run(spec: RunSpec, early: EarlyTraining | None = None) -> TrainFlowRe
         checkpoint_path=trained.checkpoint_path,
         artifact_uris=uris,
     )
+
+
+def publish_policy(
+    spec: RunSpec, run: Any, trained: Any, evaluation: Any, released: Any, model_id: str | None
+) -> list[str]:
+    """What closes a policy's run once its gate decided, wherever it trained (this flow, a server job's attempt):
+    reports and checkpoint as artifacts, the Prefect summary, the run's final tags and metrics. The artifacts' URIs."""
+    reports = render_reports(spec.config_form(), trained, evaluation, released)
+    uris = upload_artifacts(run.run_id, reports, trained.checkpoint_path, spec.resolved_run_name)
+    publish_summary(run.tracking, released, evaluation)
+    run.summarise(
+        tags={"opentinker.model_version": released.version, "opentinker.aliases": ",".join(released.aliases)},
+        metrics={"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std},
+        step=trained.global_step,
+        model_id=model_id,
+    )
+    return uris
 
 
 def run_train_flow(spec: RunSpec) -> TrainFlowResult | GRPOFlowResult | GroupFlowResult:

@@ -4,6 +4,7 @@ evaluate the adapter on held-out prompts (with a table of sample episodes), regi
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from prefect import task
@@ -99,22 +100,27 @@ def probe_text_env(env_id: str, task_seed: int) -> int:
     return len(make_text_env(env_id, "train", task_seed).examples)
 
 
+def grpo_trainer(spec: RunSpec, checkpoint: Path | None) -> Any:
+    """``spec``'s GRPO trainer, resumed from ``checkpoint`` when it exists, else new."""
+    from opentinker.agents.grpo_trainer import GRPO
+
+    grpo = spec.engine
+    if checkpoint is not None and checkpoint.exists():
+        return GRPO.load(checkpoint, workers=grpo.workers, backend=grpo.backend)
+    return GRPO(grpo.config(task=spec.env_id), seed=spec.seed, workers=grpo.workers, backend=grpo.backend)
+
+
 @task(cache_policy=NO_CACHE)
 def train_grpo(run_id: str, spec: RunSpec) -> GRPOTrainOutcome:
     """GRPO until ``spec.engine.updates`` optimiser updates; held-out success of the base first (update 0) and every
     ``eval_every`` updates."""
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.grpo_trainer import GRPO
 
     grpo = spec.engine
     root = spec_dir(spec)
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     configure_mlflow()
-    if spec.resume and checkpoint.exists():
-        trainer = GRPO.load(checkpoint, workers=grpo.workers, backend=grpo.backend)
-    else:
-        config = grpo.config(task=spec.env_id)
-        trainer = GRPO(config, seed=spec.seed, workers=grpo.workers, backend=grpo.backend)
+    trainer = grpo_trainer(spec, checkpoint if spec.resume else None)
     try:
         start_update, start_completions = trainer.updates, trainer.completions
         base_eval = None

@@ -4,6 +4,8 @@ evaluate it from its checkpoint. Registration reuses ``tasks.register.register_m
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -33,25 +35,13 @@ def train_group(run_id: str, spec: RunSpec) -> GroupTrainOutcome:
     """Train every kind of ``spec``'s group until ``spec.steps`` env steps; resume from ``checkpoints/checkpoint.pt``
     when asked (a resumed run may change where the env copies run: ``backend``, ``workers``)."""
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.multiagent import GroupTrainer
 
-    group = spec.engine
     root = spec_dir(spec)
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     configure_mlflow()
-    if spec.resume and checkpoint.exists():
-        trainer = GroupTrainer.load(checkpoint, backend=group.backend, workers=group.workers)
-    else:
-        trainer = group.config().build(
-            spec.env_id,
-            num_envs=group.num_envs,
-            n_steps=group.n_steps,
-            seed=spec.seed,
-            backend=group.backend,
-            workers=group.workers,
-            **group.env_kwargs,
-        )
+    if not (spec.resume and checkpoint.exists()):
         (root / "history.jsonl").unlink(missing_ok=True)
+    trainer = group_trainer(spec, checkpoint if spec.resume else None)
     try:
         start_step = trainer.global_step
         logger = MetricsLogger.with_progress(run_id, spec.steps)
@@ -74,6 +64,25 @@ def train_group(run_id: str, spec: RunSpec) -> GroupTrainOutcome:
         )
     finally:
         trainer.close()
+
+
+def group_trainer(spec: RunSpec, checkpoint: Path | None) -> Any:
+    """``spec``'s group, resumed from ``checkpoint`` when it exists (a resumed run may change where the env copies
+    run: ``backend``, ``workers``), else new."""
+    from opentinker.agents.multiagent import GroupTrainer
+
+    group = spec.engine
+    if checkpoint is not None and checkpoint.exists():
+        return GroupTrainer.load(checkpoint, backend=group.backend, workers=group.workers)
+    return group.config().build(
+        spec.env_id,
+        num_envs=group.num_envs,
+        n_steps=group.n_steps,
+        seed=spec.seed,
+        backend=group.backend,
+        workers=group.workers,
+        **group.env_kwargs,
+    )
 
 
 @task(cache_policy=NO_CACHE)

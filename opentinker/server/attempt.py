@@ -313,10 +313,9 @@ def _validated_export(directory: Path, run_id: str) -> None:
 
 def finish_policy(spec: Any, run: Any, result: PolicyResult, job_dir: Path, logger: Any, champion: Any) -> JobResult:
     """Register the validated export as ``candidate``, apply the gate to the numbers the child measured, reports."""
+    from opentinker.flows.train import publish_policy
     from opentinker.tasks.register import promote_if_better, register_model
-    from opentinker.tasks.run import publish_summary
     from opentinker.tasks.types import TrainOutcome
-    from opentinker.tasks.upload import render_reports, upload_artifacts
 
     export_dir = job_dir / "export"
     _validated_export(export_dir, run.run_id)
@@ -342,15 +341,7 @@ def finish_policy(spec: Any, run: Any, result: PolicyResult, job_dir: Path, logg
         iterations=len(logger.history),
         train_seconds=result.train_seconds,
     )
-    reports = render_reports(spec.config_form(), trained, evaluation, released)
-    upload_artifacts(run.run_id, reports, trained.checkpoint_path, spec.resolved_run_name)
-    publish_summary(run.tracking, released, evaluation)
-    run.summarise(
-        tags={"opentinker.model_version": released.version, "opentinker.aliases": ",".join(released.aliases)},
-        metrics={"eval/mean_return": evaluation.mean, "eval/std_return": evaluation.std},
-        step=result.global_step,
-        model_id=candidate.model_id,
-    )
+    publish_policy(spec, run, trained, evaluation, released, candidate.model_id)
     return JobResult(
         kind="policy",
         run_id=run.run_id,
@@ -429,6 +420,7 @@ def _validated_adapter(directory: Path) -> None:
 def finish_grpo(spec: Any, run: Any, result: GRPOResult, job_dir: Path, champion: Any) -> JobResult:
     """Register the validated adapter as ``candidate``; the gate compares the held-out success the child measured
     for it and for the champion on the same prompts."""
+    from opentinker.flows.grpo import summarise_adapter
     from opentinker.tasks.llm import LLMEvaluation, decide_adapter, register_adapter
 
     adapter_dir = job_dir / "adapter"
@@ -437,30 +429,12 @@ def finish_grpo(spec: Any, run: Any, result: GRPOResult, job_dir: Path, champion
     version = register_adapter.fn(
         run.run_id, str(adapter_dir), spec.resolved_model_name, config.base_model, spec.env_id
     )
-    candidate = LLMEvaluation(
-        success=result.evaluation.success,
-        mean_reward=result.evaluation.mean_reward,
-        valid_tool_call_rate=0.0,
-        response_tokens=0.0,
-        prompts=result.evaluation.prompts,
-    )
+    candidate = LLMEvaluation(**result.evaluation.model_dump())
     champion_success = result.champion_success if champion is not None and champion.version != version else None
     gate = decide_adapter(
         spec.resolved_model_name, version, candidate, champion, champion_success, spec.champion_threshold or 0.0
     )
-    run.summarise(
-        tags={
-            "opentinker.model_version": version,
-            "opentinker.aliases": ",".join(gate.aliases),
-            "opentinker.base_model": config.base_model,
-            "gate.decision": gate.decision,
-        },
-        metrics={
-            "heldout/success_rate": candidate.success,
-            "train/completions_per_s_overall": result.completions_per_s,
-        },
-        step=result.updates,
-    )
+    summarise_adapter(run, gate, config.base_model, candidate, result.completions_per_s, result.updates)
     return JobResult(
         kind="grpo",
         run_id=run.run_id,

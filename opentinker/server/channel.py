@@ -109,8 +109,12 @@ class GroupResult(Message):
 
 
 class LMEvaluation(Message):
+    """Greedy episodes on the first ``prompts`` held-out examples (``tasks.llm.LLMEvaluation``'s fields)."""
+
     success: float = Field(ge=0, le=1)
     mean_reward: float
+    valid_tool_call_rate: float = Field(ge=0, le=1)
+    response_tokens: float = Field(ge=0)
     prompts: int = Field(ge=0)
 
 

@@ -123,22 +123,10 @@ def run_policy(spec: Any, report: Reporter, root: Path, champion_dir: str | None
 def run_group(spec: Any, report: Reporter, root: Path, champion_dir: str | None) -> GroupResult:
     """Train every agent kind together, export one policy per kind, evaluate each."""
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.multiagent import GroupTrainer
+    from opentinker.tasks.multiagent import group_trainer
 
-    group = spec.engine
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
-    if checkpoint.exists():
-        trainer = GroupTrainer.load(checkpoint, backend=group.backend, workers=group.workers)
-    else:
-        trainer = group.config().build(
-            spec.env_id,
-            num_envs=group.num_envs,
-            n_steps=group.n_steps,
-            seed=spec.seed,
-            backend=group.backend,
-            workers=group.workers,
-            **group.env_kwargs,
-        )
+    trainer = group_trainer(spec, checkpoint)
     try:
         trainer.train(
             spec.steps,
@@ -162,20 +150,22 @@ def run_grpo(spec: Any, report: Reporter, root: Path, champion_dir: str | None) 
     import time
 
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
-    from opentinker.agents.grpo_trainer import GRPO
-    from opentinker.tasks.llm import evaluate_adapter, probe_text_env
+    from opentinker.tasks.llm import evaluate_adapter, grpo_trainer, probe_text_env
 
     grpo = spec.engine
     config = grpo.config(task=spec.env_id)
     probe_text_env.fn(spec.env_id, config.task_seed)
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
-    if checkpoint.exists():
-        trainer = GRPO.load(checkpoint, workers=grpo.workers, backend=grpo.backend)
-    else:
-        trainer = GRPO(config, seed=spec.seed, workers=grpo.workers, backend=grpo.backend)
+    trainer = grpo_trainer(spec, checkpoint)
 
     def lm(result: Any) -> LMEvaluation:
-        return LMEvaluation(success=result.success, mean_reward=result.mean_reward, prompts=config.eval_prompts)
+        return LMEvaluation(
+            success=result.success,
+            mean_reward=result.mean_reward,
+            valid_tool_call_rate=result.valid_tool_call_rate,
+            response_tokens=result.mean_response_tokens,
+            prompts=config.eval_prompts,
+        )
 
     def heldout(result: Any, update: int) -> None:
         values = {"success_rate": result.success, "reward_mean": result.mean_reward}
@@ -214,9 +204,7 @@ def run_grpo(spec: Any, report: Reporter, root: Path, champion_dir: str | None) 
         updates=updates,
         train_seconds=seconds,
         completions_per_s=done / max(seconds, 1e-9),
-        evaluation=LMEvaluation(
-            success=candidate.success, mean_reward=candidate.mean_reward, prompts=candidate.prompts
-        ),
+        evaluation=LMEvaluation(**candidate.model_dump()),
         base_evaluation=base,
         champion_success=champion,
     )
