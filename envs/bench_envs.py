@@ -98,11 +98,11 @@ class DictReachEnv(_GridEnv):
 
 
 class KeyDoorEnv(_GridEnv):
-    """A 5 x 5 grid with a key and a door; action ``[move, use]``: "use" on the key picks it up, on the door with
+    """A 4 x 4 grid with a key and a door; action ``[move, use]``: "use" on the key picks it up, on the door with
     the key opens it (+1, the end). Observation: agent, key and door cells in [0, 1] and whether the key is held."""
 
-    size, max_steps, step_cost = 5, 30, 0.01
-    return_range = (-0.2, 0.9)
+    size, max_steps, step_cost = 4, 20, 0.01
+    return_range = (-0.15, 0.95)
 
     def __init__(self):
         self.observation_space = gym.spaces.Box(0.0, 1.0, (7,), np.float32)
