@@ -50,7 +50,7 @@ def load_tokenizer(cache_dir: str | Path | None = None) -> Any:
 
 def load_base_model(base: str, cache_dir: str | Path | None = None, tokenizer: Any = None) -> tuple[Any, Any]:
     """(model, tokenizer) for a base model name (see the module docstring), fp32, in eval mode."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
     from .lm_weights import converted_checkpoint
 
@@ -58,7 +58,29 @@ def load_base_model(base: str, cache_dir: str | Path | None = None, tokenizer: A
     if base == "smollm2":
         model = AutoModelForCausalLM.from_pretrained(converted_checkpoint(None, cache_dir), dtype=torch.float32)
     elif base == "tiny":
-        config = LlamaConfig(
+        config = base_config(base, tokenizer, cache_dir)
+        with torch.random.fork_rng():
+            torch.manual_seed(TINY_SEED)
+            model = LlamaForCausalLM(config)
+    elif Path(base).is_dir():
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    else:
+        raise ValueError(f"base_model: expected one of {BASE_MODELS} or a transformers checkpoint folder, got {base!r}")
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.eval()
+    return model, tokenizer
+
+
+def base_config(base: str, tokenizer: Any, cache_dir: str | Path | None = None) -> Any:
+    """The transformers config of a base model (its architecture; the tiny model's is built here)."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from .lm_weights import converted_checkpoint
+
+    if base == "smollm2":
+        return AutoConfig.from_pretrained(converted_checkpoint(None, cache_dir))
+    if base == "tiny":
+        return LlamaConfig(
             vocab_size=len(tokenizer),
             hidden_size=64,
             intermediate_size=128,
@@ -72,16 +94,9 @@ def load_base_model(base: str, cache_dir: str | Path | None = None, tokenizer: A
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-        with torch.random.fork_rng():
-            torch.manual_seed(TINY_SEED)
-            model = LlamaForCausalLM(config)
-    elif Path(base).is_dir():
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    else:
-        raise ValueError(f"base_model: expected one of {BASE_MODELS} or a transformers checkpoint folder, got {base!r}")
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.eval()
-    return model, tokenizer
+    if Path(base).is_dir():
+        return AutoConfig.from_pretrained(base)
+    raise ValueError(f"base_model: expected one of {BASE_MODELS} or a transformers checkpoint folder, got {base!r}")
 
 
 def lora_config(spec: LoraSpec) -> Any:

@@ -4,12 +4,17 @@ SDK's error form, back-pressure through the SDK's own signals, the registry path
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tinker
-from fixtures.tinker import MAX_MODELS, MAX_PENDING, SESSION_TIMEOUT_S, TINY, wait_all, wait_for
+from fixtures.tinker import CACHE, MAX_MODELS, MAX_PENDING, SESSION_TIMEOUT_S, TINY, wait_all, wait_for
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
@@ -309,6 +314,44 @@ def test_search_checkpoints_and_each_checkpoints_base_model_over_http(tinker_ser
     assert client.get_training_run_by_tinker_path(first).result().last_sampler_checkpoint.tinker_path == sampler
     info = client.get_weights_info_by_tinker_path(first).result()
     assert info.base_model == TINY and info.lora_rank == 4 and info.train_mlp
+
+
+def test_a_pulled_tokenizer_loads_offline_where_transformers_and_the_sdk_look(tinker_server, tmp_path):
+    """``opentinker tinker pull-tokenizer MODEL`` fills a fresh HF_HOME from the server; then, with the hub off,
+    ``AutoTokenizer.from_pretrained(MODEL)`` and the SDK's ``SamplingClient.get_tokenizer()`` load it."""
+    from opentinker.agents.lm_policy import load_tokenizer
+
+    env = {
+        **os.environ,
+        "TINKER_BASE_URL": tinker_server.url,
+        "TINKER_API_KEY": tinker_server.key("tokenizers"),
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.pop("HF_HUB_CACHE", None)
+    cli = [str(Path(sys.executable).with_name("opentinker")), "tinker", "pull-tokenizer"]
+    pulled = subprocess.run([*cli, TINY], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert (tmp_path / "hf" / "hub" / "models--opentinker--tiny-llama" / "refs" / "main").is_file()
+    script = f"""
+import json, tinker
+from transformers import AutoTokenizer
+plain = AutoTokenizer.from_pretrained({TINY!r}).encode({TEXT!r})
+service = tinker.ServiceClient()
+sdk = service.create_sampling_client(base_model={TINY!r}).get_tokenizer().encode({TEXT!r})
+service.close("success").result()
+print(json.dumps([plain, sdk]))
+"""
+    loaded = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    plain, sdk_tokens = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert plain == sdk_tokens == load_tokenizer(CACHE).encode(TEXT)
+    missing = subprocess.run(
+        [*cli, "Qwen/Qwen3-8B"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert missing.returncode == 1 and "not served here" in missing.stdout
 
 
 def test_two_tenants_cannot_see_each_others_models_checkpoints_or_samplers(tinker_server, sdk):

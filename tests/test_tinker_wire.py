@@ -214,3 +214,17 @@ def test_provenance_decodes_and_stable_reinforce_reads_the_recorded_logprobs():
     wrong = TokenDatum(call.data[0].tokens, {**call.data[0].inputs, "target_tokens": np.array([6, 7, 8, 1])})
     with pytest.raises(ValueError, match=r"tokens 2\.\.4 are not positions 0\.\.2 of sequence 'req-1:0'"):
         resolve([wrong], call.provenance, log)
+
+
+def test_a_pulled_tokenizer_lands_in_the_hub_cache_layout_and_bad_names_are_refused(tmp_path):
+    from opentinker.cli.tinker import install_tokenizer
+
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = install_tokenizer("org/name", revision, {"tokenizer.json": b"{}"}, tmp_path)
+    assert snapshot == tmp_path / "models--org--name" / "snapshots" / revision
+    assert (tmp_path / "models--org--name" / "refs" / "main").read_text() == revision
+    assert (snapshot / "tokenizer.json").read_bytes() == b"{}"
+    for files, rev in (({"../evil": b""}, revision), ({".hidden": b""}, revision), ({"a": b""}, "main")):
+        with pytest.raises(ValueError):
+            install_tokenizer("org/name", rev, files, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "models--org--name" / "snapshots").iterdir()) == [revision]

@@ -8,6 +8,7 @@ are parsed by the SDK's own request models, ``forward_backward`` bodies are its 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import json
@@ -367,6 +368,20 @@ async def register_checkpoint(
     """Needs the ``models`` scope too: it writes to the tenant's model registry."""
     body = await _parse(request, RegisterCheckpoint)
     return await service.register_checkpoint(caller.tenant, body.path, body.model_name, body.alias)
+
+
+# -- tokenizers ---------------------------------------------------------------------------------------------------
+@router.get("/tokenizers/{model_name:path}")
+async def get_tokenizer(model_name: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    """OpenTinker's own: the tokenizer of a served base model (by any name the API takes) as files, for clients
+    without the model hub (``opentinker tinker pull-tokenizer``): ``model_name``, ``revision``, ``files`` (name ->
+    base64)."""
+    try:
+        found = await asyncio.to_thread(service.tokenizer_files, model_name)
+    except ValueError as error:
+        raise NotFound(str(error)) from None
+    files = {name: base64.b64encode(data).decode() for name, data in found["files"].items()}
+    return {"model_name": found["model_name"], "revision": found["revision"], "files": files}
 
 
 # -- futures ------------------------------------------------------------------------------------------------------

@@ -9,14 +9,17 @@ has too many requests in flight, 402 when it is over its training-client or chec
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from tinker import types
 
 from opentinker.infra.settings import Settings
+from opentinker.server import tenants
 from opentinker.server.db import Store
 
 from .core import Core
@@ -28,6 +31,21 @@ from .sessions import Session
 from .training import Training
 
 log = logging.getLogger(__name__)
+TOKENIZER_FILES = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
+        "chat_template.jinja",
+        "chat_template.json",
+    }
+)
+"""A tokenizer folder's files that ``AutoTokenizer.from_pretrained`` reads (``tokenizer_files`` hands them out, with
+the model's ``config.json``)."""
 SESSIONS_KEPT_S = 3600.0
 """A finished or reaped session is remembered this long (its status answers ``get_session`` and heartbeats 410)."""
 
@@ -39,6 +57,7 @@ class TinkerService:
         self.core = Core(settings, loop, db)
         self.sampling = Sampling(self.core)
         self.training = Training(self.core, self.sampling)
+        self._tokenizers: dict[str, dict[str, Any]] = {}
 
     @property
     def settings(self) -> Settings:
@@ -242,6 +261,30 @@ class TinkerService:
 
     async def register_checkpoint(self, tenant: str, uri: str, name: str, alias: str | None) -> dict[str, str]:
         return await asyncio.to_thread(register_checkpoint, self.core, tenant, uri, name, alias)
+
+    def tokenizer_files(self, name: str) -> dict[str, Any]:
+        """The tokenizer of a served base model as files (``opentinker tinker pull-tokenizer``): its name as the API
+        says it, a revision (the SHA-1 of the files: a changed tokenizer is a new revision) and each file's bytes.
+        Blocking (the first call may convert the bundled model)."""
+        base = self.core.base_of(name)
+        if base not in self._tokenizers:
+            from opentinker.agents.lm_policy import base_config, load_tokenizer
+
+            cache = tenants.base_model_cache(self.settings)
+            tokenizer = load_tokenizer(cache)
+            folder = Path(tokenizer.name_or_path)
+            files = {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name in TOKENIZER_FILES}
+            # The model's config too: AutoTokenizer reads its model_type to pick the tokenizer class.
+            files["config.json"] = base_config(base, tokenizer, cache).to_json_string().encode()
+            digest = hashlib.sha1()
+            for file_name, data in files.items():
+                digest.update(file_name.encode() + b"\0" + data)
+            self._tokenizers[base] = {
+                "model_name": self.core.display(base),
+                "revision": digest.hexdigest(),
+                "files": files,
+            }
+        return self._tokenizers[base]
 
     def close(self) -> None:
         self.core.engine.close()
