@@ -14,11 +14,13 @@ gymnasium and the engine, a few seconds) once.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from opentinker.infra.cgroups import job_cgroup, limits_for
 from opentinker.infra.settings import Settings
 from opentinker.tasks.spec import RunSpec
 
@@ -69,7 +71,15 @@ class EnvCheck:
             )
         else:
             box = Sandbox(readonly=(code_dir,) if code_dir else (), env=env, network=False)
-            done = box.run(command, input=text, timeout=TIMEOUT_S)
+            cgroup = job_cgroup(f"env-check-{secrets.token_hex(6)}", limits_for(None, self.settings), self.settings)
+            try:
+                done = box.run(command, input=text, timeout=TIMEOUT_S, cgroup=cgroup)
+                limit = cgroup.limit_hit() if cgroup is not None else None
+            finally:
+                if cgroup is not None:
+                    cgroup.close()
+            if limit:
+                return f"env_id: {spec.env_id!r}: the env check hit its {limit.removesuffix(' exceeded')}", None
         lines = done.stdout.strip().splitlines()
         try:
             answer = json.loads(lines[-1][:MAX_ANSWER])

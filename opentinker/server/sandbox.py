@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from opentinker.flows.work_pool import SOURCE_ROOT
 from opentinker.infra.bwrap import SandboxUnavailable, bwrap_path, pipe_with, probe, seccomp_program
@@ -83,12 +84,16 @@ class Sandbox:
         descriptors, such as Prefect's process runner)."""
         return ["/bin/sh", "-c", f'exec "$@" {SECCOMP_FD}<"$0"', str(seccomp_file), *self.argv(command)]
 
-    def run(self, command: Sequence[str], input: str = "", timeout: float = 120.0) -> subprocess.CompletedProcess:
-        """Run ``command`` in this sandbox and wait (output captured as text)."""
+    def run(
+        self, command: Sequence[str], input: str = "", timeout: float = 120.0, cgroup: Any = None
+    ) -> subprocess.CompletedProcess:
+        """Run ``command`` in this sandbox and wait (output captured as text); inside ``cgroup``
+        (``infra.cgroups.JobCgroup``) when one is given."""
         seccomp = pipe_with(seccomp_program())
+        argv = self.argv(command, seccomp_fd=seccomp)
         try:
             return subprocess.run(
-                self.argv(command, seccomp_fd=seccomp),
+                cgroup.wrap(argv) if cgroup is not None else argv,
                 input=input,
                 capture_output=True,
                 text=True,
