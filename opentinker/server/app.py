@@ -87,7 +87,7 @@ def _settle_heap(settings: Settings) -> None:
 def _job_machinery(store: Store, settings: Settings):
     """The Prefect side (pool, deployment, one queue per tenant with its running-jobs quota) and the sync loop."""
     from .env_check import EnvCheck
-    from .jobs import JobService
+    from .jobs import JobBoard
     from .orchestration import Orchestrator
     from .sync import JobSync
 
@@ -97,7 +97,7 @@ def _job_machinery(store: Store, settings: Settings):
         )
     orchestrator = Orchestrator(settings.prefect_api_url)
     orchestrator.setup(pool_limit=settings.server_pool_limit)
-    service = JobService(store, orchestrator, EnvCheck(settings), settings)
+    service = JobBoard(store, orchestrator, EnvCheck(settings), settings)
     return service, JobSync(store, orchestrator, settings, hand_off=service.hand_off_later)
 
 

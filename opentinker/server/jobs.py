@@ -68,7 +68,7 @@ class OverQuota(Exception):
         return self.message
 
 
-class JobService:
+class JobBoard:
     """Submit, read, cancel and resume the jobs of a ``Store`` through an ``Orchestrator``."""
 
     def __init__(self, store: Store, orchestrator: Orchestrator, env_check: EnvCheck, settings: Settings):

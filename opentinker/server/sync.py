@@ -43,7 +43,7 @@ class JobSync:
         hand_off: Callable[[Job], None],
         interval_s: float = INTERVAL_S,
     ):
-        """``hand_off(job)``: have the flow run of the job's current attempt made (``JobService.hand_off_later``)."""
+        """``hand_off(job)``: have the flow run of the job's current attempt made (``JobBoard.hand_off_later``)."""
         self.store = store
         self.orchestrator = orchestrator
         self.settings = settings

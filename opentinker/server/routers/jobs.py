@@ -15,7 +15,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from ..auth import Caller, require_scope
 from ..db import Job
-from ..jobs import Conflict, Invalid, JobService, NotFound, OverQuota
+from ..jobs import Conflict, Invalid, JobBoard, NotFound, OverQuota
 from ..schemas import FINAL_STATES, JobOut, JobResult, JobState, JobSubmit, LogLine
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -23,7 +23,7 @@ POLL_S = 0.25
 """How often a follow (logs) or an event stream looks for news."""
 
 
-def service(request: Request) -> JobService:
+def job_board(request: Request) -> JobBoard:
     jobs = request.app.state.jobs
     if jobs is None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "this server runs no jobs (started with --no-jobs)")
@@ -47,7 +47,7 @@ def _errors(call):
 
 
 def readable_job(
-    job_id: str, jobs: JobService = Depends(service), caller: Caller = Depends(require_scope("read"))
+    job_id: str, jobs: JobBoard = Depends(job_board), caller: Caller = Depends(require_scope("read"))
 ) -> Job:
     """The caller's tenant's job ``job_id`` (checked before a stream starts, so a wrong id is a plain 404)."""
     return _errors(lambda: jobs.get(caller.tenant, job_id))
@@ -57,7 +57,7 @@ def readable_job(
 async def submit_job(
     body: JobSubmit,
     response: Response,
-    jobs: JobService = Depends(service),
+    jobs: JobBoard = Depends(job_board),
     caller: Caller = Depends(require_scope("jobs")),
 ) -> JobOut:
     """Queue a training job. Over a quota: 429 naming it, with Retry-After; bad spec: 422 naming the field. The same
@@ -72,7 +72,7 @@ async def submit_job(
 def list_jobs(
     state: JobState | None = None,
     limit: int = Query(100, ge=1, le=1000),
-    jobs: JobService = Depends(service),
+    jobs: JobBoard = Depends(job_board),
     caller: Caller = Depends(require_scope("read")),
 ) -> list[JobOut]:
     """The tenant's jobs, newest first."""
@@ -81,13 +81,13 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobOut)
 async def job_status(
-    job_id: str, jobs: JobService = Depends(service), caller: Caller = Depends(require_scope("read"))
+    job_id: str, jobs: JobBoard = Depends(job_board), caller: Caller = Depends(require_scope("read"))
 ) -> JobOut:
     """State; while queued its position and what it waits for, while running step / total, steps/s, return, ETA."""
     return await _current_view(jobs, caller.tenant, job_id)
 
 
-async def _current_view(jobs: JobService, tenant: str, job_id: str) -> JobOut:
+async def _current_view(jobs: JobBoard, tenant: str, job_id: str) -> JobOut:
     """The shared view of the job: from the loop while fresh, else read in a thread (404 for another tenant's)."""
     fresh = jobs.fresh_view(tenant, job_id)
     if fresh is not None:
@@ -97,7 +97,7 @@ async def _current_view(jobs: JobService, tenant: str, job_id: str) -> JobOut:
 
 @router.post("/{job_id}/cancel", response_model=JobOut)
 def cancel_job(
-    job_id: str, jobs: JobService = Depends(service), caller: Caller = Depends(require_scope("jobs"))
+    job_id: str, jobs: JobBoard = Depends(job_board), caller: Caller = Depends(require_scope("jobs"))
 ) -> JobOut:
     """Stop the job (its processes and Ray work within seconds); its checkpoints stay for a resume."""
     return jobs.view(_errors(lambda: jobs.cancel(caller.tenant, job_id)))
@@ -105,7 +105,7 @@ def cancel_job(
 
 @router.post("/{job_id}/resume", response_model=JobOut)
 def resume_job(
-    job_id: str, jobs: JobService = Depends(service), caller: Caller = Depends(require_scope("jobs"))
+    job_id: str, jobs: JobBoard = Depends(job_board), caller: Caller = Depends(require_scope("jobs"))
 ) -> JobOut:
     """Queue a cancelled or failed job again; it continues from its last checkpoint."""
     return jobs.view(_errors(lambda: jobs.resume(caller.tenant, job_id)))
@@ -139,7 +139,7 @@ async def job_logs(
     follow: bool = False,
     offset: int = Query(0, ge=0),
     job: Job = Depends(readable_job),
-    jobs: JobService = Depends(service),
+    jobs: JobBoard = Depends(job_board),
 ) -> StreamingResponse:
     """The job's log lines (its flow and task runs, from Prefect) as JSON lines; ``follow`` keeps the stream open
     until the job ends. A client that goes away stops only its stream, never the job."""
@@ -167,7 +167,7 @@ async def job_logs(
 
 @router.get("/{job_id}/events", response_class=EventSourceResponse)
 async def job_events(
-    job: Job = Depends(readable_job), jobs: JobService = Depends(service)
+    job: Job = Depends(readable_job), jobs: JobBoard = Depends(job_board)
 ) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events: a ``status`` event (the job as ``GET /v1/jobs/{id}`` shows it) whenever it changes, and an
     ``end`` event once it is final."""
