@@ -29,7 +29,11 @@ def _pair() -> tuple[Channel, Channel]:
 
 
 def _read_all(channel: Channel) -> list:
-    return list(channel.messages(MAX_FILE, MAX_TOTAL))
+    """Every message; a file as ``(FileBegin, its bytes)``."""
+    return [
+        (message[0], b"".join(message[1])) if isinstance(message, tuple) else message
+        for message in channel.messages(MAX_FILE, MAX_TOTAL)
+    ]
 
 
 def _raw(channel: Channel, kind: str, payload: bytes) -> None:
@@ -57,12 +61,14 @@ def _from_child(write) -> list:
         thread.join(timeout=10)
 
 
-def test_a_well_behaved_child_is_read_whole():
+def test_a_well_behaved_child_is_read_whole(tmp_path):
     evaluation = {"returns": [1.0, 3.0], "seed": 7}
+    weights = tmp_path / "weights.npz"
+    weights.write_bytes(b"\x00" * 5000)
 
     def child(channel: Channel) -> None:
         channel.send(Metrics(step=64, values={"charts/sps": 1000.0, "losses/value": float("nan")}))
-        channel.send_file("export/weights.npz", b"\x00" * 5000)
+        channel.send_file("export/weights.npz", weights)
         channel.send(
             PolicyResult(start_step=0, global_step=64, train_seconds=1.5, evaluation=evaluation, threshold=None)
         )
@@ -132,10 +138,13 @@ def test_a_hostile_message_fails_the_attempt_naming_what_was_wrong(case):
     assert expected in str(refused.value) and len(str(refused.value)) < 400
 
 
-def test_files_of_one_attempt_are_bounded_together():
+def test_files_of_one_attempt_are_bounded_together(tmp_path):
+    checkpoint = tmp_path / "c.pt"
+    checkpoint.write_bytes(b"\x01" * (48 << 10))
+
     def child(channel: Channel) -> None:
         for index in range(3):  # 3 x 48 KiB > the 128 KiB per attempt
-            channel.send_file(f"checkpoints/c{index}.pt", b"\x01" * (48 << 10))
+            channel.send_file(f"checkpoints/c{index}.pt", checkpoint)
 
     with pytest.raises(ChannelError, match="per attempt"):
         _from_child(child)

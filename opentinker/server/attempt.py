@@ -212,8 +212,7 @@ class SandboxedChild:
         try:
             for message in self.channel.messages(MAX_FILE, MAX_FILES):
                 if isinstance(message, tuple):
-                    begin, data = message
-                    _store(job_dir, begin, data)
+                    _store(job_dir, *message)
                 elif isinstance(message, Metrics):
                     on_metrics(dict(message.values), message.step)
                 elif isinstance(message, Log):
@@ -267,9 +266,15 @@ def _cgroup(launch: LaunchInfo) -> Any:
     return job_cgroup(f"attempt-{launch.job_id}-{os.getpid()}", JobLimits(**launch.limits))
 
 
-def _store(job_dir: Path, begin: FileBegin, data: bytes) -> None:
-    """A file the job sent, written by trusted code into the job's run folder (no sandbox can write there)."""
-    atomic_write(job_dir / safe_relative(begin.path), data)
+def _store(job_dir: Path, begin: FileBegin, chunks: Any) -> None:
+    """A file the job sends, streamed by trusted code into the job's run folder (no sandbox can write there): a temp
+    file renamed into place once its bytes and checksum are in, removed otherwise."""
+
+    def write(handle: Any) -> None:
+        for chunk in chunks:
+            handle.write(chunk)
+
+    atomic_write(job_dir / safe_relative(begin.path), write)
 
 
 def _champion(spec: Any, into: Path) -> tuple[Any, Path | None]:

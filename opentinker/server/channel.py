@@ -3,10 +3,11 @@
 The trusted attempt process (``attempt.py``) makes a ``socketpair`` and passes one end to the sandboxed child as an
 inherited descriptor: no path, port or token names it, so no other job can open it and nothing shared is writable.
 Frames are ``[4-byte length][1-byte kind][payload]``: kind ``J`` a JSON message (at most ``MAX_MESSAGE`` bytes), kind
-``B`` a chunk of the file the last ``FileBegin`` announced. The reader validates every message with the pydantic
-models below (unknown fields, wrong types, oversized strings and maps are refused: the attempt fails with one line
-naming the field), bounds each file and all files of an attempt, and throttles a chatty child by reading no more than
-``MAX_MESSAGES_PER_S`` (back-pressure: the child's writes block). Nothing a job writes reaches trusted code otherwise.
+``B`` a chunk of the file the last ``FileBegin`` announced (streamed to disk by the reader, never held whole). The
+reader validates every message with the pydantic models below (unknown fields, wrong types, oversized strings and maps
+are refused: the attempt fails with one line naming the field), bounds each file and all files of an attempt, and
+throttles a chatty child by reading no more than ``MAX_MESSAGES_PER_S`` (back-pressure: the child's writes block).
+Nothing a job writes reaches trusted code otherwise.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import socket
 import struct
 import time
 from collections.abc import Iterator
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -163,11 +164,22 @@ class Channel:
             raise ChannelError(f"message {message.__class__.__name__}: {len(payload)} bytes, at most {MAX_MESSAGE}")
         self.sock.sendall(HEADER.pack(len(payload), ord("J")) + payload)
 
-    def send_file(self, path: str, data: bytes) -> None:
-        self.send(FileBegin(path=path, size=len(data), sha256=hashlib.sha256(data).hexdigest()))
-        for start in range(0, len(data), CHUNK):
-            chunk = data[start : start + CHUNK]
-            self.sock.sendall(HEADER.pack(len(chunk), ord("B")) + chunk)
+    def send_file(self, path: str, source: Path) -> None:
+        """The file ``source`` as ``path`` under the job's run folder, streamed in chunks (two reads: the checksum
+        goes first)."""
+        digest, size = hashlib.sha256(), 0
+        with source.open("rb") as handle:
+            while chunk := handle.read(CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+            self.send(FileBegin(path=path, size=size, sha256=digest.hexdigest()))
+            handle.seek(0)
+            sent = 0
+            while sent < size and (chunk := handle.read(min(CHUNK, size - sent))):
+                self.sock.sendall(HEADER.pack(len(chunk), ord("B")) + chunk)
+                sent += len(chunk)
+        if sent != size:
+            raise ChannelError(f"file {path}: changed while it was sent")
 
     # -- reading --
 
@@ -193,9 +205,11 @@ class Channel:
             raise ChannelError("expected the start message")
         return Start.model_validate_json(payload)
 
-    def messages(self, max_file: int, max_total: int) -> Iterator[Message | tuple[FileBegin, bytes]]:
-        """The child's messages until it closes its end; a file comes whole as ``(FileBegin, bytes)`` once its
-        bytes and checksum are in. ``max_file``/``max_total``: bytes of one file, of all files of the attempt."""
+    def messages(self, max_file: int, max_total: int) -> Iterator[Message | tuple[FileBegin, Iterator[bytes]]]:
+        """The child's messages until it closes its end. A file comes as ``(FileBegin, chunks)``: the caller must
+        consume ``chunks`` before the next message (it streams the file's bytes, at most ``CHUNK`` each, so a large
+        file never sits in trusted memory) and ends with ``ChannelError`` when the bytes or checksum are not as
+        announced. ``max_file``/``max_total``: bytes of one file, of all files of the attempt."""
         total, window, count = 0, int(time.monotonic()), 0
         while True:
             try:
@@ -220,19 +234,22 @@ class Channel:
                     f"file {message.path}: {message.size} bytes; at most {max_file} per file, {max_total} per attempt"
                 )
             total += message.size
-            yield message, self._file(message)
+            chunks = self._file(message)
+            yield message, chunks
+            for _ in chunks:  # whatever the caller left unread
+                pass
 
-    def _file(self, begin: FileBegin) -> bytes:
-        data, digest = bytearray(), hashlib.sha256()
-        while len(data) < begin.size:
+    def _file(self, begin: FileBegin) -> Iterator[bytes]:
+        received, digest = 0, hashlib.sha256()
+        while received < begin.size:
             kind, chunk = self._frame()
-            if kind != "B" or len(data) + len(chunk) > begin.size:
+            if kind != "B" or received + len(chunk) > begin.size:
                 raise ChannelError(f"file {begin.path}: its bytes did not follow as announced ({begin.size} bytes)")
-            data += chunk
+            received += len(chunk)
             digest.update(chunk)
+            yield chunk
         if digest.hexdigest() != begin.sha256:
             raise ChannelError(f"file {begin.path}: checksum does not match")
-        return bytes(data)
 
 
 def evaluation_result(evaluation: Evaluation, model_key: str) -> Any:

@@ -52,12 +52,12 @@ class Reporter:
             stat = path.stat()
             if self._sent.get(path.name) != (stat.st_mtime_ns, stat.st_size):
                 self._sent[path.name] = (stat.st_mtime_ns, stat.st_size)
-                self.channel.send_file(f"checkpoints/{path.name}", path.read_bytes())
+                self.channel.send_file(f"checkpoints/{path.name}", path)
 
     def folder(self, directory: Path, prefix: str) -> None:
         for path in sorted(directory.iterdir()):
             if path.is_file():
-                self.channel.send_file(f"{prefix}/{path.name}", path.read_bytes())
+                self.channel.send_file(f"{prefix}/{path.name}", path)
 
     def log(self, line: str) -> None:
         self.channel.send(Log(line=line[:2000]))
