@@ -249,7 +249,14 @@ def probe_episodes(env: Any, seed: int = 0) -> int | None:
 BUDGET_TABLE: tuple[tuple[int, dict[str, Any]], ...] = (
     (
         50_000,
-        {"batch": 512, "update_epochs": 10, "num_minibatches": 8, "learning_rate": 3e-4, "anneal_lr": False},
+        {
+            "batch": 512,
+            "update_epochs": 10,
+            "num_minibatches": 8,
+            "learning_rate": 3e-4,
+            "anneal_lr": False,
+            "norm_reward": False,
+        },
     ),
     (
         500_000,
@@ -259,9 +266,10 @@ BUDGET_TABLE: tuple[tuple[int, dict[str, Any]], ...] = (
 """PPO on a user's env (no registry entry, no per-id preset): (largest budget, settings). A small run gets small
 batches reused many times (10 epochs of 64-transition minibatches: 0.16 gradient steps per env step, as SB3's
 default PPO) at a constant learning rate (annealed to 0 over 100k steps the MultiDiscrete bench env stayed at random,
-constant it solved it: docs/pipeline.md); above the last row, the family's preset (throughput: many env copies, few
-updates per sample, the learning rate annealed). ``batch`` is split into env copies x rollout steps by the episode
-length (``budget_defaults``)."""
+constant it solved it; the continuous family's return normalisation off: its statistics, still moving, cost the Box
+bench env's greedy return on 2 of 7 seeds at 20k: docs/pipeline.md); above the last row, the family's preset
+(throughput: many env copies, few updates per sample, the learning rate annealed). ``batch`` is split into env
+copies x rollout steps by the episode length (``budget_defaults``)."""
 SMALL_BUDGET_FIELDS: dict[str, Any] = {"ent_coef": 0.0, "clip_vloss": False}
 """What every budget row sets besides its own: SB3's PPO defaults (no entropy bonus, unclipped value loss)."""
 

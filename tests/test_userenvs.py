@@ -44,7 +44,8 @@ def test_episode_length_sizes_the_rollout():
     catch = resolved("opentinker.envs.bench_envs:CatchEnv", 100_000)  # 15-step episodes, a 2,048 batch
     assert (catch.num_envs, catch.n_steps) == (32, 64)
     box = resolved("opentinker.envs.bench_envs:PointReachEnv", 20_000)
-    assert box.norm_obs and box.norm_reward and box.num_envs * box.n_steps == 512  # the continuous family's own
+    assert box.norm_obs and box.num_envs * box.n_steps == 512  # the continuous family's observation normalisation
+    assert box.norm_reward is False and resolved("opentinker.envs.bench_envs:PointReachEnv", 100_000).norm_reward
 
 
 LEARNS = {
