@@ -39,23 +39,44 @@ def _cookbook_env(tinker_server, tenant: str, home: Path) -> dict[str, str]:
     return env
 
 
-def _has_cookbook() -> bool:
+def _cookbook_folder() -> Path | None:
+    """The installed ``tinker_cookbook`` package's folder, or None when it is not importable."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (COOKBOOK, os.environ.get("PYTHONPATH", "")) if p)}
-    probe = [sys.executable, "-c", "import tinker_cookbook.recipes.math_rl.train"]
-    return subprocess.run(probe, env=env, capture_output=True, timeout=300).returncode == 0
+    code = "import os, tinker_cookbook.recipes.math_rl.train as t; print(os.path.dirname(t.__file__))"
+    probe = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    return Path(probe.stdout.strip()).parents[1] if probe.returncode == 0 else None
 
 
-def test_math_rl_trains_and_resumes_with_its_renderer_from_the_run(request, tmp_path):
-    """``math_rl`` on arithmetic with ``renderer_name=role_colon``, three steps and a checkpoint; then a second run
-    from that checkpoint without ``renderer_name``, which the recipe reads back from the training run's
-    ``user_metadata`` (the run outlived its session)."""
-    if not _has_cookbook():
+@pytest.fixture
+def cookbook(request, tmp_path):
+    """(the cookbook's folder, the server, a client environment without the hub holding the pulled tokenizer)."""
+    folder = _cookbook_folder()
+    if folder is None:
         pytest.skip("tinker_cookbook is not importable (set TINKER_COOKBOOK_PATH; see the module docstring)")
-    tinker_server = request.getfixturevalue("tinker_server")  # started only when the recipe can run
+    tinker_server = request.getfixturevalue("tinker_server")  # started only when a recipe can run
     env = _cookbook_env(tinker_server, "cookbook", tmp_path)
     pull = [str(Path(sys.executable).with_name("opentinker")), "tinker", "pull-tokenizer", TINY]
     pulled = subprocess.run(pull, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    return folder, tinker_server, env
+
+
+def _run(command: list[str], env: dict[str, str], cwd: Path) -> str:
+    done = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
+    return output
+
+
+def _metrics(log_path: Path) -> list[dict]:
+    return [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_math_rl_trains_and_resumes_with_its_renderer_from_the_run(cookbook, tmp_path):
+    """``math_rl`` on arithmetic with ``renderer_name=role_colon``, three steps and a checkpoint; then a second run
+    from that checkpoint without ``renderer_name``, which the recipe reads back from the training run's
+    ``user_metadata`` (the run outlived its session)."""
+    _, tinker_server, env = cookbook
     recipe = [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"model_name={TINY}", "env=arithmetic"]
     flags = [
         "lora_rank=4",
@@ -68,30 +89,45 @@ def test_math_rl_trains_and_resumes_with_its_renderer_from_the_run(request, tmp_
         f"base_url={tinker_server.url}",
         "behavior_if_log_dir_exists=delete",
     ]
-    first = subprocess.run(
-        [*recipe, *flags, "renderer_name=role_colon", "max_steps=3", f"log_path={tmp_path / 'first'}"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert first.returncode == 0, (first.stdout + first.stderr)[-5000:]
-    metrics = [json.loads(line) for line in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
+    first = tmp_path / "first"
+    _run([*recipe, *flags, "renderer_name=role_colon", "max_steps=3", f"log_path={first}"], env, tmp_path)
+    metrics = _metrics(first)
     assert len(metrics) == 3 and all("env/all/reward/total" in m for m in metrics), metrics[-1]
-    saved = [json.loads(line) for line in (tmp_path / "first" / "checkpoints.jsonl").read_text().splitlines()]
+    saved = [json.loads(line) for line in (first / "checkpoints.jsonl").read_text().splitlines()]
     state = saved[-1]["state_path"]
     rest = tinker.RestClient(base_url=tinker_server.url, api_key=tinker_server.key("cookbook"))
     assert rest.get_training_run_by_tinker_path(state).result().user_metadata["renderer_name"] == "role_colon"
 
-    second = subprocess.run(
-        [*recipe, *flags, f"load_checkpoint_path={state}", "max_steps=1", f"log_path={tmp_path / 'second'}"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=900,
+    second = tmp_path / "second"
+    output = _run(
+        [*recipe, *flags, f"load_checkpoint_path={state}", "max_steps=1", f"log_path={second}"], env, tmp_path
     )
-    output = second.stdout + second.stderr
-    assert second.returncode == 0, output[-5000:]
-    assert "Could not fetch renderer metadata" not in output
+    assert "Could not fetch renderer metadata" not in output and len(_metrics(second)) == 1
+
+
+def test_chat_sl_lowers_the_nll_on_its_example_conversations(cookbook, tmp_path):
+    """``chat_sl`` on the cookbook's own ``example_data/conversations.jsonl``: three steps of supervised learning."""
+    folder, tinker_server, env = cookbook
+    conversations = folder / "example_data" / "conversations.jsonl"
+    command = [
+        sys.executable,
+        "-m",
+        "tinker_cookbook.recipes.chat_sl.train",
+        f"model_name={TINY}",
+        f"dataset={conversations}",
+        "renderer_name=role_colon",
+        "lora_rank=4",
+        "batch_size=8",
+        "max_length=256",
+        "learning_rate=1e-2",
+        "lr_schedule=constant",
+        "max_steps=3",
+        "eval_every=0",
+        "save_every=0",
+        f"base_url={tinker_server.url}",
+        f"log_path={tmp_path / 'sl'}",
+        "behavior_if_log_dir_exists=delete",
+    ]
+    _run(command, env, tmp_path)
+    nll = [m["train_mean_nll"] for m in _metrics(tmp_path / "sl") if "train_mean_nll" in m]
+    assert len(nll) == 3 and nll[-1] < nll[0], nll
