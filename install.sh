@@ -4,11 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 # Debian packages: bubblewrap isolates the agents' Python tool (opentinker/llm/sandbox.py) and libseccomp2 backs its
-# seccomp filter (both required); chromium and chromium-driver run the dashboard browser test (tests/test_dashboards.py).
+# seccomp filter (both required); chromium and chromium-driver run the dashboard browser tests (tests/test_dashboards.py);
+# postgresql and haproxy run the production topology on loopback (tests/test_production.py, docs/deploy.md).
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null | grep 'libseccomp\.so\.2' >/dev/null || missing+=(libseccomp2)
-for pkg in chromium chromium-driver; do
+for pkg in chromium chromium-driver postgresql haproxy; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -16,8 +17,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
     echo "install.sh: missing Debian packages: ${missing[*]} (sudo apt-get install ${missing[*]}); bubblewrap and" \
-      "libseccomp2 are required (the Python tool's sandbox refuses to run without them), chromium only by the" \
-      "browser test" >&2
+      "libseccomp2 are required (the Python tool's sandbox refuses to run without them), the others only by the" \
+      "browser and production-topology tests" >&2
     case " ${missing[*]} " in *" bubblewrap "* | *" libseccomp2 "*) exit 1 ;; esac
   fi
 fi

@@ -138,14 +138,45 @@ def _s3_round_trip(endpoint: S3Endpoint) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class MlflowAuth:
+    """MLflow's authentication app for ``start_mlflow``: the admin it creates on first start, where it keeps its
+    users and permissions (default: SQLite beside the server's store)."""
+
+    admin_username: str
+    admin_password: str
+    database_uri: str = ""
+
+
+def _mlflow_auth_env(directory: Path, auth: MlflowAuth) -> dict[str, str]:
+    """The auth app's config file (no permission unless granted: ``default_permission = NO_PERMISSIONS``; MLflow's
+    own default, READ, would show every user every experiment) and the static secret its CSRF protection needs."""
+    database = auth.database_uri or f"sqlite:///{directory / 'basic_auth.db'}"
+    config = directory / "basic_auth.ini"
+    atomic_write(
+        config,
+        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+        f"database_uri = {database}\nadmin_username = {auth.admin_username}\n"
+        f"admin_password = {auth.admin_password}\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n",
+        mode=0o600,
+    )
+    secret_file = directory / "flask_secret"
+    if not secret_file.exists():
+        atomic_write(secret_file, secrets.token_hex(32), mode=0o600)
+    return {"MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_FLASK_SERVER_SECRET_KEY": secret_file.read_text()}
+
+
 def start_mlflow(
     directory: Path,
     log: Path,
     s3: S3Endpoint | None,
     backend_store_uri: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
+    auth: MlflowAuth | None = None,
 ) -> ServiceProcess:
-    """MLflow tracking server, one worker, no job runner; artifacts proxied to ``s3`` (or kept under ``directory``)."""
+    """MLflow tracking server, one worker, no job runner; artifacts proxied to ``s3`` (or kept under ``directory``).
+    With ``auth``: MLflow's authentication app (``--app-name basic-auth``), every request needing a user."""
     directory.mkdir(parents=True, exist_ok=True)
     (port,) = free_ports(1)
     backend = backend_store_uri or f"sqlite:///{directory / 'mlflow.db'}"
@@ -166,6 +197,9 @@ def start_mlflow(
         str(port),
     ]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(s3.client_env() if s3 else {})}
+    if auth is not None:
+        cmd += ["--app-name", "basic-auth"]
+        env.update(_mlflow_auth_env(directory, auth))
     return start_http("mlflow", cmd, log, port=port, health="/health", timeout=timeout, env=env, cwd=directory)
 
 
@@ -210,4 +244,4 @@ def start_prefect(
     return start_http("prefect", cmd, log, port=port, health="/api/health", timeout=timeout, env=env, cwd=directory)
 
 
-__all__ = ["DEFAULT_TIMEOUT_S", "S3Endpoint", "ServiceError", "start_mlflow", "start_prefect", "start_s3"]
+__all__ = ["DEFAULT_TIMEOUT_S", "MlflowAuth", "S3Endpoint", "ServiceError", "start_mlflow", "start_prefect", "start_s3"]

@@ -46,6 +46,23 @@ class Settings(BaseSettings):
     )
     mlflow_tracking_uri: str = Field("", description="MLflow server URL; empty uses sqlite:///<data_dir>/mlflow.db.")
     mlflow_experiment: str = Field("opentinker", description="Default MLflow experiment name.")
+    mlflow_admin_username: str = Field(
+        "",
+        description="The OpenTinker server's admin user on an MLflow server run with its authentication app "
+        "(`mlflow server --app-name basic-auth`): with it every tenant gets its own MLflow user, permitted on its "
+        "own experiment and registered models only; empty: no MLflow users (one shared identity).",
+    )
+    mlflow_admin_password: str = Field("", description="Password of `mlflow_admin_username`.")
+    mlflow_tenant_secret: str = Field(
+        "",
+        description="Secret the tenants' MLflow passwords are derived from (HMAC of the tenant's name); the same in "
+        "every server process; empty: `mlflow_admin_password`.",
+    )
+    mlflow_ui_url: str = Field(
+        "",
+        description="The MLflow UI as tenants' browsers reach it (`opentinker dashboard`); empty: "
+        "`mlflow_tracking_uri`.",
+    )
     prefect_api_url: str = Field("", description="Prefect server API URL; empty uses Prefect's local (ephemeral) mode.")
     s3_endpoint_url: str = Field(
         "", description="S3 endpoint (SeaweedFS, MinIO, AWS); empty keeps artifacts on local disk."

@@ -23,6 +23,7 @@ pytest_plugins = [
     "fixtures.federated",
     "fixtures.llm",
     "fixtures.pipeline",
+    "fixtures.production",
     "fixtures.ray",
     "fixtures.server",
     "fixtures.serving",

@@ -25,7 +25,7 @@ from opentinker.infra.cgroups import limits_for
 from opentinker.infra.settings import Settings
 from opentinker.tasks.train import run_dir
 
-from . import tenants
+from . import mlflow_users, tenants
 from .db import Job, Store, Tenant, Upload
 from .models import prepare_store
 from .schemas import JobResult, LaunchInfo, ProgressReport
@@ -47,7 +47,8 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         upload = session.get(Upload, job.upload_id) if job.upload_id else None
         quotas = session.get(Tenant, job.tenant)
         tenant, job_id, spec = job.tenant, job.id, job.spec
-    prepare_store(tenant, settings)
+    prepare_store(tenant, settings, tuple(mlflow_users.job_model_names(spec)) if mlflow_users.enabled(settings) else ())
+    mlflow_user = mlflow_users.credentials(tenant, settings) if mlflow_users.enabled(settings) else None
     env = {
         "OPENTINKER_SANDBOX": "none",  # the job is inside the sandbox already, which allows no nested one
         "MPLCONFIGDIR": "/tmp/matplotlib",
@@ -71,6 +72,8 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         spec=spec,
         job_dir=str(run_dir(tenants.data_dir(tenant, settings), job_id)),
         tracking_uri=tenants.tracking_uri(tenant, settings),
+        tracking_username=mlflow_user.username if mlflow_user else "",
+        tracking_password=mlflow_user.password if mlflow_user else "",
         experiment=tenants.experiment(tenant),
         readonly=readonly,
         code=str(code) if code else None,

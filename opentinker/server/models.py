@@ -25,20 +25,28 @@ import sqlalchemy as sa
 from opentinker.infra.processes import ServiceProcess
 from opentinker.infra.settings import Settings
 
-from . import tenants
+from . import mlflow_users, tenants
 from .db import Job, Service, Store
 
 _mlflow_lock = threading.Lock()
 _ready: set[str] = set()
 
 
-def prepare_store(tenant: str, settings: Settings) -> None:
+def prepare_store(tenant: str, settings: Settings, model_names: tuple[str, ...] = ()) -> None:
     """The tenant's MLflow store and experiment, made before its first job starts (once per process): two first jobs
-    would otherwise create the same SQLite store at once, and MLflow's schema migrations do not survive that race."""
+    would otherwise create the same SQLite store at once, and MLflow's schema migrations do not survive that race.
+    On an MLflow server with its authentication app (``mlflow_users``): the tenant's user, its experiment and the
+    job's registered models ``model_names``, made by the server's admin and granted to the tenant's user only."""
     import mlflow
 
     from opentinker.tracking.runs import EXPERIMENT_KIND
 
+    if mlflow_users.enabled(settings):
+        identities = mlflow_users.identities(settings)
+        identities.ensure_experiment(tenant)
+        for name in model_names:
+            identities.ensure_model(tenant, name)
+        return
     uri = tenants.tracking_uri(tenant, settings)
     with _mlflow_lock:
         if uri in _ready:
@@ -51,12 +59,24 @@ def prepare_store(tenant: str, settings: Settings) -> None:
         _ready.add(uri)
 
 
+def tenant_credentials(tenant: str, settings: Settings) -> dict[str, str]:
+    """The MLflow client variables of a process acting for ``tenant`` alone (an attempt, a policy service): its
+    own MLflow user on a server with the authentication app, else nothing."""
+    if not mlflow_users.enabled(settings):
+        return {}
+    creds = mlflow_users.credentials(tenant, settings)
+    return {"MLFLOW_TRACKING_USERNAME": creds.username, "MLFLOW_TRACKING_PASSWORD": creds.password}
+
+
 @contextlib.contextmanager
 def tenant_mlflow(tenant: str, settings: Settings) -> Iterator[object]:
-    """``mlflow`` pointed at the tenant's tracking store and registry for the duration of the block."""
+    """``mlflow`` pointed at the tenant's tracking store and registry for the duration of the block; on an MLflow
+    server with users, as the tenant's user (its credentials in the URI: the process's environment stays as it is)."""
     import mlflow
 
     uri = tenants.tracking_uri(tenant, settings)
+    if mlflow_users.enabled(settings):
+        uri = mlflow_users.uri_with(uri, mlflow_users.credentials(tenant, settings))
     with _mlflow_lock:
         before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
         mlflow.set_tracking_uri(uri)
@@ -121,6 +141,7 @@ class Services:
             OPENTINKER_SERVE_API_KEY_HASH=hashes,
             OPENTINKER_SERVE_RELOAD_INTERVAL_S="0",
             BENTOML_DO_NOT_TRACK="True",
+            **tenant_credentials(tenant, self.settings),
         )
         log = self.settings.resolved_data_dir / "server" / "logs" / f"{service_id}.log"
         process = start_bento(f"policy {name}/{version}", SERVICE_IMPORT, env, log=log)

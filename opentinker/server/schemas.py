@@ -191,6 +191,8 @@ class LaunchInfo(BaseModel):
     spec: dict[str, Any] = Field(description="The job's resolved run spec.")
     job_dir: str = Field(description="The job's run folder (checkpoints, export): written by trusted code only.")
     tracking_uri: str = Field(description="The tenant's MLflow store, written by the attempt's trusted side.")
+    tracking_username: str = Field("", description="The tenant's own MLflow user (an MLflow server with users).")
+    tracking_password: str = Field("", description="Its password: the attempt's trusted side writes as the tenant.")
     experiment: str
     readonly: list[str] = Field(description="Bound read-only into the sandbox at the same path: base models.")
     code: str | None = Field(None, description="The tenant's uploaded code: bound read-only at /code, on PYTHONPATH.")
@@ -201,6 +203,18 @@ class LaunchInfo(BaseModel):
         "Ray cluster."
     )
     server_url: str = Field("", description="Set by the worker: where the attempt reports.")
+
+
+class Dashboard(BaseModel):
+    """The tenant's MLflow UI and its own MLflow user (basic auth) to open it with."""
+
+    url: str = Field(description="The MLflow UI.")
+    experiment: str = Field(description="The tenant's experiment (every job's run is in it).")
+    experiment_id: str
+    experiment_url: str = Field(description="The experiment's page: runs, learning curves, artifacts.")
+    models_url: str = Field(description="Registered models (the tenant's only).")
+    username: str = Field(description="The tenant's MLflow user.")
+    password: str = Field(description="Its password (derived by the server; the same on every call).")
 
 
 class ProgressReport(BaseModel):

@@ -124,6 +124,10 @@ class SandboxWorker(ProcessWorker):
             "OPENTINKER_MLFLOW_TRACKING_URI": launch.tracking_uri,
             "OPENTINKER_MLFLOW_EXPERIMENT": launch.experiment,
         }
+        if launch.tracking_username:  # the tenant's own MLflow user, never the operator's
+            env.update(
+                MLFLOW_TRACKING_USERNAME=launch.tracking_username, MLFLOW_TRACKING_PASSWORD=launch.tracking_password
+            )
         configuration.command = shlex.join(ATTEMPT_COMMAND)
         configuration.env = env
         return await super().run(flow_run, configuration, task_status)
