@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,10 @@ class Reporter:
         for delay in (1, 2, 4, 8, 15, 30, 60):
             try:
                 return self._post("result", result.model_dump(), 30)
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500:  # refused (not this job's attempt any more, or not a valid result): final
+                    raise
+                time.sleep(delay)
             except OSError:
                 time.sleep(delay)
         self._post("result", result.model_dump(), 30)
@@ -260,10 +265,12 @@ class SandboxedChild:
 
 
 def _cgroup(launch: LaunchInfo) -> Any:
-    """The attempt's cgroup with the tenant's limits, or None where limits are turned off (``job_limits = none``)."""
+    """The attempt's cgroup with the tenant's limits, or None where limits are turned off (``job_limits = none``).
+    Named after the job: one attempt of a job runs at a time, and the next finds a crashed one's cgroup and removes
+    it."""
     from opentinker.infra.cgroups import JobLimits, job_cgroup
 
-    return job_cgroup(f"attempt-{launch.job_id}-{os.getpid()}", JobLimits(**launch.limits))
+    return job_cgroup(launch.job_id, JobLimits(**launch.limits))
 
 
 def _store(job_dir: Path, begin: FileBegin, chunks: Any) -> None:
