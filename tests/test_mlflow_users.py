@@ -128,3 +128,21 @@ def test_job_model_names_cover_every_model_a_job_registers():
     assert mlflow_users.job_model_names(spec) == ["t.cart"]
     group = {"env_id": "pursuit", "algorithm": "group", "model_name": "t.pursuit"}
     assert mlflow_users.job_model_names(group) == ["t.pursuit-predator", "t.pursuit-prey"]
+
+
+def test_the_dashboard_on_the_embedded_stack_says_what_it_needs(api_server):
+    """No MLflow server with users: the route and `opentinker dashboard` answer in one line what is needed."""
+    import os
+    import subprocess
+    import sys
+
+    key = api_server.make_key("dash", ("read",))
+    answer = httpx.get(f"{api_server.url}/v1/dashboard", headers=api_server.headers(key), timeout=30)
+    assert answer.status_code == 409 and "MLflow server with its authentication app" in answer.json()["detail"]
+    no_read = api_server.make_key("dash", ("jobs",))
+    assert httpx.get(f"{api_server.url}/v1/dashboard", headers=api_server.headers(no_read)).status_code == 403
+    env = {**os.environ, "OPENTINKER_SERVER_URL": api_server.url, "OPENTINKER_API_KEY": key, "COLUMNS": "300"}
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "opentinker"), "dashboard"], env=env, capture_output=True, text=True
+    )
+    assert cli.returncode == 1 and "per-tenant dashboards need an MLflow server" in cli.stdout, cli.stdout + cli.stderr

@@ -72,6 +72,26 @@ def submit(
     _print_outcome(client, final)
 
 
+@app.command()
+@cli_errors
+def dashboard(
+    open_browser: Annotated[bool, typer.Option("--open", help="Open the experiment's page in your browser.")] = False,
+) -> None:
+    """Your tenant's MLflow UI: its runs, learning curves, artifacts and registered models, as your tenant's own MLflow
+    user (the server says which; other tenants' experiments answer "permission denied")."""
+    info = _client().dashboard()
+    console.print(
+        f"MLflow UI of experiment {info['experiment']}: {info['experiment_url']}\n"
+        f"registered models: {info['models_url']}\n"
+        f"sign in as {info['username']} with password {info['password']}",
+        highlight=False,
+    )
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(info["experiment_url"])
+
+
 def _print_outcome(client, job: dict) -> None:
     if job["state"] != "SUCCEEDED":
         console.print(f"[bold red]{job['state']}[/]: {job['reason']}", highlight=False)

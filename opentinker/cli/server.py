@@ -52,11 +52,22 @@ def up(
             help="The embedded Prefect's database (default: the server_prefect_database setting, sqlite).",
         ),
     ] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="A TOML file of settings (OPENTINKER_CONFIG; e.g. the production topology, docs/deploy.md)."),
+    ] = None,
 ) -> None:
     """Serve the API until interrupted; with nothing configured, on the local stack (SQLite, local Prefect)."""
+    import os
+
     from opentinker.infra.settings import get_settings
     from opentinker.server.launcher import serve
 
+    if config is not None:
+        if not config.is_file():
+            raise typer.BadParameter(f"{config}: no such file", param_hint="--config")
+        os.environ["OPENTINKER_CONFIG"] = str(config.resolve())
+        get_settings.cache_clear()
     settings = get_settings()
     if prefect_database is not None:
         settings = settings.model_copy(update={"server_prefect_database": prefect_database})

@@ -25,7 +25,7 @@ from opentinker.serving.middleware import BodyLimitMiddleware
 from .db import Store
 from .keys import KeyRing
 from .models import Services
-from .routers import health, internal, keys, services, tenants, tinker, uploads
+from .routers import dashboard, health, internal, keys, services, tenants, tinker, uploads
 from .routers import jobs as jobs_router
 
 
@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None, jobs: bool = True) -> FastAPI:
     app.add_middleware(
         BodyLimitMiddleware, max_bytes=int(settings.server_max_upload_mb * 1024 * 1024), error_field="detail"
     )
-    for module in (health, keys, tenants, jobs_router, uploads, services, internal, tinker):
+    for module in (health, keys, tenants, jobs_router, uploads, services, dashboard, internal, tinker):
         app.include_router(module.router)
     return app
 

@@ -213,6 +213,10 @@ class Client:
             except httpx.TransportError:
                 time.sleep(1.0)
 
+    def dashboard(self) -> dict[str, Any]:
+        """The tenant's MLflow UI and its MLflow user (``GET /v1/dashboard``; 409 on the embedded stack)."""
+        return self._call("GET", "/v1/dashboard")
+
     def deploy(self, job_id: str, api_key_hash: str | None = None) -> dict[str, Any]:
         """A policy service for the job's registered model, on the server (behind ``api_key_hash`` and the tenant's
         keys through ``/v1/services/{id}/act``)."""
