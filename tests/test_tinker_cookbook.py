@@ -131,3 +131,47 @@ def test_chat_sl_lowers_the_nll_on_its_example_conversations(cookbook, tmp_path)
     _run(command, env, tmp_path)
     nll = [m["train_mean_nll"] for m in _metrics(tmp_path / "sl") if "train_mean_nll" in m]
     assert len(nll) == 3 and nll[-1] < nll[0], nll
+
+
+DPO_DRIVER = """
+import sys
+from tinker_cookbook.preference import train_dpo
+from tinker_cookbook.preference.dpo_datasets import DPODatasetBuilderFromComparisons
+from tinker_cookbook.preference.preference_datasets import ComparisonBuilderFromJsonl
+from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+model, data, log_path, url = sys.argv[1:]
+common = ChatDatasetBuilderCommonConfig(
+    model_name_for_tokenizer=model, renderer_name="role_colon", max_length=128, batch_size=4
+)
+builder = DPODatasetBuilderFromComparisons(
+    comparison_builder=ComparisonBuilderFromJsonl(train_path=data), common_config=common
+)
+train_dpo.main(
+    train_dpo.Config(
+        log_path=log_path, model_name=model, recipe_name="opentinker_test_dpo", renderer_name="role_colon",
+        dataset_builder=builder,
+        learning_rate=1e-2, lr_schedule="constant", lora_rank=4, base_url=url, max_steps=2,
+        save_every=0, eval_every=0, dpo_beta=0.1,
+    )
+)
+"""
+
+
+def test_dpo_learns_a_local_preference_file_through_forward_backward_custom(cookbook, tmp_path):
+    """The cookbook's DPO trainer (``train_dpo.main``, its loss through ``forward_backward_custom``, the reference
+    logprobs from a sampling client) on a small local preference file. Its CLI only takes hub datasets, so a few
+    lines build its own ``ComparisonBuilderFromJsonl`` config; the trainer is unmodified."""
+    _, tinker_server, env = cookbook
+    rows = []
+    for a, b in [(1, 2), (2, 3), (3, 4), (4, 5), (5, 1), (2, 2), (3, 1), (4, 4)]:
+        prompt = [{"role": "user", "content": f"What is {a} plus {b}?"}]
+        right, wrong = [{"role": "assistant", "content": str(a + b)}], [{"role": "assistant", "content": "I forget."}]
+        rows.append({"comparison": {"prompt_conversation": prompt, "completion_A": right, "completion_B": wrong}})
+        rows[-1]["label"] = "A"
+    data = tmp_path / "preferences.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    log_path = tmp_path / "dpo"
+    _run([sys.executable, "-c", DPO_DRIVER, TINY, str(data), str(log_path), tinker_server.url], env, tmp_path)
+    losses = [m["dpo_loss"] for m in _metrics(log_path) if "dpo_loss" in m]
+    assert len(losses) == 2 and losses[-1] < losses[0], losses  # 8 pairs, 4 a batch: one epoch
