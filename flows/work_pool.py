@@ -13,7 +13,8 @@ from typing import Any
 from opentinker.tasks.spec import RunSpec
 
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
-"""Repository root: the process worker runs flows from this directory (local storage, no image, no network)."""
+"""The folder above ``flows/``: the repository root in a checkout, the ``opentinker`` package folder when installed.
+The process worker runs flows from this directory (local storage, no image, no network)."""
 ENTRYPOINT = "flows/train.py:train_flow"
 
 

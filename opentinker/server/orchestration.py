@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
+from pathlib import Path
 from typing import Any
 
 from opentinker.flows.work_pool import SOURCE_ROOT
@@ -29,7 +30,9 @@ from . import tenants
 POOL = "opentinker-jobs"
 DEPLOYMENT = "jobs"
 FLOW = "train"
-ENTRYPOINT = "opentinker/server/attempt.py:job_attempt"
+ENTRYPOINT = f"{Path(__file__).resolve().with_name('attempt.py').relative_to(SOURCE_ROOT)}:job_attempt"
+"""``attempt.py`` from ``SOURCE_ROOT``: ``opentinker/server/attempt.py`` in a checkout, ``server/attempt.py`` installed
+(where ``SOURCE_ROOT`` is the ``opentinker`` package folder)."""
 PRIORITY_STEP = datetime.timedelta(days=1)
 WORKER_QUERY_SECONDS = 0.5
 """``PREFECT_WORKER_QUERY_SECONDS`` of the server's workers (Prefect's default: 15)."""
