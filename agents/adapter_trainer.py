@@ -115,24 +115,7 @@ class AdapterTrainer:
     ) -> ForwardResult:
         """The loss and target log-probabilities of ``data``; unless ``forward_only``, its gradient is added."""
         resolved = self.check(data, loss, config)
-        logprobs: list[np.ndarray] = []
-        total, tokens = 0.0, 0
-        for chunk in _chunks(data, MICRO_BATCH_TOKENS):
-            with torch.set_grad_enabled(not forward_only):
-                targets = [torch.as_tensor(d.inputs["target_tokens"], dtype=torch.long) for d in chunk]
-                active = [torch.as_tensor(gradient_positions(loss, d.inputs, resolved)) for d in chunk]
-                logps = self.model.target_logprobs(self.name, [d.tokens for d in chunk], targets, active)
-                losses = [
-                    datum_loss(loss, logp, _float_inputs(datum, logp.device), resolved)
-                    for datum, logp in zip(chunk, logps)
-                ]
-                chunk_loss = torch.stack(losses).sum()
-            if not forward_only and chunk_loss.requires_grad:  # no graph: no position of the chunk has a gradient
-                chunk_loss.backward()
-            total += float(chunk_loss.detach())
-            tokens += sum(t.numel() for t in targets)
-            logprobs += [lp.detach().to("cpu", torch.float32).numpy() for lp in logps]
-        return ForwardResult(logprobs=logprobs, loss=total, tokens=tokens)
+        return forward_backward_many([Part(self, data, loss, resolved)], forward_only)[0]
 
     def optim_step(self, step: AdamStep) -> dict[str, float]:
         """Apply the accumulated gradients with ``step``'s AdamW settings; returns the pre-clip gradient norm."""
@@ -175,6 +158,52 @@ class AdapterTrainer:
         self.model.remove(self.name)
 
 
+@dataclass(frozen=True)
+class Part:
+    """One client's share of a batch: its trainer, its datums, its loss and the loss's resolved config
+    (``AdapterTrainer.check``)."""
+
+    trainer: AdapterTrainer
+    data: Sequence[TokenDatum]
+    loss: str
+    config: Mapping[str, float]
+
+
+def forward_backward_many(parts: Sequence[Part], forward_only: bool = False) -> list[ForwardResult]:
+    """Several clients' ``forward_backward`` on one base model in shared passes: rows of different adapters go
+    through the decoder together (peft's mixed batch), each row's loss is its own client's, and the backward of
+    their sum gives each adapter the gradient of its own rows, as if it had run alone. One result per part."""
+    model = parts[0].trainer.model
+    if any(part.trainer.model is not model for part in parts):
+        raise ValueError("forward_backward_many: every part must train an adapter of the same base model")
+    rows = [(index, datum) for index, part in enumerate(parts) for datum in part.data]
+    logprobs: list[list[np.ndarray]] = [[] for _ in parts]
+    totals, tokens = [0.0] * len(parts), [0] * len(parts)
+    for chunk in _chunks(rows, MICRO_BATCH_TOKENS):
+        with torch.set_grad_enabled(not forward_only):
+            owners = [index for index, _ in chunk]
+            data = [datum for _, datum in chunk]
+            targets = [torch.as_tensor(d.inputs["target_tokens"], dtype=torch.long) for d in data]
+            active = [
+                torch.as_tensor(gradient_positions(parts[i].loss, d.inputs, parts[i].config))
+                for i, d in zip(owners, data)
+            ]
+            names = [parts[i].trainer.name for i in owners]
+            logps = model.target_logprobs(names, [d.tokens for d in data], targets, active)
+            losses = [
+                datum_loss(parts[i].loss, logp, _float_inputs(d, logp.device), parts[i].config)
+                for i, d, logp in zip(owners, data, logps)
+            ]
+            chunk_loss = torch.stack(losses).sum()
+        if not forward_only and chunk_loss.requires_grad:  # no graph: no position of the chunk has a gradient
+            chunk_loss.backward()
+        for i, datum_loss_value, target, logp in zip(owners, losses, targets, logps):
+            totals[i] += float(datum_loss_value.detach())
+            tokens[i] += target.numel()
+            logprobs[i].append(logp.detach().to("cpu", torch.float32).numpy())
+    return [ForwardResult(logprobs=logprobs[i], loss=totals[i], tokens=tokens[i]) for i in range(len(parts))]
+
+
 def _float_inputs(datum: TokenDatum, device: torch.device) -> dict[str, torch.Tensor]:
     return {
         k: torch.as_tensor(v, dtype=torch.float32, device=device)
@@ -183,17 +212,18 @@ def _float_inputs(datum: TokenDatum, device: torch.device) -> dict[str, torch.Te
     }
 
 
-def _chunks(data: Sequence[TokenDatum], budget: int) -> list[list[TokenDatum]]:
-    """Consecutive datums whose padded size (rows x longest) stays within ``budget`` tokens (at least one each)."""
-    chunks: list[list[TokenDatum]] = []
-    current: list[TokenDatum] = []
+def _chunks(rows: Sequence[tuple[int, TokenDatum]], budget: int) -> list[list[tuple[int, TokenDatum]]]:
+    """Consecutive ``(owner, datum)`` rows whose padded size (rows x longest) stays within ``budget`` tokens (at
+    least one each)."""
+    chunks: list[list[tuple[int, TokenDatum]]] = []
+    current: list[tuple[int, TokenDatum]] = []
     longest = 0
-    for datum in data:
-        longest_with = max(longest, len(datum.tokens))
+    for row in rows:
+        longest_with = max(longest, len(row[1].tokens))
         if current and longest_with * (len(current) + 1) > budget:
             chunks.append(current)
-            current, longest_with = [], len(datum.tokens)
-        current.append(datum)
+            current, longest_with = [], len(row[1].tokens)
+        current.append(row)
         longest = longest_with
     if current:
         chunks.append(current)

@@ -192,14 +192,15 @@ class MultiLoraModel:
     # -- forward passes --------------------------------------------------------------------------------------------
     def target_logprobs(
         self,
-        name: str | None,
+        name: str | Sequence[str] | None,
         inputs: Sequence[Sequence[int]],
         targets: Sequence[torch.Tensor],
         active: Sequence[torch.Tensor | None] | None = None,
     ) -> list[torch.Tensor]:
         """log p(targets[i][t] | inputs[i][: t + 1]) for a batch (right-padded, one pass of the decoder), with the
         graph when gradients are enabled. ``targets[i]`` is (T_i,) or (T_i, K); the result has its shape. ``name``
-        None: the base model alone.
+        None: the base model alone; a list: each row's adapter (several clients' rows in one pass, peft's mixed
+        batch; each adapter's tensors get the gradient of its own rows only).
 
         ``active[i]``: a (T_i,) mask of the positions whose log-probabilities need a gradient (None: all). The
         output projection, a vocabulary-wide matmul per position, runs with the graph only there and under no_grad
@@ -211,6 +212,11 @@ class MultiLoraModel:
             ids[row, : len(tokens)] = torch.as_tensor(list(tokens), dtype=torch.long)
             attention[row, : len(tokens)] = 1
         ids, attention = ids.to(self.device), attention.to(self.device)
+        names = None if name is None or isinstance(name, str) else list(name)
+        if names is not None and len(set(names)) == 1:
+            name, names = names[0], None
+        if names is not None:
+            return self._mixed_logprobs(names, ids, attention, targets, active)
         with self.using(name):
             causal_lm = self._peft.get_base_model() if self._peft is not None else self._base_model
             hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
@@ -219,6 +225,36 @@ class MultiLoraModel:
             for row, target in enumerate(targets):
                 mask = None if active is None else active[row]
                 out.append(_head_logprobs(head, hidden[row, : target.shape[0]], target.to(self.device), mask))
+        return out
+
+    def _mixed_logprobs(
+        self,
+        names: list[str],
+        ids: torch.Tensor,
+        attention: torch.Tensor,
+        targets: Sequence[torch.Tensor],
+        active: Sequence[torch.Tensor | None] | None,
+    ) -> list[torch.Tensor]:
+        """``target_logprobs`` with an adapter per row: the decoder runs once with peft's ``adapter_names`` (the
+        model stays in eval mode, as always here: no dropout), the output projection per row with its adapter."""
+        for adapter in set(names):
+            self._require(adapter)
+            for param in self.parameters(adapter):  # set_adapter leaves only the active adapter trainable
+                param.requires_grad_(True)
+        causal_lm = self._peft.get_base_model()
+        with self._peft._enable_peft_forward_hooks(adapter_names=names):
+            hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
+        head = causal_lm.get_output_embeddings()
+        lora_head = hasattr(head, "lora_A")
+        out = []
+        for row, target in enumerate(targets):
+            mask = None if active is None else active[row]
+            adapter = names[row]
+
+            def row_head(h: torch.Tensor, adapter: str = adapter) -> torch.Tensor:
+                return head(h, adapter_names=[adapter] * h.shape[0]) if lora_head else head(h)
+
+            out.append(_head_logprobs(row_head, hidden[row, : target.shape[0]], target.to(self.device), mask))
         return out
 
     def using(self, name: str | None) -> Any:

@@ -188,6 +188,41 @@ def test_stable_reinforce_trains_on_what_the_sampler_recorded(sdk):
         other.forward_backward([datum], "stable_reinforce").result()
 
 
+def test_clients_training_at_once_get_the_step_each_would_get_alone(tinker_server, sdk):
+    """Two clients' ``forward_backward`` queued together (behind a long sampling request) run in one pass on the
+    worker; each client's adapter after the step equals that of a client that trained alone on the same data."""
+    service = sdk("batched")
+    clients = [service.create_lora_training_client(base_model=TINY, rank=4, seed=7).result() for _ in range(3)]
+    alone, first, second = clients
+    tokens = alone.get_tokenizer().encode(TEXT)
+    batch, probe = [_sft_datum(tokens), _sft_datum(tokens[4:])], [_sft_datum(tokens[2:])]
+    [alone_loss] = _train(alone, batch, 1)
+    want = _logprobs(alone, probe)
+
+    sampler = service.create_sampling_client(base_model=TINY).result()
+    long_sample = {
+        "sampling_session_id": sampler._sampling_session_id,
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": tokens[:4]}]},
+        "sampling_params": {"max_tokens": 256, "stop": []},
+        "num_samples": 8,
+    }
+    with tinker_server.http("batched") as http:
+        before = http.get("/api/v1/usage").json()["forward_backward_batching"]
+        busy = http.post("/api/v1/asample", json=long_sample).json()["request_id"]  # queued when this returns
+        steps = [client.forward_backward(batch, "cross_entropy") for client in (first, second)]
+        params = types.AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)
+        optims = [client.optim_step(params) for client in (first, second)]
+        wait_for(http, busy)
+    assert [s.result().metrics["loss:sum"] for s in steps] == pytest.approx([alone_loss] * 2, rel=1e-5)
+    for optim in optims:
+        optim.result()
+    for client in (first, second):
+        assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(want, _logprobs(client, probe)))
+    with tinker_server.http("batched") as http:
+        after = http.get("/api/v1/usage").json()["forward_backward_batching"]
+    assert after["requests"] - before["requests"] > after["passes"] - before["passes"]  # two clients, fewer passes
+
+
 def test_save_state_then_load_resumes_bit_exact(tinker_server, sdk):
     service = sdk("resume")
     training = service.create_lora_training_client(base_model=TINY, rank=8, seed=1).result()

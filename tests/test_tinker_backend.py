@@ -324,3 +324,39 @@ def test_cross_entropy_takes_k_targets_per_position(model):
         assert all(p.grad is not None for p in model.parameters("distill"))
     finally:
         trainer.close()
+
+
+def test_a_batch_of_several_clients_gives_each_the_gradients_it_would_get_alone(model):
+    """Three clients (different ranks, targets and losses) in one ``forward_backward_many``: rows of every adapter
+    share the decoder pass, and each adapter's gradient, loss and logprobs equal those of its own pass alone."""
+    from opentinker.agents.adapter_trainer import Part, forward_backward_many
+
+    n = len(SEQUENCE) - 1
+    rng = np.random.default_rng(0)
+    rl = {"logprobs": rng.normal(-2, 0.3, n).astype(np.float32), "advantages": rng.normal(0, 1, n).astype(np.float32)}
+    clients = [
+        (AdapterShape(4), [_datum(), _datum(SEQUENCE[:20])], "cross_entropy"),
+        (AdapterShape(8, train_unembed=False), [_datum(**rl)], "importance_sampling"),
+        (AdapterShape(4, train_mlp=False), [_datum(SEQUENCE[5:], **{k: v[5:] for k, v in rl.items()})], "ppo"),
+    ]
+    generator = torch.Generator().manual_seed(0)
+    alone, mixed = [], []
+    for i, (shape, _, _) in enumerate(clients):
+        alone.append(AdapterTrainer(model, f"alone{i}", shape, seed=i))
+        mixed.append(AdapterTrainer(model, f"mixed{i}", shape, seed=i))
+        state = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in model.state(f"alone{i}").items()}
+        model.load_state(f"alone{i}", state)  # B non-zero: A gets a gradient too
+        model.load_state(f"mixed{i}", state)
+    try:
+        expected = [t.forward_backward(data, loss) for t, (_, data, loss) in zip(alone, clients)]
+        parts = [Part(t, data, loss, t.check(data, loss, None)) for t, (_, data, loss) in zip(mixed, clients)]
+        results = forward_backward_many(parts)
+        for want, got, a, m in zip(expected, results, alone, mixed):
+            assert got.loss == pytest.approx(want.loss, rel=1e-5, abs=1e-5) and got.tokens == want.tokens
+            assert all(np.allclose(x, y, atol=1e-5) for x, y in zip(want.logprobs, got.logprobs))
+            grads = [(p.grad, q.grad) for p, q in zip(model.parameters(a.name), model.parameters(m.name))]
+            assert all(g is not None for pair in grads for g in pair)
+            assert all(torch.allclose(p, q, rtol=1e-4, atol=1e-6) for p, q in grads)
+    finally:
+        for trainer in alone + mixed:
+            trainer.close()

@@ -228,3 +228,55 @@ def test_a_pulled_tokenizer_lands_in_the_hub_cache_layout_and_bad_names_are_refu
         with pytest.raises(ValueError):
             install_tokenizer("org/name", rev, files, tmp_path)
     assert sorted(p.name for p in (tmp_path / "models--org--name" / "snapshots").iterdir()) == [revision]
+
+
+def test_the_worker_batches_clients_forward_backward_keeping_each_ones_order(monkeypatch):
+    """A ``forward_backward`` at the head of the queue takes along the first queued one of each other client whose
+    requests have nothing queued before it (same base model, same kind); everything else keeps its place."""
+    import asyncio
+    import threading
+
+    from opentinker.server.tinker import engine as engine_module
+    from opentinker.server.tinker.engine import Engine, TrainPart, Work
+    from opentinker.server.tinker.futures import FutureStore, Outcome
+
+    batches: list[list[str]] = []
+
+    def fake_many(parts, forward_only):
+        batches.append(list(parts))
+        return [ForwardResult([], 0.0, 0) for _ in parts]
+
+    monkeypatch.setattr(engine_module, "forward_backward_many", fake_many)
+    futures = FutureStore(asyncio.new_event_loop())
+    worker = Engine(futures, loader=None)
+    gate = threading.Event()
+    worker.call(gate.wait)  # holds the worker while the queue fills
+    ran: list[str] = []
+
+    def train(owner: str, tag: str, forward_only: bool = False) -> Work:
+        part = TrainPart(prepare=lambda: tag, finish=lambda result, s: Outcome.of({}), forward_only=forward_only)
+        return Work(futures.create("t", "ForwardBackward", owner, "s"), base="tiny", train=part)
+
+    def other(owner: str, tag: str) -> Work:
+        return Work(futures.create("t", "OptimStep", owner, "s"), run=lambda: ran.append(tag) or Outcome.of({}))
+
+    queued = [
+        train("A", "a1"),
+        train("B", "b1"),
+        train("A", "a2"),
+        other("C", "c-optim"),
+        train("C", "c1"),
+        train("D", "d1", forward_only=True),
+        train("B", "b2"),
+        train("E", "e1"),
+    ]
+    for work in queued:
+        worker.submit(work)
+    gate.set()
+    deadline = time.monotonic() + 10
+    while worker.depth() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker.close()
+    # a1 takes b1 and e1 (A's second is its own, C's waits behind C's step, D's is a forward); then a2 takes b2
+    # (c1 still waits: C's step is queued after a2); then C's step, c1 and d1, each alone.
+    assert batches == [["a1", "b1", "e1"], ["a2", "b2"], ["c1"], ["d1"]] and ran == ["c-optim"]

@@ -23,7 +23,7 @@ from opentinker.server import tenants
 from opentinker.server.db import Store
 
 from . import wire
-from .engine import Engine, Work
+from .engine import Engine, TrainPart, Work
 from .errors import OverQuota, RateLimited
 from .futures import Future, FutureStore, Outcome
 from .records import Records
@@ -50,7 +50,9 @@ class Core:
         self.records = Records(db)
         self.store = CheckpointStore(lambda tenant: tenants.data_dir(tenant, settings), db)
         self.tracking = TrackingWriter(settings)
-        self.engine = Engine(self.futures, self.load_base, max_rows=settings.tinker_sample_batch_rows)
+        self.engine = Engine(
+            self.futures, self.load_base, max_rows=settings.tinker_sample_batch_rows, fail=self.failure
+        )
         self.bases = {DISPLAY_NAMES.get(b, b): b for b in settings.tinker_base_models}
         self.bases.update({b: b for b in settings.tinker_base_models})
         self.tokenizers: dict[str, str] = {}
@@ -110,6 +112,13 @@ class Core:
             )
 
     # -- queueing --------------------------------------------------------------------------------------------------
+    @staticmethod
+    def failure(error: Exception) -> Outcome:
+        """An operation's exception as its outcome: caused by the request (``USER_ERRORS``) or not (``server``)."""
+        if isinstance(error, USER_ERRORS):
+            return Outcome.failed(str(error).strip("'\""))
+        return Outcome.failed(f"internal error: {type(error).__name__}: {error}", "server")
+
     def work(self, future: Future, op: Callable[[], Outcome]) -> Work:
         """``op`` for the worker, a request-caused error turned into the future's ``user`` failure."""
 
@@ -121,21 +130,33 @@ class Core:
 
         return Work(future, run=run)
 
-    def sequenced(self, model: TrainingModel, seq_id: int | None, kind: str, op: Callable[[], Outcome]) -> Any:
-        """Queue ``op`` in ``model``'s sequence order; a re-sent ``seq_id`` gets the future of its first sending."""
+    @staticmethod
+    def ready(model: TrainingModel) -> None:
+        """On the worker, before a model's operation: it still exists and started."""
+        if model.closed:
+            raise ValueError(f"model {model.model_id} was closed")
+        if model.trainer is None:
+            raise ValueError(f"model {model.model_id} failed to start")
+
+    def sequenced(
+        self, model: TrainingModel, seq_id: int | None, kind: str, op: Callable[[], Outcome] | TrainPart
+    ) -> Any:
+        """Queue ``op`` in ``model``'s sequence order; a re-sent ``seq_id`` gets the future of its first sending.
+        A ``TrainPart`` may share its pass with other clients' (``engine``)."""
         seq_id = seq_id or 0
         future = model.sequencer.duplicate(seq_id) if seq_id else None
         if future is None:
             self.admit(model.tenant)
             future = self.futures.create(model.tenant, kind, model.model_id, model.session_id)
 
-            def checked() -> Outcome:
-                if model.closed:
-                    return Outcome.failed(f"model {model.model_id} was closed")
-                if model.trainer is None:
-                    return Outcome.failed(f"model {model.model_id} failed to start")
-                return op()
+            if isinstance(op, TrainPart):
+                work = Work(future, train=op, base=model.base)
+            else:
 
-            work = self.work(future, checked)
+                def checked(op: Callable[[], Outcome] = op) -> Outcome:
+                    self.ready(model)
+                    return op()
+
+                work = self.work(future, checked)
             model.sequencer.offer(seq_id, future, lambda: self.engine.submit(work))
         return types.UntypedAPIFuture(request_id=future.request_id, model_id=model.model_id)

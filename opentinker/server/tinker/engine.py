@@ -1,10 +1,14 @@
-"""The worker: one thread runs every model operation, first come first served, and batches sampling.
+"""The worker: one thread runs every model operation, first come first served, and batches sampling and training.
 
 Why one thread: a base model's LoRA adapters share one set of weights and one peft wrapper whose active adapter is
 global state; torch releases the GIL inside its kernels, so the event loop keeps answering while it works; and one
 runner per device is how a GPU is used best anyway. Training requests of one model reach the queue already in
 sequence order (``sessions.Sequencer``). When a sampling request reaches the head of the queue, every queued
 sampling request on the same base model joins its batch (up to ``max_rows`` completions): they share the decode steps.
+When a ``forward_backward`` reaches it, the queued ``forward_backward`` of other clients on the same base model join
+it (up to ``max_train_parts``), each client's first queued request only and only when nothing of that client is
+queued before it, so every model's requests still run in its sequence order: their rows share the decoder passes
+(``adapter_trainer.forward_backward_many``) and each adapter gets the gradient it would get alone.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from opentinker.agents.adapter_trainer import ForwardResult, Part, forward_backward_many
 from opentinker.agents.lm_sampler import HFSampler, SampleJob, Sampler, SamplingError, check_job
 from opentinker.agents.multi_lora import MultiLoraModel
 
@@ -27,11 +32,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
+class TrainPart:
+    """A ``forward_backward`` (or ``forward``) that may share its passes with other clients' on the same base."""
+
+    prepare: Callable[[], Part]
+    """On the worker: the checked request (raises when it cannot run: ``Engine.fail`` makes that its outcome)."""
+    finish: Callable[[ForwardResult, float], Outcome]
+    """Its result as an ``Outcome`` (given the pass's seconds, for tracking)."""
+    forward_only: bool = False
+
+
+@dataclass(eq=False)
 class Work:
-    """One request for the worker: an operation (``run``) or a sampling ``job`` on ``base``'s model."""
+    """One request for the worker: an operation (``run``), a sampling ``job`` or a ``train`` part on ``base``'s
+    model."""
 
     future: Future
     run: Callable[[], Outcome] | None = None
+    train: TrainPart | None = None
     job: SampleJob | None = None
     base: str = ""
     encode: Callable[[Any], Outcome] | None = None
@@ -57,9 +75,16 @@ class Engine:
         loader: Callable[[str], MultiLoraModel],
         max_rows: int = 64,
         sampler: Callable[[MultiLoraModel], Sampler] = HFSampler,
+        fail: Callable[[Exception], Outcome] | None = None,
+        max_train_parts: int = 8,
     ):
-        """``sampler``: what samples a base model's requests (the seam for another engine, e.g. vLLM on a GPU)."""
+        """``sampler``: what samples a base model's requests (the seam for another engine, e.g. vLLM on a GPU);
+        ``fail``: the outcome of a request whose preparation raised (default: a server error)."""
         self.futures, self.loader, self.max_rows, self.make_sampler = futures, loader, max_rows, sampler
+        self.fail = fail or _internal_error
+        self.max_train_parts = max_train_parts
+        self.train_passes = self.train_requests = 0
+        """``forward_backward`` batches run and the requests they held (requests / passes: the batching)."""
         self._models: dict[str, MultiLoraModel] = {}
         self._samplers: dict[str, Sampler] = {}
         self._queue: deque[Work | _Call] = deque()
@@ -129,11 +154,17 @@ class Engine:
                 head = self._queue.popleft()
                 if isinstance(head, Work) and head.future.outcome is not None:
                     continue  # failed while it waited (its session closed)
-                batch = self._take_batch(head) if isinstance(head, Work) and head.job is not None else [head]
+                batch = [head]
+                if isinstance(head, Work) and head.job is not None:
+                    batch = self._take_batch(head)
+                elif isinstance(head, Work) and head.train is not None:
+                    batch = self._take_train_batch(head)
             if isinstance(head, _Call):
                 self._run_call(head)
             elif head.job is not None:
                 self._run_samples(batch)
+            elif head.train is not None:
+                self._run_train(batch)
             else:
                 self._run_work(head)
             self.busy = None
@@ -155,6 +186,59 @@ class Engine:
                 self._queue.remove(item)
         return batch
 
+    def _take_train_batch(self, head: Work) -> list[Work]:
+        """``head`` and, of each other client with a ``forward_backward`` of the same kind queued on the same base
+        model, that request, when it is the client's first queued one (lock held). Scanning stops at a management
+        call (it may add or drop the adapters a batch would use)."""
+        batch, owners, passed = [head], {head.future.owner}, set()
+        for item in list(self._queue):
+            if len(batch) >= self.max_train_parts or isinstance(item, _Call):
+                break
+            owner = item.future.owner
+            joins = (
+                item.train is not None
+                and item.base == head.base
+                and item.train.forward_only == head.train.forward_only
+                and item.future.outcome is None
+                and owner not in owners
+                and owner not in passed
+            )
+            if joins:
+                batch.append(item)
+                owners.add(owner)
+                self._queue.remove(item)
+            else:
+                passed.add(owner)  # its later requests wait for this one
+        return batch
+
+    def _run_train(self, batch: list[Work]) -> None:
+        started = time.perf_counter()
+        prepared: list[tuple[Work, Part]] = []
+        for work in batch:
+            self._start(work)
+            try:
+                prepared.append((work, work.train.prepare()))
+            except Exception as error:
+                self._finish(work, self.fail(error))
+        if not prepared:
+            return
+        self.train_passes += 1
+        self.train_requests += len(prepared)
+        try:
+            results = forward_backward_many([part for _, part in prepared], batch[0].train.forward_only)
+        except Exception as error:
+            log.exception("forward_backward of %d clients failed", len(prepared))
+            for work, _ in prepared:
+                self._finish(work, _internal_error(error))
+            return
+        seconds = time.perf_counter() - started
+        for (work, _), result in zip(prepared, results):
+            try:
+                outcome = work.train.finish(result, seconds)
+            except Exception as error:
+                outcome = self.fail(error)
+            self._finish(work, outcome)
+
     def _run_call(self, item: _Call) -> None:
         try:
             item.result.set_result(item.fn())
@@ -167,7 +251,7 @@ class Engine:
             outcome = work.run()
         except Exception as error:
             log.exception("tinker request %s failed", work.future.request_id)
-            outcome = Outcome.failed(f"internal error: {type(error).__name__}: {error}", "server")
+            outcome = _internal_error(error)
         self._finish(work, outcome)
 
     def _run_samples(self, batch: list[Work]) -> None:
@@ -215,3 +299,7 @@ class Engine:
 
     def _finish(self, work: Work, outcome: Outcome) -> None:
         self.futures.resolve(work.future, outcome)
+
+
+def _internal_error(error: Exception) -> Outcome:
+    return Outcome.failed(f"internal error: {type(error).__name__}: {error}", "server")

@@ -244,6 +244,7 @@ class TinkerService:
             "pending_requests": core.futures.pending(tenant),
             "checkpoint_bytes": core.store.usage_bytes(tenant),
             "queue_depth": core.engine.depth(),
+            "forward_backward_batching": {"passes": core.engine.train_passes, "requests": core.engine.train_requests},
         }
 
     # -- futures and the registry ----------------------------------------------------------------------------------

@@ -9,18 +9,18 @@ model's sequence order.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from tinker import types
 
-from opentinker.agents.adapter_trainer import AdapterTrainer
+from opentinker.agents.adapter_trainer import AdapterTrainer, ForwardResult, Part
 from opentinker.agents.multi_lora import AdapterShape
 
 from . import stability, wire
 from .core import STATE_FILE, Core
+from .engine import TrainPart
 from .errors import BadRequest
 from .futures import Outcome
 from .records import TinkerTrainingRun
@@ -141,17 +141,22 @@ class Training:
 
     # -- the training loop -----------------------------------------------------------------------------------------
     def forward_backward(self, tenant: str, call: wire.ForwardBackwardCall) -> types.UntypedAPIFuture:
-        model = self.core.registry.model(tenant, call.model_id)
-        session = self.core.registry.sessions[model.session_id]
+        """Queued as a ``TrainPart``: the worker may run it in one pass with other clients' (``engine``)."""
+        core = self.core
+        model = core.registry.model(tenant, call.model_id)
+        session = core.registry.sessions[model.session_id]
 
-        def op() -> Outcome:
-            started = time.perf_counter()
+        def prepare() -> Part:
+            core.ready(model)
             data = call.data
             if call.loss_fn == "stable_reinforce":  # the sampler's recorded logprobs, checked against the datums
                 data = stability.resolve(call.data, call.provenance, session.stability)
-            result = model.trainer.forward_backward(data, call.loss_fn, call.loss_fn_config, call.forward_only)
+            resolved = model.trainer.check(data, call.loss_fn, call.loss_fn_config)
+            return Part(model.trainer, data, call.loss_fn, resolved)
+
+        def finish(result: ForwardResult, seconds: float) -> Outcome:
             if not call.forward_only:
-                model.run.forward_backward(result.loss, result.tokens, time.perf_counter() - started)
+                model.run.forward_backward(result.loss, result.tokens, seconds)
             metrics = {"loss:sum": result.loss}
             return Outcome(
                 json=lambda: wire.forward_backward_json(result, metrics),
@@ -159,7 +164,7 @@ class Training:
             )
 
         kind = "Forward" if call.forward_only else "ForwardBackward"
-        return self.core.sequenced(model, call.seq_id, kind, op)
+        return core.sequenced(model, call.seq_id, kind, TrainPart(prepare, finish, call.forward_only))
 
     def optim_step(self, tenant: str, request: types.OptimStepRequest) -> types.UntypedAPIFuture:
         model = self.core.registry.model(tenant, request.model_id)
