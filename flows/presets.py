@@ -235,13 +235,13 @@ def probe_episodes(env: Any, seed: int = 0) -> int | None:
     space.seed(seed)
     env.reset(seed=seed)
     longest, length, deadline = None, 0, time.perf_counter() + PROBE_SECONDS
-    for step in range(PROBE_STEPS):
+    for _ in range(PROBE_STEPS):
         _, _, terminated, truncated, _ = env.step(space.sample())
         length += 1
         if terminated or truncated:
             longest, length = max(longest or 0, length), 0
             env.reset()
-        if step % 64 == 63 and time.perf_counter() > deadline:
+        if time.perf_counter() > deadline:  # a slow env: what it played so far
             break
     return longest
 
