@@ -158,7 +158,10 @@ def _mlflow_auth_env(directory: Path, auth: MlflowAuth) -> dict[str, str]:
         "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
         f"database_uri = {database}\nadmin_username = {auth.admin_username}\n"
         f"admin_password = {auth.admin_password}\n"
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n",
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        # a checked password is remembered 60 s: without it every request pays a PBKDF2 hash (~0.1-1 s on a busy
+        # core), and logging a model reads each metric's history in one request per metric
+        "auth_cache_ttl_seconds = 60\n",
         mode=0o600,
     )
     secret_file = directory / "flask_secret"

@@ -85,13 +85,16 @@ def test_a_tenant_reads_its_own_run_and_model_and_none_of_the_other_tenants(writ
 
 
 def test_the_server_reads_a_tenants_data_with_that_tenants_credentials_only(written):
-    settings, _ = written
+    settings, made = written
     with tenant_mlflow("ua", settings) as mlflow:
         with tempfile.TemporaryDirectory() as folder:
             path = mlflow.artifacts.download_artifacts(artifact_uri="models:/ua.policy@champion", dst_path=folder)
             assert (Path(path) / "policy.json").exists()
         with pytest.raises(Exception, match=r"403|Permission denied"):
             mlflow.artifacts.download_artifacts(artifact_uri="models:/ub.policy/1", dst_path=tempfile.mkdtemp())
+    another_process = mlflow_users.TenantIdentities(settings)  # a second server process: same names, same grants
+    assert another_process.ensure_experiment("ua") == made["ua"]["experiment_id"]
+    another_process.ensure_model("ua", "ua.policy")
     env = mlflow_users.credentials("ua", settings)
     assert env.username == "tenant-ua" and len(env.password) >= 40
     assert mlflow_users.credentials("ua", settings) == env  # derived: every server process agrees

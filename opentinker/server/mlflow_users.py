@@ -162,8 +162,13 @@ class TenantIdentities:
             self._checked[key] = name
 
     def _grant(self, user: str, resource_type: str, resource_id: str) -> None:
+        """MANAGE for ``user`` (an existing grant, made by another server process, is left as it is)."""
         body = {"username": user, "resource_type": resource_type, "resource_id": resource_id, "permission": "MANAGE"}
-        self._call("POST", "/api/3.0/mlflow/users/permissions/grant", json=body)
+        answer = self._call("POST", "/api/3.0/mlflow/users/permissions/grant", ok=(200, 400), json=body)
+        if answer.status_code == 400 and "RESOURCE_ALREADY_EXISTS" not in answer.text:
+            raise MlflowIdentityError(
+                f"MLflow server {self.base}: granting {resource_type} {resource_id}: {answer.text}"
+            )
 
     def _refuse_foreign(self, resource_type: str, resource_id: str, owner: str, name: str) -> None:
         """Refuse a name someone other than ``owner`` (and the admins) holds a grant on: made by another tenant."""

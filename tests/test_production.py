@@ -1,0 +1,292 @@
+"""The production topology on loopback (tests/fixtures/production.py, docs/deploy.md): PostgreSQL, Prefect, MLflow
+with its authentication app over SeaweedFS S3, two API processes behind HAProxy, a worker of its own.
+
+Jobs of two tenants through the load balancer; the API processes killed one at a time mid-job while the client
+follows it (nothing lost, the follow uninterrupted); a job probing for MLflow, Prefect and the API from inside its
+sandbox; each tenant's MLflow credentials reading its own runs and models only, over HTTP and in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import sys
+import tarfile
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SMALL = {"steps": 4096, "num_envs": 4, "eval_episodes": 2, "champion_threshold": 0.0, "ppo": {"n_steps": 64}}
+FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+HTTP = httpx.Client(timeout=120)
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+UI_QUERY = "?workflowType=machine_learning"
+SLOW_ENV = '''
+"""A slow env (each step sleeps), so the job is still training while the test kills the API processes; it also
+probes, once, for what a job must not reach in this topology."""
+import json, os, time, urllib.request
+
+import gymnasium as gym
+import numpy as np
+
+TARGETS = {targets!r}
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except Exception as exc:
+        return type(exc).__name__
+
+
+class Slow(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.t = 0
+        if not os.environ.get("PROBED"):
+            os.environ["PROBED"] = "1"
+            report = {{name: _get(url) for name, url in TARGETS.items()}}
+            report["environ"] = sorted(os.environ)
+            print("PROBE " + json.dumps(report), flush=True)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {{}}
+
+    def step(self, action):
+        time.sleep({sleep})
+        self.t += 1
+        return np.full(2, 0.1 * int(action), np.float32), float(action), False, self.t >= 20, {{}}
+'''
+
+
+def _wait(production, key: str, job_id: str, until, timeout: float = 600.0) -> dict:
+    deadline = time.monotonic() + timeout
+    status = {}
+    while time.monotonic() < deadline:
+        answer = HTTP.get(f"{production.url}/v1/jobs/{job_id}", headers=production.headers(key))
+        status = answer.json()
+        if until(status):
+            return status
+        if status.get("state") in FINAL:
+            raise AssertionError(f"job {job_id} ended {status['state']} ({status.get('reason')}) before the condition")
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not get there within {timeout:.0f} s: {status}")
+
+
+@pytest.fixture(scope="module")
+def two_tenants(production):
+    """Tenants ``pa`` and ``pb``, a CartPole job each, submitted and followed through the load balancer."""
+    from opentinker.server.client import Client
+
+    keys = {tenant: production.make_key(tenant) for tenant in ("pa", "pb")}
+    jobs = {
+        tenant: Client(production.url, key).submit({"env_id": "CartPole-v1", **SMALL}) for tenant, key in keys.items()
+    }
+    done = {
+        tenant: _wait(production, keys[tenant], job["id"], lambda s: s["state"] in FINAL)
+        for tenant, job in jobs.items()
+    }
+    for status in done.values():
+        assert status["state"] == "SUCCEEDED", status
+    results = {tenant: Client(production.url, key).result(jobs[tenant]["id"]) for tenant, key in keys.items()}
+    dashboards = {tenant: Client(production.url, key).dashboard() for tenant, key in keys.items()}
+    return {"keys": keys, "jobs": done, "results": results, "dashboards": dashboards}
+
+
+def _mlflow_as(dashboard: dict, base: str) -> httpx.Client:
+    return httpx.Client(base_url=base, auth=(dashboard["username"], dashboard["password"]), timeout=60)
+
+
+def test_a_job_of_each_tenant_runs_through_the_load_balancer_and_writes_as_its_tenant(production, two_tenants):
+    results, dashboards = two_tenants["results"], two_tenants["dashboards"]
+    for tenant in ("pa", "pb"):
+        result, dashboard = results[tenant], dashboards[tenant]
+        assert result["model_name"].startswith(f"{tenant}.") and result["model_version"] == "1"
+        assert dashboard["username"] == f"tenant-{tenant}" and dashboard["url"] == production.mlflow.url
+        assert dashboard["experiment_id"] == result["experiment_id"]
+        policy = HTTP.get(
+            f"{production.url}/v1/jobs/{two_tenants['jobs'][tenant]['id']}/policy",
+            headers=production.headers(two_tenants["keys"][tenant]),
+        )
+        assert policy.status_code == 200, policy.text  # the server read the model with the tenant's credentials
+        with tarfile.open(fileobj=io.BytesIO(policy.content)) as archive:
+            assert {"policy.json", "weights.npz"} <= set(archive.getnames())
+        with _mlflow_as(dashboard, production.mlflow.url) as mlflow:
+            run = mlflow.get("/api/2.0/mlflow/runs/get", params={"run_id": result["run_id"]}).json()["run"]
+            assert run["info"]["experiment_id"] == dashboard["experiment_id"]
+            assert {m["key"] for m in run["data"]["metrics"]} >= {"eval/mean_return", "charts/episodic_return_mean"}
+    # The other tenant's credentials: MLflow itself answers 403 to everything of A's.
+    a, b = results["pa"], results["pb"]
+    with _mlflow_as(dashboards["pb"], production.mlflow.url) as mlflow:
+        for path, params in (
+            ("/api/2.0/mlflow/experiments/get", {"experiment_id": a["experiment_id"]}),
+            ("/api/2.0/mlflow/runs/get", {"run_id": a["run_id"]}),
+            ("/api/2.0/mlflow/registered-models/get", {"name": a["model_name"]}),
+            ("/api/2.0/mlflow/model-versions/get", {"name": a["model_name"], "version": a["model_version"]}),
+            ("/get-artifact", {"run_uuid": a["run_id"], "path": "plots/learning_curve.png"}),
+        ):
+            assert mlflow.get(path, params=params).status_code == 403, path
+        assert mlflow.get("/api/2.0/mlflow/runs/get", params={"run_id": b["run_id"]}).status_code == 200
+    # and B's job result is not A's to read through the server either
+    other = HTTP.get(
+        f"{production.url}/v1/jobs/{two_tenants['jobs']['pb']['id']}/result",
+        headers=production.headers(two_tenants["keys"]["pa"]),
+    )
+    assert other.status_code == 404
+
+
+def test_the_api_processes_killed_one_at_a_time_mid_job_lose_nothing_and_the_follow_goes_on(
+    production, tmp_path_factory
+):
+    from opentinker.server.client import Client
+
+    key = production.make_key("pk")
+    targets = {
+        "mlflow": f"{production.mlflow.url}/health",
+        "prefect": f"{production.prefect_url}/health",
+        "balancer": f"{production.url}/healthz",
+        "api0": f"http://127.0.0.1:{production.api_ports[0]}/healthz",
+    }
+    code = tmp_path_factory.mktemp("slow-env")
+    (code / "slow_env").mkdir()
+    (code / "slow_env" / "__init__.py").write_text("")
+    (code / "slow_env" / "envs.py").write_text(textwrap.dedent(SLOW_ENV.format(targets=targets, sleep=0.03)))
+    client = Client(production.url, key)
+    sys.path.insert(0, str(code))
+    try:
+        job = client.submit({"env_id": "slow_env.envs:Slow", **SMALL})
+    finally:
+        sys.path.remove(str(code))
+
+    updates: list[tuple[float, int]] = []
+    final: dict = {}
+
+    def follow() -> None:
+        def record(status: dict) -> None:
+            if status["state"] == "RUNNING":
+                updates.append((time.monotonic(), (status.get("progress") or {}).get("step", 0)))
+
+        final.update(Client(production.url, key).wait(job["id"], on_update=record))
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    _wait(production, key, job["id"], lambda s: (s.get("progress") or {}).get("step", 0) > 0, timeout=600)
+    for index in (0, 1):
+        killed_at = time.monotonic()
+        production.kill_api(index)
+        for _ in range(10):  # the balancer answers throughout, from the process still up
+            assert HTTP.get(f"{production.url}/healthz").status_code == 200
+            time.sleep(0.3)
+        status = _wait(
+            production, key, job["id"], lambda s, t=killed_at: any(at > t + 2 and step > 0 for at, step in updates)
+        )
+        assert status["state"] == "RUNNING", f"the job must still run while API process {index} is down: {status}"
+        production.start_api(index)
+    follower.join(timeout=600)
+    assert final.get("state") == "SUCCEEDED", final
+    assert final["attempts"] == 1, final  # no attempt lost or re-queued
+    assert Client(production.url, key).result(job["id"])["model_version"] == "1"
+    steps = [step for _, step in updates]
+    assert steps == sorted(steps) and steps[-1] > 0, steps  # one uninterrupted, monotonic follow
+
+    logs = HTTP.get(f"{production.url}/v1/jobs/{job['id']}/logs", headers=production.headers(key)).text
+    probes = [
+        json.loads(json.loads(line)["message"].split("PROBE ", 1)[1]) for line in logs.splitlines() if "PROBE " in line
+    ]
+    assert probes, logs[-2000:]
+    for report in probes:
+        # no network in the sandbox: neither MLflow, nor Prefect, nor the API, nor the balancer
+        assert {report[name] for name in targets} == {"URLError"}, report
+        assert not any(name.startswith(("MLFLOW", "PREFECT", "AWS", "OPENTINKER_MLFLOW")) for name in report["environ"])
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium through the system chromedriver (Selenium Manager offline)."""
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.fail("chromium and chromium-driver are missing: run ./install.sh as root (or apt-get install them)")
+    os.environ["SE_OFFLINE"] = "true"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _sign_in(driver, dashboard: dict) -> None:
+    """Every request of the browser carries the tenant's MLflow user (what a browser sends after the basic-auth
+    prompt)."""
+    token = base64.b64encode(f"{dashboard['username']}:{dashboard['password']}".encode()).decode()
+    driver.get("about:blank")  # a fresh page load: the UI fetches its user again (a hash change would not)
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}})
+
+
+def _shows(driver, url: str, *texts: str, any_of: tuple[str, ...] = ()) -> str:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(url)
+    body = ""
+
+    def ready(d) -> bool:
+        nonlocal body
+        body = d.find_element("tag name", "body").text
+        return all(text in body for text in texts) and (not any_of or any(text in body for text in any_of))
+
+    try:
+        WebDriverWait(driver, 90, poll_frequency=0.5).until(ready)
+    except Exception:
+        raise AssertionError(f"{url} never showed {texts} {any_of}; it showed:\n{body[:3000]}") from None
+    return body
+
+
+def test_each_tenants_dashboard_shows_its_run_curves_and_model_and_not_the_others(
+    production, two_tenants, browser, tmp_path_factory
+):
+    shots = Path(os.environ.get("OPENTINKER_SCREENSHOT_DIR") or tmp_path_factory.mktemp("dashboard-shots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    dashboards, results, jobs = two_tenants["dashboards"], two_tenants["results"], two_tenants["jobs"]
+    for tenant, other in (("pa", "pb"), ("pb", "pa")):
+        dashboard, result = dashboards[tenant], results[tenant]
+        _sign_in(browser, dashboard)
+        _shows(browser, dashboard["experiment_url"], f"tenant-{tenant}", jobs[tenant]["id"])
+        browser.save_screenshot(str(shots / f"tenant-{tenant}-experiment.png"))
+        run_page = f"{dashboard['url']}/#/experiments/{dashboard['experiment_id']}/runs/{result['run_id']}"
+        _shows(browser, f"{run_page}/model-metrics{UI_QUERY}", "episodic_return_mean", "Step")
+        browser.save_screenshot(str(shots / f"tenant-{tenant}-curves.png"))
+        models = _shows(browser, dashboard["models_url"], result["model_name"])
+        assert results[other]["model_name"] not in models
+        browser.save_screenshot(str(shots / f"tenant-{tenant}-models.png"))
+        other_id = results[other]["experiment_id"]
+        page = _shows(browser, f"{dashboard['url']}/#/experiments/{other_id}{UI_QUERY}", f"tenant-{tenant}")
+        time.sleep(5)  # what the page shows once its requests have answered
+        browser.save_screenshot(str(shots / f"tenant-{tenant}-other-experiment.png"))
+        page = browser.find_element("tag name", "body").text
+        assert jobs[other]["id"] not in page and f"tenant-{other}" not in page, page
+        status = browser.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            f"fetch('/ajax-api/2.0/mlflow/experiments/get?experiment_id={other_id}').then(r => done(r.status));"
+        )
+        assert status == 403  # the browser's own session, asking MLflow for the other tenant's experiment
