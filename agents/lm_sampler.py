@@ -74,7 +74,7 @@ class Completion:
 
 
 @dataclass
-class JobResult:
+class SampleResult:
     completions: list[Completion]
     prompt_logprobs: np.ndarray | None = None
     """float32 (len(prompt),), NaN at position 0 (nothing before it)."""
@@ -83,7 +83,7 @@ class JobResult:
 
 
 class Sampler(Protocol):
-    def sample(self, jobs: Sequence[SampleJob]) -> list[JobResult]: ...
+    def sample(self, jobs: Sequence[SampleJob]) -> list[SampleResult]: ...
 
 
 def check_job(job: SampleJob, vocab_size: int, max_context: int) -> None:
@@ -130,10 +130,10 @@ class HFSampler:
         self.default_stops = tuple(stop_token_ids(model.tokenizer))
 
     @torch.no_grad()
-    def sample(self, jobs: Sequence[SampleJob]) -> list[JobResult]:
+    def sample(self, jobs: Sequence[SampleJob]) -> list[SampleResult]:
         for job in jobs:
             check_job(job, self.model.vocab_size, self.model.max_context)
-        results = [JobResult([Completion() for _ in range(job.num_samples)]) for job in jobs]
+        results = [SampleResult([Completion() for _ in range(job.num_samples)]) for job in jobs]
         logits, cache, attention = self._prefill(jobs, results)
         rows = [(j, i) for j, job in enumerate(jobs) for i in range(job.num_samples)]
         index = torch.tensor([j for j, _ in rows], device=self.model.device)
@@ -178,7 +178,7 @@ class HFSampler:
         return results
 
     def _prefill(
-        self, jobs: Sequence[SampleJob], results: list[JobResult]
+        self, jobs: Sequence[SampleJob], results: list[SampleResult]
     ) -> tuple[torch.Tensor, object, torch.Tensor]:
         """One forward over the left-padded prompts: next-token logits per job, the cache, the attention mask; fills
         the prompt logprobs of the jobs that asked."""

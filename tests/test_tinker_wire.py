@@ -14,10 +14,10 @@ from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
 
 from opentinker.agents.adapter_trainer import ForwardResult, TokenDatum
-from opentinker.agents.lm_sampler import Completion, JobResult
+from opentinker.agents.lm_sampler import Completion, SampleResult
 from opentinker.server.db import Store
+from opentinker.server.errors import BadRequest
 from opentinker.server.tinker import wire
-from opentinker.server.tinker.errors import BadRequest
 from opentinker.server.tinker.futures import Future
 from opentinker.server.tinker.sessions import Sequencer
 from opentinker.server.tinker.stability import StabilityLog, resolve
@@ -79,7 +79,7 @@ def test_results_encode_to_what_the_sdks_decoders_read():
     assert output.metrics == {"loss:sum": 3.5}
     assert output.loss_fn_outputs[0]["logprobs"].to_numpy().tolist() == [-1.0, -2.5]
     assert output.loss_fn_outputs[1]["logprobs"].shape == [3, 2]
-    sampled = JobResult(
+    sampled = SampleResult(
         [Completion([5, 2], [-0.5, -0.25], [([5, 7], [-0.5, -1.0]), ([2, 3], [-0.25, -3.0])], "stop")],
         prompt_logprobs=np.array([np.nan, -1.5], np.float32),
     )

@@ -15,7 +15,6 @@ import queue
 import secrets
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -27,6 +26,7 @@ from opentinker.tasks.spec import RunSpec
 from . import tenants
 from .db import Job, Store, Tenant, Upload
 from .env_check import EnvCheck, merge_resolved
+from .errors import Conflict, Invalid, NotFound, OverQuota
 from .orchestration import PRIORITY_STEP, Orchestrator
 from .packaging import top_package
 from .schemas import FINAL_STATES, JobOut, JobSubmit, Progress, QueueInfo
@@ -37,35 +37,13 @@ SERVER_FIELDS = {
     "resume": "every attempt resumes from the job's last checkpoint; use POST /v1/jobs/{id}/resume",
 }
 RETRY_AFTER_S = 30
+"""What a submit over a quota is told to wait (``Retry-After``)."""
 HANDOFF_WAIT_S = 60.0
 """How long a submit waits for its job's flow run (Prefect's own database timeout)."""
 HANDOFF_RETRY_MAX_S = 30.0
 logger = logging.getLogger("opentinker.server")
 VIEW_TTL_S = 0.2
 POOL_TTL_S = 2.0
-
-
-class NotFound(LookupError):
-    """No such job of this tenant (another tenant's jobs are not found either)."""
-
-
-class Invalid(ValueError):
-    """Bad input: the message names the field and what was expected (422)."""
-
-
-class Conflict(ValueError):
-    """The request does not fit the job's state (409)."""
-
-
-@dataclass
-class OverQuota(Exception):
-    """Over one of the tenant's limits (429 with ``Retry-After``)."""
-
-    message: str
-    retry_after_s: int = RETRY_AFTER_S
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class JobBoard:

@@ -15,7 +15,8 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from ..auth import Caller, require_scope
 from ..db import Job
-from ..jobs import Conflict, Invalid, JobBoard, NotFound, OverQuota
+from ..errors import OverQuota, ServerError
+from ..jobs import RETRY_AFTER_S, JobBoard
 from ..schemas import FINAL_STATES, JobOut, JobResult, JobState, JobSubmit, LogLine
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -31,19 +32,13 @@ def job_board(request: Request) -> JobBoard:
 
 
 def _errors(call):
-    """Service errors as HTTP answers: 404, 422, 409, 429 with Retry-After."""
+    """The job board's errors as HTTP answers: 404, 422, 409, 429 with Retry-After."""
     try:
         return call()
-    except NotFound as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-    except Invalid as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
-    except Conflict as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-    except OverQuota as exc:
-        raise HTTPException(
-            status.HTTP_429_TOO_MANY_REQUESTS, str(exc), headers={"Retry-After": str(exc.retry_after_s)}
-        ) from None
+    except ServerError as exc:
+        retry_after = exc.retry_after or (RETRY_AFTER_S if isinstance(exc, OverQuota) else None)
+        headers = {"Retry-After": f"{retry_after:g}"} if retry_after else None
+        raise HTTPException(exc.status, exc.detail, headers=headers) from None
 
 
 def readable_job(

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..auth import Caller, require_scope
 from ..db import Service
-from ..jobs import NotFound
+from ..errors import NotFound
 from ..models import not_a_policy
 
 router = APIRouter(prefix="/v1/services", tags=["services"])

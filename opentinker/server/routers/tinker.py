@@ -22,8 +22,8 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from tinker import types
 
 from ..auth import Caller, require_scope
+from ..errors import BadRequest, NotFound, OverQuota, ServerError
 from ..tinker import wire
-from ..tinker.errors import BadRequest, NotFound, TinkerHTTPError
 from ..tinker.service import TinkerService
 from ..tinker.store import CheckpointError, CheckpointNotFound
 
@@ -39,9 +39,10 @@ class _TinkerRoute(APIRoute):
         async def route(request: Request) -> Response:
             try:
                 return await handler(request)
-            except TinkerHTTPError as error:
+            except ServerError as error:
                 headers = {"Retry-After": f"{error.retry_after:g}"} if error.retry_after else None
-                return JSONResponse({"detail": error.detail}, status_code=error.status, headers=headers)
+                status = 402 if isinstance(error, OverQuota) else error.status  # the SDK pauses on 402
+                return JSONResponse({"detail": error.detail}, status_code=status, headers=headers)
 
         return route
 

@@ -22,9 +22,9 @@ from opentinker.infra.settings import Settings
 from opentinker.server import tenants
 from opentinker.server.db import Store
 
+from ..errors import OverQuota, RateLimited
 from . import wire
 from .engine import Engine, TrainPart, Work
-from .errors import OverQuota, RateLimited
 from .futures import Future, FutureStore, Outcome
 from .records import Records
 from .sessions import Registry, TrainingModel

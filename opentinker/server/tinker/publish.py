@@ -8,8 +8,8 @@ import threading
 
 from opentinker.server import tenants
 
+from ..errors import BadRequest, NotFound
 from .core import Core
-from .errors import BadRequest, NotFound
 from .store import CheckpointError
 
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")

@@ -19,10 +19,10 @@ from tinker import types
 
 from opentinker.agents.multi_lora import AdapterShape
 
+from ..errors import BadRequest, NotFound
 from . import wire
 from .core import STATE_FILE, Core
 from .engine import Engine, Work
-from .errors import BadRequest, NotFound
 from .futures import Future, Outcome
 from .sessions import Sampler, TrainingModel
 from .store import CheckpointError

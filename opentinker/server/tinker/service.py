@@ -22,8 +22,8 @@ from opentinker.infra.settings import Settings
 from opentinker.server import tenants
 from opentinker.server.db import Store
 
+from ..errors import NotFound
 from .core import Core
-from .errors import NotFound
 from .futures import Future
 from .publish import register_checkpoint
 from .sampling import Sampling

@@ -16,7 +16,7 @@ from typing import Any
 
 from opentinker.agents.multi_lora import AdapterShape
 
-from .errors import BadRequest, Gone, NotFound
+from ..errors import BadRequest, Gone, NotFound
 from .futures import Future
 from .stability import StabilityLog
 

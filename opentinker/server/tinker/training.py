@@ -18,10 +18,10 @@ from tinker import types
 from opentinker.agents.adapter_trainer import AdapterTrainer, ForwardResult, Part
 from opentinker.agents.multi_lora import AdapterShape
 
+from ..errors import BadRequest
 from . import stability, wire
 from .core import STATE_FILE, Core
 from .engine import TrainPart
-from .errors import BadRequest
 from .futures import Outcome
 from .records import TinkerTrainingRun
 from .sampling import Sampling

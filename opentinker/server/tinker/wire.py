@@ -17,7 +17,7 @@ from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
 from opentinker.agents.adapter_trainer import AdamStep, ForwardResult, TokenDatum
-from opentinker.agents.lm_sampler import JobResult, SampleJob, SamplingSpec
+from opentinker.agents.lm_sampler import SampleJob, SampleResult, SamplingSpec
 
 from .stability import Provenance, Span
 
@@ -218,7 +218,7 @@ def forward_backward_json(result: ForwardResult, metrics: dict[str, float]) -> d
     return {"loss_fn_output_type": "ArrayRecord", "loss_fn_outputs": outputs, "metrics": metrics}
 
 
-def sample_proto(result: JobResult) -> bytes:
+def sample_proto(result: SampleResult) -> bytes:
     out = pb.SampleResponse()
     for completion in result.completions:
         sequence = out.sequences.add(
@@ -246,7 +246,7 @@ def _topk(ids: np.ndarray, values: np.ndarray) -> pb.TopkLogprobs:
     )
 
 
-def sample_json(result: JobResult) -> dict[str, Any]:
+def sample_json(result: SampleResult) -> dict[str, Any]:
     sequences = [{"stop_reason": c.stop_reason, "tokens": c.tokens, "logprobs": c.logprobs} for c in result.completions]
     prompt = None
     if result.prompt_logprobs is not None:
