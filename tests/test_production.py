@@ -74,11 +74,15 @@ class Slow(gym.Env):
 '''
 
 
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
 def _wait(production, key: str, job_id: str, until, timeout: float = 600.0) -> dict:
     deadline = time.monotonic() + timeout
     status = {}
     while time.monotonic() < deadline:
-        answer = HTTP.get(f"{production.url}/v1/jobs/{job_id}", headers=production.headers(key))
+        answer = HTTP.get(f"{production.url}/v1/jobs/{job_id}", headers=_auth(key))
         status = answer.json()
         if until(status):
             return status
@@ -121,7 +125,7 @@ def test_a_job_of_each_tenant_runs_through_the_load_balancer_and_writes_as_its_t
         assert dashboard["experiment_id"] == result["experiment_id"]
         policy = HTTP.get(
             f"{production.url}/v1/jobs/{two_tenants['jobs'][tenant]['id']}/policy",
-            headers=production.headers(two_tenants["keys"][tenant]),
+            headers=_auth(two_tenants["keys"][tenant]),
         )
         assert policy.status_code == 200, policy.text  # the server read the model with the tenant's credentials
         with tarfile.open(fileobj=io.BytesIO(policy.content)) as archive:
@@ -145,7 +149,7 @@ def test_a_job_of_each_tenant_runs_through_the_load_balancer_and_writes_as_its_t
     # and B's job result is not A's to read through the server either
     other = HTTP.get(
         f"{production.url}/v1/jobs/{two_tenants['jobs']['pb']['id']}/result",
-        headers=production.headers(two_tenants["keys"]["pa"]),
+        headers=_auth(two_tenants["keys"]["pa"]),
     )
     assert other.status_code == 404
 
@@ -204,7 +208,7 @@ def test_the_api_processes_killed_one_at_a_time_mid_job_lose_nothing_and_the_fol
     steps = [step for _, step in updates]
     assert steps == sorted(steps) and steps[-1] > 0, steps  # one uninterrupted, monotonic follow
 
-    logs = HTTP.get(f"{production.url}/v1/jobs/{job['id']}/logs", headers=production.headers(key)).text
+    logs = HTTP.get(f"{production.url}/v1/jobs/{job['id']}/logs", headers=_auth(key)).text
     probes = [
         json.loads(json.loads(line)["message"].split("PROBE ", 1)[1]) for line in logs.splitlines() if "PROBE " in line
     ]

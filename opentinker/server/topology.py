@@ -1,0 +1,243 @@
+"""The production topology on one machine (loopback), for tests and benches: every part a process of its own.
+
+PostgreSQL (the server's database and Prefect's), a Prefect server on it, MLflow with its authentication app (one
+user per tenant, ``mlflow_users``) over SeaweedFS S3, ``api_count`` ``opentinker server up --no-worker --config
+production.toml`` API processes on the one database behind HAProxy (Debian's ``haproxy``), and one ``opentinker
+server worker`` with an environment of its own (Prefect's URL and its key file: no database, no MLflow admin, no S3
+credentials) that reaches the API through the load balancer. The API processes and the worker share a data dir, as
+machines would on shared storage. On real machines each part is the same command on its own host (docs/deploy.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from opentinker.infra.files import atomic_write
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, port_open, start, start_http, venv_bin
+
+STARTUP_S = 300.0
+"""Each service's start-up bound: a 2-core machine shared with other work starts them slowly."""
+HAPROXY = """\
+global
+    maxconn 1024
+defaults
+    mode http
+    option http-server-close
+    retries 3
+    option redispatch
+    timeout connect 2s
+    timeout client 1h
+    timeout server 1h
+    timeout tunnel 1h
+frontend api
+    bind 127.0.0.1:{port}
+    stats enable
+    stats uri /lb-stats
+    default_backend opentinker
+backend opentinker
+    balance roundrobin
+    option httpchk GET /healthz
+{servers}"""
+"""Round robin over the API processes, a process out of the pool within a second of its health check failing, a
+refused connection sent to another (``redispatch``); streams (server-sent events, log follow) pass unbuffered and
+may stay open an hour; ``/lb-stats`` shows which processes are in."""
+
+
+@dataclass(frozen=True)
+class MlflowEndpoint:
+    """An MLflow server with its authentication app and the admin the OpenTinker server acts as."""
+
+    url: str
+    admin_username: str
+    admin_password: str
+
+
+@dataclass
+class Topology:
+    """The running topology: ``url`` is the load balancer (what clients and the worker call)."""
+
+    root: Path
+    url: str = ""
+    database: str = ""
+    prefect_url: str = ""
+    mlflow: MlflowEndpoint | None = None
+    config: Path | None = None
+    api: list[ServiceProcess | None] = field(default_factory=list)
+    api_ports: list[int] = field(default_factory=list)
+    started: list[ServiceProcess] = field(default_factory=list, repr=False)
+    """Everything but the API processes, in start order (``down`` stops them in reverse)."""
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "shared"
+
+    @classmethod
+    def up(cls, root: Path, mlflow: MlflowEndpoint | None = None, api_count: int = 2, pool_limit: int = 2) -> Topology:
+        """Start it all under ``root`` (``mlflow``: an MLflow server with users already running, else one is started
+        here with its own S3); stops what it started if a part fails."""
+        from opentinker.infra.postgres import database_url, start_postgres
+        from opentinker.infra.services import start_prefect
+
+        from .launcher import PREFECT_SETTINGS, start_worker
+
+        if shutil.which("haproxy") is None:
+            raise ServiceError("haproxy is missing: run ./install.sh as root (or apt-get install haproxy)")
+        root.mkdir(parents=True, exist_ok=True)
+        topology = cls(root=root)
+        try:
+            postgres, _ = start_postgres(root / "postgres", root / "postgres.log", timeout=STARTUP_S)
+            topology.started.append(postgres)
+            topology.database = database_url(root / "postgres", postgres, "opentinker")
+            prefect_db = database_url(root / "postgres", postgres, "prefect", driver="asyncpg")
+            with ThreadPoolExecutor(1) as pool:  # MLflow starts while Prefect does
+                own_mlflow = pool.submit(topology._start_mlflow) if mlflow is None else None
+                prefect = start_prefect(
+                    root / "prefect",
+                    root / "prefect.log",
+                    ui=False,
+                    timeout=STARTUP_S,
+                    settings={**PREFECT_SETTINGS, "PREFECT_API_DATABASE_CONNECTION_URL": prefect_db},
+                )
+                topology.started.append(prefect)
+                topology.mlflow = mlflow or own_mlflow.result()
+            topology.prefect_url = f"{prefect.url}/api"
+            topology.config = root / "production.toml"
+            settings = {
+                "data_dir": str(topology.data_dir),
+                "server_database_url": topology.database,
+                "prefect_api_url": topology.prefect_url,
+                "mlflow_tracking_uri": topology.mlflow.url,
+                "mlflow_admin_username": topology.mlflow.admin_username,
+                "mlflow_admin_password": topology.mlflow.admin_password,
+                "mlflow_tenant_secret": secrets.token_urlsafe(24),
+                "server_pool_limit": pool_limit,
+            }
+            atomic_write(topology.config, "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()), mode=0o600)
+            lb_port, *topology.api_ports = free_ports(1 + api_count)
+            topology.url = f"http://127.0.0.1:{lb_port}"
+            topology.api = [None] * api_count
+            topology.api[0] = topology._start_api(0)  # the first makes Prefect's pool, deployment and queues
+            with ThreadPoolExecutor(max(api_count - 1, 1)) as pool:  # the others start while the rest does
+                others = [pool.submit(topology._start_api, index) for index in range(1, api_count)]
+                topology._start_balancer(lb_port)
+                worker_root = root / "worker"
+                worker_root.mkdir(exist_ok=True)
+                key_file = worker_root / "worker.key"
+                atomic_write(key_file, topology.make_key("ops", ("worker",)) + "\n", mode=0o600)
+                worker = start_worker(worker_root / "worker.log", topology.url, key_file, topology.prefect_url)
+                topology.started.append(worker)
+                for index, started in enumerate(others, start=1):
+                    topology.api[index] = started.result()
+            for index in range(api_count):
+                topology.wait_balanced(index)
+        except BaseException:
+            topology.down()
+            raise
+        return topology
+
+    def _start_mlflow(self) -> MlflowEndpoint:
+        from opentinker.infra.services import MlflowAuth, start_mlflow, start_s3
+
+        s3_service, s3 = start_s3(self.root / "s3", self.root / "s3.log", bucket="opentinker", timeout=STARTUP_S)
+        self.started.append(s3_service)
+        auth = MlflowAuth("opentinker-admin", secrets.token_urlsafe(18))
+        mlflow = start_mlflow(self.root / "mlflow", self.root / "mlflow.log", s3, auth=auth, timeout=STARTUP_S)
+        self.started.append(mlflow)
+        return MlflowEndpoint(mlflow.url, auth.admin_username, auth.admin_password)
+
+    def _start_api(self, index: int) -> ServiceProcess:
+        """API process ``index`` on its port: the machine's basics and its own Prefect home in its environment, every
+        setting in the config file (a caller's own OPENTINKER_* variables would win over it)."""
+        folder = self.root / f"api-{index}"
+        folder.mkdir(exist_ok=True)
+        env = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TMPDIR") if key in os.environ}
+        env.update(
+            HOME=str(folder),
+            PREFECT_HOME=str(folder / "prefect-home"),
+            PREFECT_API_URL=self.prefect_url,
+            PYTHONUNBUFFERED="1",
+        )
+        port = self.api_ports[index]
+        cmd = [venv_bin("opentinker"), "server", "up", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--no-worker", "--config", str(self.config)]
+        log = folder / "api.log"
+        return start_http(
+            f"api-{index}", cmd, log, port=port, health="/healthz", timeout=STARTUP_S, env=env, cwd=folder
+        )
+
+    def _start_balancer(self, port: int) -> None:
+        servers = "".join(
+            f"    server api{i} 127.0.0.1:{p} check inter 1s fall 1 rise 2\n" for i, p in enumerate(self.api_ports)
+        )
+        config = self.root / "haproxy.cfg"
+        config.write_text(HAPROXY.format(port=port, servers=servers))
+        balancer = start(
+            "haproxy",
+            ["haproxy", "-db", "-f", str(config)],
+            self.root / "haproxy.log",
+            ready=lambda: port_open(port),
+            what=f"HAProxy on port {port}",
+            timeout=60,
+            url=self.url,
+            ports={"http": port},
+        )
+        self.started.append(balancer)
+
+    def make_key(
+        self, tenant: str, scopes: tuple[str, ...] = ("jobs", "read", "models", "tinker"), **quotas: int | None
+    ) -> str:
+        """A new key of ``tenant`` (made if new, with ``quotas`` set), written to the server's database."""
+        from .db import Store
+        from .keys import KeyRing
+        from .tenants import set_quotas
+
+        store = Store(self.database)
+        try:
+            key = KeyRing(store).create(tenant, scopes)[1]
+            if quotas:
+                with store.session() as session:
+                    set_quotas(session, tenant, **quotas)
+            return key
+        finally:
+            store.close()
+
+    def kill_api(self, index: int) -> None:
+        """SIGKILL one API process (its process group), as a crashed machine would, and reap it."""
+        os.killpg(self.api[index].pid, signal.SIGKILL)
+        if self.api[index].exit_code(timeout=30) is None:
+            raise ServiceError(f"API process {index} did not die")
+
+    def start_api(self, index: int, timeout: float = 60.0) -> None:
+        """Start API process ``index`` again (same port) and wait until the balancer sends it requests."""
+        self.api[index] = self._start_api(index)
+        self.wait_balanced(index, timeout)
+
+    def wait_balanced(self, index: int, timeout: float = 60.0) -> None:
+        """Wait until HAProxy's health checks have API process ``index`` in (its stats page says so)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rows = httpx.get(f"{self.url}/lb-stats;csv", timeout=10).text.splitlines()
+            if any(row.startswith(f"opentinker,api{index},") and ",UP," in row for row in rows):
+                return
+            time.sleep(0.2)
+        raise ServiceError(f"the balancer did not take API process {index} in within {timeout:.0f} s")
+
+    def down(self) -> None:
+        """The worker and the balancer first, then the API processes, MLflow, Prefect, PostgreSQL."""
+        ahead = [s for s in self.started if s.name in ("worker", "haproxy")]
+        rest = [s for s in self.started if s not in ahead]
+        for service in [*ahead[::-1], *(api for api in self.api if api is not None), *rest[::-1]]:
+            service.stop()
+
+
+__all__ = ["MlflowEndpoint", "Topology"]
