@@ -13,6 +13,7 @@ job record. Prefect sees an ordinary flow run (states, retries, logs); the sandb
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import socket
@@ -137,6 +138,7 @@ class SandboxedChild:
 
         self.log = log
         self._lines = 0
+        self._closed = False
         settings = get_settings()
         root = Path(os.environ.get(SCRATCH_ROOT_VARIABLE) or tempfile.gettempdir())
         self.scratch = Path(tempfile.mkdtemp(prefix="attempt-", dir=root))
@@ -256,6 +258,10 @@ class SandboxedChild:
             self.process.kill()
 
     def close(self) -> None:
+        """End the child (every process of its cgroup), remove its cgroup and scratch folder; once."""
+        if self._closed:
+            return
+        self._closed = True
         self.kill()
         self.process.wait()
         self._output.join(timeout=5)
@@ -285,7 +291,8 @@ def _store(job_dir: Path, begin: FileBegin, chunks: Any) -> None:
 
 
 def _champion(spec: Any, into: Path) -> tuple[Any, Path | None]:
-    """The current champion of the job's model and a copy of its files for the child to evaluate (None: none yet)."""
+    """The current champion of the job's model, its files copied into ``into`` (bound read-only into the child's
+    sandbox) for the child to evaluate; (None, None) when there is none yet."""
     from opentinker.tasks.register import CHAMPION, find_model_version
 
     if spec.algorithm == "group":
@@ -298,14 +305,14 @@ def _champion(spec: Any, into: Path) -> tuple[Any, Path | None]:
             ref, folder = download_adapter(f"models:/{spec.resolved_model_name}@{CHAMPION}")
         except PolicyStoreError:
             return None, None
-        shutil.copytree(folder, into)
+        shutil.copytree(folder, into, dirs_exist_ok=True)
         return ref, into
     from opentinker.tracking.registry import download_policy
 
     ref = find_model_version.fn(spec.resolved_model_name, CHAMPION)
     if ref is None:
         return None, None
-    shutil.copytree(download_policy(ref), into)
+    shutil.copytree(download_policy(ref), into, dirs_exist_ok=True)
     return ref, into
 
 
@@ -469,7 +476,6 @@ def job_attempt(job_id: str) -> JobResult:
     """One attempt of job ``job_id``: the tenant's code in its sandbox, everything it reports written here. A child
     that fails is started again from the last checkpoint it sent, up to ``RETRIES`` times (this loop is the flow's one
     retry layer: a Prefect flow retry would also retry a limit hit); a limit hit fails the attempt at once."""
-    from opentinker.flows.presets import resolve_spec
     from opentinker.tasks.run import tracked_run
     from opentinker.tasks.spec import RunSpec
     from opentinker.tracking import progress
@@ -478,22 +484,25 @@ def job_attempt(job_id: str) -> JobResult:
     launch = current_launch()
     if launch.job_id != job_id:
         raise ValueError(f"job_id: this flow run's launch is for job {launch.job_id}, not {job_id}")
-    spec = resolve_spec(RunSpec.model_validate(launch.spec))
+    spec = RunSpec.model_validate(launch.spec)
+    if not spec.resolved:  # resolving may import the tenant's env: only a sandbox does (the env check, at submit)
+        raise ValueError("spec: not resolved at submit (a job stored by an older server): submit it again")
     job_dir = Path(launch.job_dir)
-    job_dir.mkdir(parents=True, exist_ok=True)
     reporter = Reporter(launch.server_url, launch.job_id, launch.token)
     progress.add_listener(reporter)
-    champion_root = Path(tempfile.mkdtemp(prefix="champion-"))
+    champion_root = _ahead.pop("champion_root", None) or Path(tempfile.mkdtemp(prefix="champion-"))
     log = get_run_logger()
+    child = _ahead.pop("child", None)
     try:
-        champion, champion_dir = _champion(spec, champion_root / "files")
+        champion, champion_dir = _champion(spec, champion_root)
 
-        def start() -> SandboxedChild:
-            child = SandboxedChild(launch, job_dir, champion_dir, log)
+        def start(ahead: SandboxedChild | None = None) -> SandboxedChild:
+            child = ahead or SandboxedChild(launch, job_dir, champion_root, log)
+            child.log = log
             child.start(launch.spec, champion_dir)
             return child
 
-        child = start()  # before the MLflow run: the child's start-up overlaps it
+        child = start(child)
         total = spec.engine.updates if spec.algorithm == "grpo" else spec.steps
         logger = MetricsLogger.with_progress(None, total)
         with tracked_run(spec.config_form(), spec.resolved_run_name, spec.experiment) as run:
@@ -520,7 +529,14 @@ def job_attempt(job_id: str) -> JobResult:
         return outcome
     finally:
         progress.remove_listener(reporter)
+        if child is not None:
+            child.close()
         shutil.rmtree(champion_root, ignore_errors=True)
+
+
+_ahead: dict[str, Any] = {}
+"""The attempt's first child and its champion folder, started by ``main`` ahead of the flow run: the child's start-up
+(a sandbox, an interpreter importing torch and the env) overlaps Prefect's, and it waits for its ``Start``."""
 
 
 def main() -> None:
@@ -531,6 +547,12 @@ def main() -> None:
     from prefect.engine import handle_engine_signals
     from prefect.flow_engine import flow_run_logger, load_flow_run, run_flow
 
+    launch = current_launch()
+    Path(launch.job_dir).mkdir(parents=True, exist_ok=True)
+    _ahead["champion_root"] = Path(tempfile.mkdtemp(prefix="champion-"))
+    _ahead["child"] = SandboxedChild(
+        launch, Path(launch.job_dir), _ahead["champion_root"], logging.getLogger("opentinker.attempt")
+    )
     configure_from_env()
     flow_run_id = uuid.UUID(os.environ["PREFECT__FLOW_RUN_ID"])
     with handle_engine_signals(flow_run_id):
