@@ -25,6 +25,12 @@ line is JSON.
     plain process (``plain_start_s``; ``sandbox_start_overhead_s`` the difference); ``channel_round_trip_us``, one
     message each way over the attempt's channel (median of ``--round-trips``).
 
+``--topology production`` runs (a)-(d) against the production topology on loopback instead (PostgreSQL, Prefect,
+MLflow with per-tenant users over S3, two API processes behind HAProxy, a worker of its own: docs/deploy.md);
+``--topology both`` runs the embedded server and then that topology in one command and adds their ratios on (a)
+(``production_vs_embedded_a``: the API job's time) and (b) (the median submit to RUNNING). Targets there: both ratios
+≤ 1.2, (c) status p99 ≤ 50 ms through the load balancer, (d) nothing lost.
+
 Smoke test at tiny sizes: ``--steps 20000 --latency-jobs 2 --clients 4 --duration 5 --jobs 8 --small-steps 512``.
 """
 
@@ -123,6 +129,29 @@ class Bench:
 
         self.service.stop()
         stop_services(Settings(data_dir=self.root / "data"))
+
+
+class ProductionBench(Bench):
+    """The same bench against the production topology on loopback (``opentinker.server.topology``): PostgreSQL,
+    Prefect, MLflow with per-tenant users over S3, two API processes behind HAProxy, a worker of its own."""
+
+    def __init__(self, root: Path):
+        from opentinker.server.topology import Topology
+
+        self.root = root
+        self.env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        self.topology = Topology.up(root / "production", pool_limit=os.cpu_count() or 1)
+        self.url = self.topology.url
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    def key(self, tenant: str, **quotas) -> str:
+        return self.topology.make_key(tenant, **quotas)
+
+    def prefect_api(self) -> str:
+        return self.topology.prefect_url
+
+    def stop(self) -> None:
+        self.topology.down()
 
 
 def _auth(key: str) -> dict[str, str]:
@@ -452,14 +481,43 @@ def main() -> None:
     parser.add_argument(
         "--prefect-database", choices=("sqlite", "postgres"), default="sqlite", help="the embedded Prefect's database"
     )
+    parser.add_argument(
+        "--topology",
+        choices=("embedded", "production", "both"),
+        default="embedded",
+        help="the server `opentinker server up` embeds, the production topology on loopback "
+        "(docs/deploy.md), or both in one command (their ratios on (a) and (b))",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stopped: still stop the server it started
-    bench = Bench(Path(tempfile.mkdtemp(prefix="opentinker-bench-service-")), args.prefect_database)
-    figures: dict = {
-        "load_avg_1m_start": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
-        "prefect_database": args.prefect_database,
-    }
+    figures: dict = {"load_avg_1m_start": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+    topologies = ("embedded", "production") if args.topology == "both" else (args.topology,)
+    for topology in topologies:
+        measured = _run(args, topology, args.parts if topology == "embedded" else args.parts.replace("e", ""))
+        if len(topologies) == 1:
+            figures.update(measured)
+        else:
+            figures[topology] = measured
+            print(json.dumps(figures), flush=True)
+    if len(topologies) == 2:
+        embedded, production = figures["embedded"], figures["production"]
+        for name, key in (("a", "api_s"), ("b", "submit_to_running_median_s")):
+            if key in embedded and key in production:
+                figures[f"production_vs_embedded_{name}"] = round(production[key] / embedded[key], 3)
+        if "ratio" in embedded and "ratio" in production:  # the machine's load drifts between the two halves: (a)
+            # against the same local run in each half as well
+            figures["production_vs_embedded_a_per_local"] = round(production["ratio"] / embedded["ratio"], 3)
+    figures["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(figures))
+
+
+def _run(args, topology: str, wanted: str) -> dict:
+    """The parts ``wanted`` against one server (``topology``); its figures."""
+    root = Path(tempfile.mkdtemp(prefix=f"opentinker-bench-service-{topology}-"))
+    bench = Bench(root, args.prefect_database) if topology == "embedded" else ProductionBench(root)
+    figures: dict = {"topology": topology}
+    if topology == "embedded":
+        figures["prefect_database"] = args.prefect_database
     parts = {
         "b": lambda: submit_to_running(bench, args.latency_jobs),
         "a": lambda: api_vs_local(bench, args.steps),
@@ -469,7 +527,7 @@ def main() -> None:
     }
     try:
         for name, part in parts.items():
-            if name in args.parts:
+            if name in wanted:
                 figures.update(part())
                 print(json.dumps(figures), flush=True)
     finally:
@@ -479,10 +537,10 @@ def main() -> None:
         else:
             from opentinker.infra.postgres import cluster_dir
 
-            shutil.rmtree(cluster_dir(bench.root / "data" / "server" / "postgres"), ignore_errors=True)
-            shutil.rmtree(bench.root, ignore_errors=True)
-    figures["load_avg_1m_end"] = round(os.getloadavg()[0], 2)
-    print(json.dumps(figures))
+            for postgres in (root / "data" / "server" / "postgres", root / "production" / "postgres"):
+                shutil.rmtree(cluster_dir(postgres), ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
+    return figures
 
 
 if __name__ == "__main__":

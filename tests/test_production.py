@@ -134,6 +134,19 @@ def test_a_job_of_each_tenant_runs_through_the_load_balancer_and_writes_as_its_t
             run = mlflow.get("/api/2.0/mlflow/runs/get", params={"run_id": result["run_id"]}).json()["run"]
             assert run["info"]["experiment_id"] == dashboard["experiment_id"]
             assert {m["key"] for m in run["data"]["metrics"]} >= {"eval/mean_return", "charts/episodic_return_mean"}
+    # A policy service of A's model, started by the API process the balancer picks, loads it as tenant-pa.
+    key = two_tenants["keys"]["pa"]
+    service = HTTP.post(
+        f"{production.url}/v1/services", headers=_auth(key), json={"job_id": two_tenants["jobs"]["pa"]["id"]}
+    )
+    assert service.status_code == 201, service.text
+    try:
+        act = HTTP.post(
+            f"{production.url}/v1/services/{service.json()['id']}/act", headers=_auth(key), json={"obs": [0.0] * 4}
+        )
+        assert act.status_code == 200 and "action" in act.json(), act.text
+    finally:
+        HTTP.delete(f"{production.url}/v1/services/{service.json()['id']}", headers=_auth(key))
     # The other tenant's credentials: MLflow itself answers 403 to everything of A's.
     a, b = results["pa"], results["pb"]
     with _mlflow_as(dashboards["pb"], production.mlflow.url) as mlflow:
