@@ -307,3 +307,21 @@ def test_each_tenants_dashboard_shows_its_run_curves_and_model_and_not_the_other
             f"fetch('/ajax-api/2.0/mlflow/experiments/get?experiment_id={other_id}').then(r => done(r.status));"
         )
         assert status == 403  # the browser's own session, asking MLflow for the other tenant's experiment
+
+
+def test_a_model_name_another_tenant_made_first_fails_the_job_naming_it(production, two_tenants):
+    """Tenant pa, with its dashboard credentials, makes the registered model tenant psq's job will register and
+    grants psq on it (to read what psq's job would write): the job fails at launch, naming it, and writes nothing."""
+    from opentinker.server.client import Client
+
+    key = production.make_key("psq")
+    with _mlflow_as(two_tenants["dashboards"]["pa"], production.mlflow.url) as mlflow:
+        assert mlflow.post("/api/2.0/mlflow/registered-models/create", json={"name": "psq.cartpole"}).status_code == 200
+        grant = {"username": "tenant-psq", "resource_type": "registered_model", "resource_id": "psq.cartpole"}
+        mlflow.post("/api/3.0/mlflow/users/permissions/grant", json={**grant, "permission": "READ"})
+    job = Client(production.url, key).submit({"env_id": "CartPole-v1", "model_name": "cartpole", **SMALL})
+    final = _wait(production, key, job["id"], lambda s: s["state"] in FINAL, timeout=300)
+    assert final["state"] == "FAILED" and "'psq.cartpole' was made by another MLflow user" in final["reason"], final
+    with _mlflow_as(two_tenants["dashboards"]["pa"], production.mlflow.url) as mlflow:
+        versions = mlflow.get("/api/2.0/mlflow/registered-models/get", params={"name": "psq.cartpole"}).json()
+        assert not versions["registered_model"].get("latest_versions"), versions

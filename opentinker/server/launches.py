@@ -47,7 +47,12 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         upload = session.get(Upload, job.upload_id) if job.upload_id else None
         quotas = session.get(Tenant, job.tenant)
         tenant, job_id, spec = job.tenant, job.id, job.spec
-    prepare_store(tenant, settings, tuple(mlflow_users.job_model_names(spec)) if mlflow_users.enabled(settings) else ())
+    named = tuple(mlflow_users.job_model_names(spec)) if mlflow_users.enabled(settings) else ()
+    try:
+        prepare_store(tenant, settings, named)
+    except mlflow_users.NameTaken as exc:  # made by another MLflow user first: the job ends here, naming it
+        _fail(store, job_id, str(exc))
+        return None
     mlflow_user = mlflow_users.credentials(tenant, settings) if mlflow_users.enabled(settings) else None
     env = {
         "OPENTINKER_SANDBOX": "none",  # the job is inside the sandbox already, which allows no nested one
@@ -81,6 +86,16 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         limits=dataclasses.asdict(limits_for(quotas, settings)),
         isolated=not settings.ray_address,
     )
+
+
+def _fail(store: Store, job_id: str, reason: str) -> None:
+    """End a job that cannot start (FAILED, ``reason``); the worker then refuses its flow run."""
+    with store.session() as session:
+        session.execute(
+            sa.update(Job)
+            .where(Job.id == job_id, Job.state.in_(("QUEUED", "RUNNING")))
+            .values(state="FAILED", reason=reason[:1000], ended_at=time.time(), updated_at=time.time())
+        )
 
 
 def _base_models(spec: dict, settings: Settings) -> list[Path]:

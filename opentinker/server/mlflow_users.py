@@ -42,6 +42,10 @@ class MlflowIdentityError(RuntimeError):
     """The MLflow server refused the admin's call, or a tenant's name there belongs to someone else."""
 
 
+class NameTaken(MlflowIdentityError):
+    """A name of the tenant's (its experiment, a model) was made by another MLflow user: no job may write there."""
+
+
 @dataclass(frozen=True)
 class Credentials:
     username: str
@@ -147,7 +151,7 @@ class TenantIdentities:
     def ensure_model(self, tenant: str, name: str) -> None:
         """The registered model ``name`` (in the tenant's namespace), made by the admin and granted to the tenant."""
         if not tenants.owns_model(tenant, name):
-            raise MlflowIdentityError(f"registered model {name!r} is not in tenant {tenant}'s namespace")
+            raise NameTaken(f"registered model {name!r} is not in tenant {tenant}'s namespace")
         key = ("registered_model", name)
         with self._names:
             if key in self._checked:
@@ -179,7 +183,7 @@ class TenantIdentities:
             for role in user.get("roles", []):
                 for grant in role.get("permissions", []):
                     if grant.get("resource_type") == resource_type and grant.get("resource_pattern") == resource_id:
-                        raise MlflowIdentityError(
+                        raise NameTaken(
                             f"MLflow {resource_type.replace('_', ' ')} {name!r} was made by another MLflow user "
                             f"({user.get('username')}), not by this server: refusing to write there; an operator "
                             "must delete or rename it"
