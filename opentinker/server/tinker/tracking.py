@@ -120,13 +120,20 @@ class TrackingWriter:
                 log.exception("tracking write failed")
 
     def client(self, tenant: str) -> Any:
-        """The tenant's MLflow client (its own store with the embedded stack)."""
+        """The tenant's MLflow client: its own store with the embedded stack; on an MLflow server with its
+        authentication app, the tenant's own MLflow user (its experiment made and granted first), never the
+        operator's."""
         if tenant not in self._clients:
             from mlflow import MlflowClient
+
+            from .. import mlflow_users
 
             uri = tenants.tracking_uri(tenant, self.settings)
             if uri.startswith("sqlite:///"):
                 tenants.data_dir(tenant, self.settings).mkdir(parents=True, exist_ok=True)
+            if mlflow_users.enabled(self.settings):
+                mlflow_users.identities(self.settings).ensure_experiment(tenant)
+                uri = mlflow_users.uri_with(uri, mlflow_users.credentials(tenant, self.settings))
             self._clients[tenant] = MlflowClient(tracking_uri=uri, registry_uri=uri)
         return self._clients[tenant]
 
