@@ -168,6 +168,12 @@ class Orchestrator:
         )
         self.client.set_flow_run_state(uuid.UUID(flow_run_id), state, force=True)
 
+    def cancelled(self, flow_run_id: str, message: str) -> None:
+        """Mark a Cancelling run whose process never started Cancelled (what its worker would have reported)."""
+        from prefect.states import Cancelled
+
+        self.client.set_flow_run_state(uuid.UUID(flow_run_id), Cancelled(message=message), force=True)
+
     def crash(self, flow_run_id: str, message: str) -> None:
         """Mark a run whose process is gone Crashed (what Prefect's worker reports when it sees its process die)."""
         from prefect.states import Crashed

@@ -95,6 +95,10 @@ class JobSync:
         elif state == "SCHEDULED" and name != "AwaitingRetry":
             if job.state != "QUEUED":
                 changes = {"state": "QUEUED", "phase": ""}
+        elif state == "CANCELLING" and not run.infrastructure_pid and self._waited(job.flow_run_id):
+            # Cancelled between its Pending and its process's start: Prefect's runner then starts no process and
+            # leaves the run Cancelling, holding its tenant's slot; no process of it exists to stop.
+            self.orchestrator.cancelled(job.flow_run_id, "cancelled before its process started")
         elif state in ("RUNNING", "CANCELLING") and self._process_gone(job, run):
             self.orchestrator.crash(
                 job.flow_run_id, f"its process {run.infrastructure_pid} on {job.launch_host} is gone"
@@ -127,6 +131,15 @@ class JobSync:
         if time.monotonic() - first_seen < GONE_GRACE_S:
             return False
         del self._gone_since[job.flow_run_id]
+        return True
+
+    def _waited(self, flow_run_id: str) -> bool:
+        """Whether this loop has seen ``flow_run_id`` in its present condition for ``GONE_GRACE_S`` (a worker in the
+        middle of starting the run reports its own)."""
+        first_seen = self._gone_since.setdefault(flow_run_id, time.monotonic())
+        if time.monotonic() - first_seen < GONE_GRACE_S:
+            return False
+        del self._gone_since[flow_run_id]
         return True
 
     def _after_crash(self, job: Job, message: str) -> dict[str, Any]:
