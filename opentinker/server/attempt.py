@@ -149,7 +149,6 @@ class SandboxedChild:
         self.cgroup = _cgroup(launch)
         sandboxed = settings.sandbox == "bwrap"
         env = {**launch.env, "OPENTINKER_JOB_ID": launch.job_id, "OPENTINKER_CHANNEL_FD": str(theirs.sock.fileno())}
-        nice = ("nice", "-n", str(settings.server_job_nice))
         fds = [theirs.sock.fileno()]
         if sandboxed:
             from opentinker.infra.bwrap import pipe_with, seccomp_program
@@ -171,7 +170,6 @@ class SandboxedChild:
             process_env = {**base_env(), **env, "OPENTINKER_DATA_DIR": str(self.scratch)}
             if launch.code:
                 process_env["PYTHONPATH"] = launch.code
-        argv = [*nice, *argv]
         if self.cgroup is not None:
             argv = self.cgroup.wrap(argv)
         self.process = subprocess.Popen(

@@ -128,7 +128,9 @@ class SandboxWorker(ProcessWorker):
             env.update(
                 MLFLOW_TRACKING_USERNAME=launch.tracking_username, MLFLOW_TRACKING_PASSWORD=launch.tracking_password
             )
-        configuration.command = shlex.join(ATTEMPT_COMMAND)
+        # The whole attempt at the job's niceness (its trusted side included: it is the job's work too), so the API,
+        # Prefect and the worker answer first; the sandboxed child inherits it.
+        configuration.command = shlex.join(("nice", "-n", str(get_settings().server_job_nice), *ATTEMPT_COMMAND))
         configuration.env = env
         return await super().run(flow_run, configuration, task_status)
 
