@@ -233,7 +233,8 @@ def test_each_tenant_trains_and_sees_only_its_own(tenants):
     import mlflow
 
     for tenant in ("alpha", "beta"):
-        client = mlflow.MlflowClient(f"sqlite:///{server.data_dir / 'tenants' / tenant / 'mlflow.db'}")
+        store = f"sqlite:///{server.data_dir / 'tenants' / tenant / 'mlflow.db'}"
+        client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
         names = [model.name for model in client.search_registered_models()]
         assert names and all(name.startswith(f"{tenant}.") for name in names)
         assert client.get_experiment_by_name(f"tenant-{tenant}") is not None

@@ -17,7 +17,6 @@ from opentinker.server.worker import SandboxWorker
 pytestmark = pytest.mark.slow
 
 TENANT = "worker-limit"
-SPEC = {"env_id": "CartPole-v1", "steps": 1024}
 
 
 class HeldWorker(SandboxWorker):
@@ -58,7 +57,7 @@ def test_the_sync_reads_more_flow_runs_than_one_prefect_page(orchestrator, monke
         orchestrator.client.read_flow_runs(limit=PREFECT_PAGE + 1)
     monkeypatch.setattr("opentinker.server.orchestration.PREFECT_PAGE", 2)
     orchestrator.ensure_queue("many", 0)  # nothing of it starts
-    ids = [orchestrator.submit(f"job-{n}", 1, "many", SPEC, 0, time.time()) for n in range(5)]
+    ids = [orchestrator.submit(f"job-{n}", 1, "many", 0, time.time()) for n in range(5)]
     read, limits = orchestrator.client.read_flow_runs, []
     monkeypatch.setattr(orchestrator.client, "read_flow_runs", lambda **kw: limits.append(kw["limit"]) or read(**kw))
     runs = orchestrator.flow_runs([*ids, str(uuid.uuid4())])
@@ -79,10 +78,10 @@ def test_a_run_taken_but_not_yet_pending_keeps_its_slot_from_a_later_higher_prio
     async def scenario() -> tuple[list[str], list[str], list[str], str]:
         worker = HeldWorker(work_pool_name=POOL, server_url="http://127.0.0.1:9", worker_key="unused")
         async with worker:
-            low = orchestrator.submit("job-low", 1, TENANT, SPEC, priority=0, submitted_at=time.time())
+            low = orchestrator.submit("job-low", 1, TENANT, priority=0, submitted_at=time.time())
             first = [str(run.id) for run in await worker.get_and_submit_flow_runs()]
             assert first == [low] and state(low) == "SCHEDULED"  # taken; its Pending not proposed yet
-            high = orchestrator.submit("job-high", 1, TENANT, SPEC, priority=5, submitted_at=time.time())
+            high = orchestrator.submit("job-high", 1, TENANT, priority=5, submitted_at=time.time())
             second = [str(run.id) for run in await worker.get_and_submit_flow_runs()]
             worker.release.set()
             for _ in range(100):

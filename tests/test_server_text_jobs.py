@@ -66,7 +66,8 @@ def _registered(server, key: str, job: dict, tenant: str, env_id: str) -> dict:
     assert result["model_name"].startswith(f"{tenant}.") and result["model_version"] == "1", result
     assert result["decision"].startswith("promoted v1") and result["aliases"] == ["candidate", "champion"]
     assert 0.0 <= result["heldout_success"] <= 1.0 and result["global_step"] == 1  # GRPO counts updates
-    client = mlflow.MlflowClient(f"sqlite:///{server.data_dir / 'tenants' / tenant / 'mlflow.db'}")
+    store = f"sqlite:///{server.data_dir / 'tenants' / tenant / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=store, registry_uri=store)
     version = client.get_model_version(result["model_name"], result["model_version"])
     assert version.tags["task"] == env_id and version.tags["base_model"] == "tiny"
     run = client.get_run(result["run_id"])

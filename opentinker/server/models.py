@@ -72,20 +72,13 @@ def tenant_credentials(tenant: str, settings: Settings) -> dict[str, str]:
 def tenant_mlflow(tenant: str, settings: Settings) -> Iterator[object]:
     """``mlflow`` pointed at the tenant's tracking store and registry for the duration of the block; on an MLflow
     server with users, as the tenant's user (its credentials in the URI: the process's environment stays as it is)."""
-    import mlflow
+    from opentinker.tracking.runs import mlflow_at
 
     uri = tenants.tracking_uri(tenant, settings)
     if mlflow_users.enabled(settings):
         uri = mlflow_users.uri_with(uri, mlflow_users.credentials(tenant, settings))
-    with _mlflow_lock:
-        before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_registry_uri(uri)
-        try:
-            yield mlflow
-        finally:
-            mlflow.set_tracking_uri(before[0])
-            mlflow.set_registry_uri(before[1])
+    with _mlflow_lock, mlflow_at(uri) as mlflow:
+        yield mlflow
 
 
 def not_a_policy(job: Job) -> str | None:

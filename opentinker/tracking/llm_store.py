@@ -8,12 +8,13 @@ URIs resolve like policies' (``tracking.registry.resolve_policy``): ``models:/NA
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from opentinker.tracking.registry import ModelRef, PolicyStoreError, resolve_policy
-from opentinker.tracking.runs import configure_mlflow
+from opentinker.tracking.runs import configure_mlflow, mlflow_at
 
 
 def log_adapter_model(
@@ -29,11 +30,7 @@ def log_adapter_model(
     if not (adapter_dir / ADAPTER_META).is_file():
         raise PolicyStoreError(f"adapter_dir: expected a folder with {ADAPTER_META}, got {adapter_dir}")
     mlflow = configure_mlflow()
-    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_registry_uri(tracking_uri)
-    try:
+    with mlflow_at(tracking_uri) if tracking_uri else contextlib.nullcontext(mlflow):
         client = mlflow.MlflowClient()
         mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
         with mlflow.start_run(run_id=run_id):
@@ -45,10 +42,6 @@ def log_adapter_model(
                 pip_requirements=_requirements(),
             )
         version = mlflow.register_model(info.model_uri, registered_name, tags=tags)
-    finally:
-        if tracking_uri:
-            mlflow.set_tracking_uri(previous[0])
-            mlflow.set_registry_uri(previous[1])
     return str(version.version)
 
 

@@ -8,12 +8,13 @@ milliseconds per iteration, not a round-trip each.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,28 @@ def configure_mlflow():
         export_s3_environment()
     mlflow.set_tracking_uri(settings.tracking_uri)
     return mlflow
+
+
+@contextlib.contextmanager
+def mlflow_at(uri: str) -> Iterator[Any]:
+    """``mlflow`` with its process-wide tracking and registry URIs at ``uri`` for the block, then exactly as before: a
+    registry that was unset stays unset (it follows the tracking URI). ``mlflow.set_registry_uri`` cannot restore
+    that: it pins the URI, and exports it as ``MLFLOW_REGISTRY_URI`` to every later subprocess."""
+    import mlflow
+    from mlflow.tracking._model_registry import utils as registry
+
+    before = mlflow.get_tracking_uri(), registry._registry_uri, os.environ.get("MLFLOW_REGISTRY_URI")
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield mlflow
+    finally:
+        mlflow.set_tracking_uri(before[0])
+        registry._registry_uri = before[1]
+        if before[2] is None:
+            os.environ.pop("MLFLOW_REGISTRY_URI", None)
+        else:
+            os.environ["MLFLOW_REGISTRY_URI"] = before[2]
 
 
 def ensure_experiment(experiment: str | None = None) -> str:
