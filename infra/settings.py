@@ -132,10 +132,13 @@ class Settings(BaseSettings):
     tinker_max_models_per_tenant: int = Field(
         8,
         ge=1,
-        description="Training clients one tenant holds at once; over it create_model answers 402 (the SDK waits).",
+        description="Training clients one tenant holds at once; over it create_model answers 429 and the SDK waits "
+        "(a client that died frees its slot when its session is reaped).",
     )
     tinker_max_checkpoint_mb_per_tenant: float = Field(
-        10240.0, gt=0, description="Tinker checkpoint storage of one tenant; over it saves answer 402 (the SDK waits)."
+        10240.0,
+        gt=0,
+        description="Tinker checkpoint storage of one tenant; over it saves answer 402 (the SDK raises BillingError).",
     )
     tinker_max_pending_per_tenant: int = Field(
         256,

@@ -260,7 +260,7 @@ def test_save_state_then_load_resumes_bit_exact(tinker_server, sdk):
     assert [c.expires_at for c in listed.list_user_checkpoints().result().checkpoints] == [None]
     listed.delete_checkpoint_from_tinker_path(saved).result()
     assert listed.list_checkpoints(training.model_id).result().checkpoints == []
-    service.close("success").result()  # frees its three training clients: a fourth would be over the quota (402)
+    service.close("success").result()  # frees its three training clients: a fourth would wait (429)
     with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
         sdk("resume").create_training_client_from_state(saved).result()
 
@@ -467,7 +467,7 @@ def test_bad_requests_get_the_sdks_error_and_the_server_keeps_serving(tinker_ser
 
 
 def test_back_pressure_speaks_the_sdks_signals(tinker_server):
-    """402 over the models quota, 429 over the requests-in-flight limit, ``paused_capacity`` behind others' work."""
+    """429 with ``Retry-After`` over the training-client and in-flight limits, ``paused_capacity`` behind others."""
 
     def session(client) -> str:
         body = {"tags": [], "user_metadata": None, "sdk_version": "test"}
@@ -482,7 +482,8 @@ def test_back_pressure_speaks_the_sdks_signals(tinker_server):
         models = [create(http, mine, i).json() for i in range(MAX_MODELS)]
         assert create(http, mine, 0).json() == models[0]  # re-sent (a lost answer): the first sending's future
         over = create(http, mine, MAX_MODELS)
-        assert over.status_code == 402 and "tinker_max_models_per_tenant" in over.json()["detail"]
+        assert over.status_code == 429 and "tinker_max_models_per_tenant" in over.json()["detail"]
+        assert float(over.headers["Retry-After"]) > 0  # the SDK waits for a slot rather than failing
         for model in models:
             wait_for(http, model["request_id"])
 
@@ -576,3 +577,25 @@ def test_a_session_whose_heartbeats_stop_is_reaped_and_its_memory_freed(tinker_s
         assert http.post("/api/v1/get_info", json={"model_id": orphan["model_id"]}).status_code == 404
         assert http.post("/api/v1/session_heartbeat", json={"session_id": orphan["session_id"]}).status_code == 410
         assert http.get("/api/v1/usage").json()["training_clients"] == 0
+
+
+LEAVER = """
+import sys, tinker
+service = tinker.ServiceClient(base_url=sys.argv[1], api_key=sys.argv[2])
+for _ in range(int(sys.argv[3])):
+    service.create_lora_training_client(base_model=sys.argv[4], rank=4).result()
+"""
+
+
+def test_a_client_that_exits_without_closing_frees_its_slots_for_the_next_one(tinker_server, sdk):
+    """A script that holds the tenant's every training client and exits without ``close`` (the cookbook's recipes
+    do): the next script's ``create_lora_training_client`` waits (429, ``Retry-After``) until that session is reaped,
+    then succeeds, rather than failing."""
+    args = [tinker_server.url, tinker_server.key("leaver"), str(MAX_MODELS), TINY]
+    left = subprocess.run([sys.executable, "-c", LEAVER, *args], capture_output=True, text=True, timeout=300)
+    assert left.returncode == 0, left.stderr[-3000:]
+    started = time.monotonic()
+    service = sdk("leaver")
+    training = service.create_lora_training_client(base_model=TINY, rank=4).result()
+    assert training.get_info().lora_rank == 4 and time.monotonic() - started < SESSION_TIMEOUT_S + 60
+    service.close("success").result()

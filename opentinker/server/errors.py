@@ -1,10 +1,12 @@
 """The server's errors, one definition each, as its routes answer them: every route turns an ``ServerError`` into
 its status and ``{"detail": "<one line>"}`` (``Retry-After`` where it says how long to wait).
 
-The Tinker SDK acts on the status: it retries 408, 409, 429 and 5xx, re-submits on 410, pauses on 402 and fails at once
-on any other 4xx; so the Tinker routes answer ``OverQuota`` with 402 (the SDK's "billing" pause), the job routes with
-429. Errors found while a Tinker request runs are not these: they resolve its future with ``{"error", "category"}``,
-which the SDK raises as ``RequestFailedError``.
+The Tinker SDK acts on the status: it retries 408, 409, 429 and 5xx (10 times, honouring ``Retry-After``), re-submits on
+410, raises ``BillingError`` on a request's 402 (it pauses on 402 only while polling a future) and fails at once on any
+other 4xx. So a limit that frees itself (requests in flight, training clients held: a lapsed session is reaped) is
+``RateLimited``, 429, which the SDK waits out; ``OverQuota`` (storage the tenant must free) is 402 on the Tinker routes,
+429 with ``Retry-After`` on the job routes. Errors found while a Tinker request runs are not these: they resolve its
+future with ``{"error", "category"}``, which the SDK raises as ``RequestFailedError``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class _TinkerRoute(APIRoute):
-    """The service's errors as the HTTP answers the SDK acts on (402 pause, 404, 410, 429 back off, ...)."""
+    """The service's errors as the HTTP answers the SDK acts on (402 billing, 404, 410, 429 back off, ...)."""
 
     def get_route_handler(self) -> Callable:
         handler = super().get_route_handler()
@@ -41,7 +41,7 @@ class _TinkerRoute(APIRoute):
                 return await handler(request)
             except ServerError as error:
                 headers = {"Retry-After": f"{error.retry_after:g}"} if error.retry_after else None
-                status = 402 if isinstance(error, OverQuota) else error.status  # the SDK pauses on 402
+                status = 402 if isinstance(error, OverQuota) else error.status  # the SDK's BillingError
                 return JSONResponse({"detail": error.detail}, status_code=status, headers=headers)
 
         return route

@@ -98,9 +98,10 @@ class Core:
         self.admit(tenant)
         limit = self.settings.tinker_max_models_per_tenant
         if self.registry.live_models(tenant) >= limit:
-            raise OverQuota(
+            raise RateLimited(  # a slot frees when a session ends or is reaped: the SDK waits for it
                 f"tenant {tenant!r} holds {limit} training clients, its limit (tinker_max_models_per_tenant): "
-                "finish a session or wait for one to end"
+                "finish a session or wait for one to end",
+                retry_after=max(1.0, self.settings.tinker_session_timeout_s / 4),
             )
 
     def admit_checkpoint(self, tenant: str) -> None:

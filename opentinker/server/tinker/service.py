@@ -1,9 +1,9 @@
 """The Tinker service behind the router: its sessions and futures here, training clients in ``training``, sampling
 clients in ``sampling``, all on one ``core`` (stores, worker, admission).
 
-Sessions are reaped when their heartbeats stop; back-pressure goes through the SDK's own signals: 429 when a tenant
-has too many requests in flight, 402 when it is over its training-client or checkpoint quota, and the queue state
-``paused_capacity`` while other clients' work is ahead of a request.
+Sessions are reaped when their heartbeats stop; back-pressure goes through the SDK's own signals: 429 (the SDK waits)
+when a tenant has too many requests in flight or holds its training-client limit, 402 when it is over its checkpoint
+storage, and the queue state ``paused_capacity`` while other clients' work is ahead of a request.
 """
 
 from __future__ import annotations
