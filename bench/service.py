@@ -399,8 +399,8 @@ def sandbox_overhead(attempts: int, round_trips: int) -> dict:
 
     from opentinker.infra.cgroups import limits_for
     from opentinker.infra.settings import get_settings
-    from opentinker.server.attempt import SandboxedChild
     from opentinker.server.channel import Start
+    from opentinker.server.sandboxed import SandboxedChild
     from opentinker.server.schemas import LaunchInfo
 
     launch = LaunchInfo(

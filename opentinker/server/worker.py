@@ -26,9 +26,10 @@ from prefect.workers.process import ProcessWorker
 
 from opentinker.infra.settings import get_settings
 
-from .attempt import LAUNCH_VARIABLE, SCRATCH_ROOT_VARIABLE
+from .attempt import LAUNCH_VARIABLE
 from .orchestration import HEARTBEAT_S, POOL, WORKER_QUERY_SECONDS
 from .sandbox import base_env, check_available
+from .sandboxed import SCRATCH_ROOT_VARIABLE
 from .schemas import LaunchInfo
 
 ATTEMPT_COMMAND = (sys.executable, "-m", "opentinker.server.attempt")
