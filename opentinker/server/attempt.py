@@ -128,7 +128,7 @@ def job_attempt(job_id: str) -> JobResult:
 
         child = start(child)
         total = spec.engine.updates if spec.algorithm == "grpo" else spec.steps
-        logger = MetricsLogger.with_progress(None, total)
+        logger = MetricsLogger.with_progress(None, total, system=False)  # the child reports its own perf/
         with tracked_run(spec.config_form(), spec.resolved_run_name, spec.experiment) as run:
             logger.run_id = run.run_id
             for retry in range(RETRIES + 1):

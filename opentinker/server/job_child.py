@@ -28,6 +28,7 @@ from opentinker.server.channel import (
     PolicyResult,
     Result,
 )
+from opentinker.tracking.runs import SystemSampler
 
 
 class Reporter:
@@ -37,9 +38,11 @@ class Reporter:
         self.channel = channel
         self.checkpoints = root / "checkpoints"
         self._sent: dict[str, tuple[int, int]] = {}
+        self._system = SystemSampler()
 
     def metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.channel.send(Metrics(step=int(step), values={k: float(v) for k, v in metrics.items()}))
+        values = {k: float(v) for k, v in metrics.items()} | self._system.sample()  # the learner's own perf/
+        self.channel.send(Metrics(step=int(step), values=values))
         self.ship_checkpoints()
 
     def ship_checkpoints(self) -> None:
@@ -67,6 +70,8 @@ def evaluation(result: Any) -> Evaluation:
     return Evaluation(
         returns=result.returns,
         seed=result.seed if result.seed is not None else 0,
+        action=result.action,
+        alternative_returns=result.alternative.returns if result.alternative is not None else None,
         mean_length=result.mean_length,
         terminated_fraction=result.terminated_fraction,
     )
@@ -75,7 +80,6 @@ def evaluation(result: Any) -> Evaluation:
 def run_policy(spec: Any, report: Reporter, root: Path, champion_dir: str | None) -> PolicyResult:
     """Probe, train (resuming from the checkpoint the trusted side put in place), export, evaluate."""
     from opentinker.agents.build import build_trainer, env_copies, run_loop
-    from opentinker.agents.evaluation import evaluate_episodes
     from opentinker.agents.export import export_policy
     from opentinker.infra.ray_runtime import learner_device, rollout_actor_options
     from opentinker.tasks.evaluate import evaluate_random_policy, reward_threshold
@@ -101,11 +105,11 @@ def run_policy(spec: Any, report: Reporter, root: Path, champion_dir: str | None
     report.ship_checkpoints()
     report.folder(export_dir, "export")
     episodes, seed = spec.eval_episodes, spec.eval_seed
-    candidate = evaluate_episodes(spec.env_id, load_registered_policy(export_dir).act, episodes, seed)
+    candidate = load_registered_policy(export_dir).evaluate(spec.env_id, episodes, seed)  # greedy and sampled
     threshold = spec.champion_threshold if spec.champion_threshold is not None else reward_threshold(spec.env_id)
     champion = None
     if champion_dir:
-        champion = evaluate_episodes(spec.env_id, load_registered_policy(champion_dir).act, episodes, seed)
+        champion = load_registered_policy(champion_dir).evaluate(spec.env_id, episodes, seed)  # as it is served
     floor = None
     if threshold is None and champion is None:
         floor = evaluate_random_policy.fn(spec.env_id, episodes, seed)

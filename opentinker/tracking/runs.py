@@ -24,6 +24,8 @@ from opentinker.tracking import progress
 
 FLUSH_EVERY_S = 5.0
 """Seconds between batched writes to MLflow; the last batch is flushed when training ends."""
+SAMPLE_EVERY_S = 1.0
+"""Seconds between two reads of the system figures (``perf/``): psutil reads /proc, an iteration takes milliseconds."""
 
 MAX_ROWS = 500
 """Rows per metric sent to MLflow over a run's horizon (a chart's worth; the history file keeps every iteration).
@@ -169,8 +171,14 @@ class SystemSampler:
         self._psutil = psutil
         psutil.cpu_percent(interval=None)  # primes the counter: the next call measures since now
         self._gpus = _nvml_handles()
+        self._sampled_at = -SAMPLE_EVERY_S
+        self._values: dict[str, float] = {}
 
     def sample(self) -> dict[str, float]:
+        """The latest figures, read at most once every ``SAMPLE_EVERY_S`` (an iteration can take milliseconds)."""
+        if time.monotonic() - self._sampled_at < SAMPLE_EVERY_S:
+            return self._values
+        self._sampled_at = time.monotonic()
         values = {
             "perf/cpu_percent": self._psutil.cpu_percent(interval=None),
             "perf/memory_rss_mb": self._process.memory_info().rss / 2**20,
@@ -182,6 +190,7 @@ class SystemSampler:
             mem = [pynvml.nvmlDeviceGetMemoryInfo(h) for h in self._gpus]
             values["perf/gpu_percent"] = sum(u.gpu for u in util) / len(util)
             values["perf/gpu_memory_mb"] = sum(m.used for m in mem) / 2**20
+        self._values = values
         return values
 
 
@@ -208,14 +217,16 @@ class MetricsLogger:
         on_iteration: Callable[[int, dict[str, float]], None] | None = None,
         total_steps: int | None = None,
         learner_pid: int | None = None,
+        system: bool = True,
     ) -> None:
         """``run_id`` None: metrics wait in memory until it is set (training started before its MLflow run).
         MLflow is imported at the first write, not here: a run started early must not wait seconds for it.
-        ``learner_pid``: the training process when it is not this one (its memory is what ``perf/`` reports)."""
+        ``learner_pid``: the training process when it is not this one (its memory is what ``perf/`` reports);
+        ``system`` False: the metrics come from elsewhere with their own ``perf/`` (a sandboxed job's)."""
         self.run_id = run_id
         self.history: list[dict[str, float]] = []
         self._client: Any = None
-        self._sampler = SystemSampler(learner_pid)
+        self._sampler = SystemSampler(learner_pid) if system else None
         self._pending: list[Any] = []
         self._unsent: dict[str, float] = {}
         self._row_every = (total_steps or 0) / MAX_ROWS
@@ -224,18 +235,22 @@ class MetricsLogger:
         self._on_iteration = on_iteration
 
     @classmethod
-    def with_progress(cls, run_id: str | None, total_steps: int, learner_pid: int | None = None) -> MetricsLogger:
+    def with_progress(
+        cls, run_id: str | None, total_steps: int, learner_pid: int | None = None, system: bool = True
+    ) -> MetricsLogger:
         """The training stages' logger: it also reports each iteration to the progress listeners (the CLI's bar)."""
         return cls(
             run_id,
             on_iteration=lambda step, row: progress.report(step, total_steps, row),
             total_steps=total_steps,
             learner_pid=learner_pid,
+            system=system,
         )
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         row = {k: float(v) for k, v in metrics.items() if _finite(v)}
-        row.update(self._sampler.sample())
+        if self._sampler is not None:
+            row.update(self._sampler.sample())
         self.history.append({"step": float(step), **row})
         self._unsent.update(row)
         if step >= self._next_row:
