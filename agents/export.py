@@ -14,6 +14,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from opentinker.agents.evaluation import ACTIONS, DETERMINISTIC_KINDS, EvalResult, evaluate_served
 from opentinker.envs.numpy_policy import ACTOR_ONLY, NumpyPolicy
 from opentinker.envs.observations import stack_obs
 from opentinker.infra.files import atomic_write
@@ -22,6 +23,9 @@ FORMAT_VERSION = 2
 """2: structured observations (``architecture["obs"]``) and every action kind; version 1 exports still load."""
 READABLE_VERSIONS = (1, 2)
 SPEC_FILE, WEIGHTS_FILE = "policy.json", "weights.npz"
+SERVED_ACTION = "served_action"
+"""The ``policy.json`` field naming what the policy serves, ``greedy`` (absent: an export made before it) or
+``sampled``: chosen from the candidate's evaluation before it is registered (``record_served_action``)."""
 
 
 def space_to_json(space: gym.Space) -> dict[str, Any]:
@@ -116,19 +120,27 @@ def actions_inside(space: gym.Space, actions: np.ndarray) -> bool:
 
 
 class InferencePolicy:
-    """A loaded export: numpy forward only; ``act`` is deterministic (greedy / mean action)."""
+    """A loaded export: numpy forward only; ``act`` answers the action the export serves (``served_action``: the
+    greedy / mean action, or a draw from the policy's distribution where that evaluated clearly better)."""
 
     def __init__(self, spec: dict[str, Any], weights: dict[str, np.ndarray]):
         self.spec = spec
         self.observation_space = space_from_json(spec["observation_space"])
         self.action_space = space_from_json(spec["action_space"])
         self._net = NumpyPolicy(spec["architecture"], weights)
+        self.served_action = spec.get(SERVED_ACTION, "greedy")
+        if self.served_action not in ACTIONS or (
+            self.served_action == "sampled" and self._net.kind in DETERMINISTIC_KINDS
+        ):
+            raise ValueError(f"policy.json: {SERVED_ACTION} {self.served_action!r} for a {self._net.kind} policy")
+        self._deterministic = self.served_action == "greedy"
 
     def act(self, obs_batch: Any) -> np.ndarray:
         """Env-ready actions, one per observation of ``obs_batch`` (arrays shaped (batch, *space shape); for
         Dict/Tuple spaces a dict/tuple of them or a list of observations): continuous actions are clipped or scaled to
         the action space, and every action is checked to lie in it."""
-        actions = self._net.act(observation_batch(self.observation_space, obs_batch), deterministic=True)
+        obs = observation_batch(self.observation_space, obs_batch)
+        actions = self._net.act(obs, deterministic=self._deterministic)
         self._check_actions(actions)
         return actions
 
@@ -139,11 +151,17 @@ class InferencePolicy:
     def act_with_info(self, obs_batch: Any) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
         """Actions plus action probabilities (discrete actor-critic) and state values (actor-critic)."""
         obs = observation_batch(self.observation_space, obs_batch)
-        actions, _, values = self._net.sample(obs, None, deterministic=True)
+        rng = None if self._deterministic else np.random.default_rng()
+        actions, _, values = self._net.sample(obs, rng, deterministic=self._deterministic)
         actions = self._net.env_actions(actions)
         self._check_actions(actions)
         has_values = self._net.kind not in ("q", *ACTOR_ONLY)
         return actions, self._net.probs(obs), values if has_values else None
+
+    def evaluate(self, env: Any, episodes: int = 10, seed: int = 10_000) -> EvalResult:
+        """Episodes seeded ``seed + i`` acting as served, the other action beside it where the policy is stochastic
+        (``evaluation.evaluate_served``; sampled actions drawn reproducibly from ``seed``)."""
+        return evaluate_served(self._net, self.served_action, env, episodes, seed)
 
 
 def _policy_parts(trainer_or_policy: Any) -> tuple[Any, str, str | None, gym.Space, gym.Space]:
@@ -180,6 +198,15 @@ def export_policy(trainer_or_policy: Any, directory: str | os.PathLike, metadata
     ):
         atomic_write(directory / name, write)
     return directory
+
+
+def record_served_action(directory: str | os.PathLike, action: str) -> None:
+    """Write ``action`` into the export's ``policy.json``: what serving, evaluations and the gate will use."""
+    if action not in ACTIONS:
+        raise ValueError(f"served action must be one of {ACTIONS}, got {action!r}")
+    path = Path(directory) / SPEC_FILE
+    spec = json.loads(path.read_text())
+    atomic_write(path, json.dumps({**spec, SERVED_ACTION: action}, indent=2))
 
 
 def load_policy(directory: str | os.PathLike) -> InferencePolicy:

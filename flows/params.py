@@ -117,6 +117,11 @@ class TrainFlowResult(BaseModel):
     decision: str
     eval_mean: float
     eval_std: float
+    eval_action: str = "greedy"
+    """What the model serves and the gate judged (``eval_mean``): ``greedy`` or ``sampled`` actions."""
+    eval_greedy_mean: float | None = None
+    eval_sampled_mean: float | None = None
+    """Both actions' means where the policy is stochastic (None: not evaluated)."""
     threshold: float | None = None
     """The gate's threshold (None: the env has none; the gate compared with the champion or a random policy)."""
     passed_threshold: bool

@@ -11,6 +11,7 @@ from typing import Any
 from prefect import flow
 
 from opentinker.agents.config import CONFIGS
+from opentinker.agents.evaluation import choose_served
 from opentinker.flows.group import GroupFlowResult, group_run
 from opentinker.flows.grpo import GRPOFlowResult, grpo_run
 from opentinker.flows.params import TrainFlowResult
@@ -49,7 +50,8 @@ def policy_run(spec: RunSpec, early: EarlyTraining | None = None) -> TrainFlowRe
             start_ray()  # its own step: Ray's start-up shows in the UI, not inside the probe
         probe_env(spec, run_id=run.run_id)
         trained = train_policy(run.run_id, spec, early)
-        evaluation = evaluate_policy(resolve_model(trained.export_dir), spec.env_id, spec.eval_episodes, spec.eval_seed)
+        evaluated = evaluate_policy(resolve_model(trained.export_dir), spec.env_id, spec.eval_episodes, spec.eval_seed)
+        evaluation = choose_served(evaluated)  # what the model will serve, recorded with it at registration
         candidate = register_model(
             run.run_id, trained.export_dir, spec.resolved_model_name, evaluation, step=trained.global_step
         )
@@ -70,6 +72,9 @@ def policy_run(spec: RunSpec, early: EarlyTraining | None = None) -> TrainFlowRe
         decision=released.decision,
         eval_mean=evaluation.mean,
         eval_std=evaluation.std,
+        eval_action=evaluation.action,
+        eval_greedy_mean=evaluation.mean_of("greedy"),
+        eval_sampled_mean=evaluation.mean_of("sampled"),
         threshold=threshold,
         passed_threshold=released.decision.startswith("promoted")
         if threshold is None

@@ -105,7 +105,8 @@ class PolicyService:
 
     @bentoml.api
     async def act(self, obs: Observation, ctx: bentoml.Context, return_info: bool = False) -> ActResponse:
-        """The action for one observation (deterministic)."""
+        """The action for one observation: greedy, or drawn from the policy where its export says it serves sampled
+        actions (the gate judged that)."""
         served = SLOT.require()
         ctx.response.headers[VERSION_HEADER] = served.version
         batch = map_obs(lambda leaf: leaf[None], obs)
@@ -138,6 +139,7 @@ class PolicyService:
             "run_id": served.ref.run_id,
             "env_id": spec.get("env_id"),
             "algorithm": spec.get("algorithm"),
+            "served_action": served.policy.served_action,
             "observation_space": {"repr": str(served.policy.observation_space), **served.schema.describe()},
             "action_space": {"repr": str(served.policy.action_space), **space_to_json(served.policy.action_space)},
             "loaded_at": served.loaded_at,

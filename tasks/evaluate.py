@@ -1,8 +1,9 @@
-"""Deterministic evaluation, cached on (model version, env, episodes, seed) with persisted results.
+"""Evaluation of a model as it is served, cached on (model version, env, episodes, seed) with persisted results.
 
 A registry reference is first pinned to its version (``resolve_model``) so that the cache key names
 an immutable model and the evaluation loads exactly that version even if an alias moves meanwhile. The episodes are
-the RL core's (``agents.trainer.evaluate_episodes``, what ``Trainer.evaluate`` runs).
+the RL core's (``agents.evaluation.evaluate_served``: the action the export serves, and the other one beside it where
+the policy is stochastic).
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ def _evaluation_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 
 @task(cache_key_fn=_evaluation_key, persist_result=True, retries=1, retry_delay_seconds=2)
 def evaluate_policy(model: ModelRef, env_id: str, episodes: int = 10, seed: int = 10_000) -> EvalResult:
-    """The RL core's evaluation (``evaluate_episodes``) of the exact version ``model`` pins, on ``env_id``."""
-    policy = load_registered_policy(model.download_uri)
-    result = evaluate_episodes(env_id, policy.act, episodes, seed)
-    get_run_logger().info("%s: mean return %.2f ± %.2f over %d episodes", model.key, result.mean, result.std, episodes)
+    """The RL core's evaluation of the exact version ``model`` pins, on ``env_id``, acting as it is served."""
+    result = load_registered_policy(model.download_uri).evaluate(env_id, episodes, seed)
+    other = result.alternative
+    get_run_logger().info(
+        "%s: mean return %.2f ± %.2f over %d episodes (%s actions, as served)%s",
+        *(model.key, result.mean, result.std, episodes, result.action),
+        f"; {other.action}: {other.mean:.2f} ± {other.std:.2f}" if other else "",
+    )
     return dataclasses.replace(result, model_key=model.key)
 
 

@@ -28,10 +28,15 @@ def register_model(
 ) -> ModelRef:
     """Log the export as an MLflow pyfunc model of ``run_id`` (trained to env ``step``), register it as ``candidate``.
 
+    ``evaluation``'s action (``evaluation.choose_served``) is recorded in the export first: the model serves it.
     Idempotent under retries: a version already registered from this run is reused, never duplicated.
     """
     import mlflow
 
+    from opentinker.agents.export import record_served_action
+
+    if evaluation is not None:
+        record_served_action(export_dir, evaluation.action)
     configure_mlflow()
     client = mlflow.MlflowClient()
     existing = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
@@ -111,7 +116,8 @@ def promote_if_better(
     threshold: float | None,
     random_eval: EvalResult | None = None,
 ) -> ModelRef:
-    """Apply ``decide``; move ``champion`` only on a win; record decision, rule and numbers as tags."""
+    """Apply ``decide`` to what each model serves (each evaluation's ``action``); move ``champion`` only on a win;
+    record decision, rule and numbers as tags."""
     import mlflow
 
     if champion_eval is not None and (champion_eval.seed, len(champion_eval.returns)) != (
@@ -126,6 +132,7 @@ def promote_if_better(
     else:
         floor = random_floor(random_eval) if random_eval is not None else None
         promote, decision = decide(candidate_eval.mean, champion_eval.mean if champion_eval else None, threshold, floor)
+    decision = f"{decision} ({candidate_eval.action} actions, as served)"
     configure_mlflow()
     client = mlflow.MlflowClient()
     tags = {
@@ -137,8 +144,10 @@ def promote_if_better(
         "gate.random_floor": f"{random_floor(random_eval):.4f}" if random_eval else "",
         "gate.candidate_version": candidate.version,
         "gate.candidate_mean": f"{candidate_eval.mean:.4f}",
+        "gate.candidate_action": candidate_eval.action,
         "gate.champion_version": champion.version if champion else "",
         "gate.champion_mean": f"{champion_eval.mean:.4f}" if champion_eval else "",
+        "gate.champion_action": champion_eval.action if champion_eval else "",
         "gate.eval_seed": str(candidate_eval.seed),
         "gate.eval_episodes": str(len(candidate_eval.returns)),
     }
@@ -160,9 +169,13 @@ def _logged_model_id(source: str) -> str:
 
 
 def _eval_tags(evaluation: EvalResult) -> dict[str, str]:
+    """The served action's numbers, and both actions' means (empty: not evaluated, a policy with only one)."""
+    means = {action: evaluation.mean_of(action) for action in ("greedy", "sampled")}
     return {
         "eval.mean": f"{evaluation.mean:.4f}",
         "eval.std": f"{evaluation.std:.4f}",
         "eval.seed": str(evaluation.seed),
         "eval.episodes": str(len(evaluation.returns)),
+        "eval.action": evaluation.action,
+        **{f"eval.{action}_mean": "" if mean is None else f"{mean:.4f}" for action, mean in means.items()},
     }

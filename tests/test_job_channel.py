@@ -89,6 +89,14 @@ def _json(channel: Channel, body: dict) -> None:
     _raw(channel, "J", json.dumps(body).encode())
 
 
+def _policy_result(evaluation: dict) -> dict:
+    return {
+        "type": "policy",
+        **{"start_step": 0, "global_step": 8, "train_seconds": 1.0},
+        "evaluation": {"returns": [1.0, 2.0], "seed": 0, **evaluation},
+    }
+
+
 ATTACKS = {
     "not json": (lambda c: _raw(c, "J", b"{not json"), "invalid message"),
     "unknown type": (lambda c: _json(c, {"type": "admin", "cmd": "rm"}), "invalid message"),
@@ -98,6 +106,11 @@ ATTACKS = {
         "values",
     ),
     "huge log line": (lambda c: _json(c, {"type": "log", "line": "x" * 100_000}), "line"),
+    "a served action not known": (lambda c: _json(c, _policy_result({"action": "argmax"})), "action"),
+    "other episodes for the other action": (
+        lambda c: _json(c, _policy_result({"alternative_returns": [1.0]})),
+        "alternative_returns",
+    ),
     "path with ..": (
         lambda c: _json(c, {"type": "file", "path": "export/../../other/x", "size": 1, "sha256": "0" * 64}),
         "path",

@@ -41,7 +41,13 @@ def print_train_result(result) -> None:
     gate = "the threshold" if result.threshold is None else f"the threshold {result.threshold:g}"
     if result.threshold is None:
         gate = "the gate (no reward threshold for this env: beat the champion, or a random policy)"
-    console.print(f"Evaluation: mean return {result.eval_mean:.1f} ± {result.eval_std:.1f} — {verdict} {gate}")
+    other = "sampled" if result.eval_action == "greedy" else "greedy"
+    other_mean = getattr(result, f"eval_{other}_mean")
+    served = f"{result.eval_action} actions, as served"
+    served += f"; {other}: {other_mean:.1f}" if other_mean is not None else ""
+    console.print(
+        f"Evaluation: mean return {result.eval_mean:.1f} ± {result.eval_std:.1f} ({served}) — {verdict} {gate}"
+    )
     console.print(f"Model: {result.model_name} version {result.model_version} · aliases {', '.join(result.aliases)}")
     model_url = ui_url(f"models/{result.model_name}/versions/{result.model_version}")
     if model_url.startswith("http"):

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 VERSION = 1
 MAX_MESSAGE = 1 << 20
@@ -80,12 +80,23 @@ class FileBegin(Message):
 
 
 class Evaluation(Message):
-    """An evaluation's returns on seeds ``seed + i``; the mean and std are computed by the reader, not believed."""
+    """An evaluation's returns on seeds ``seed + i``; the mean and std are computed by the reader, not believed. The
+    trusted side chooses what a candidate serves from both actions' returns (``evaluation.choose_served``)."""
 
     returns: list[float] = Field(min_length=1, max_length=100_000)
     seed: int
+    action: Literal["greedy", "sampled"] = "greedy"
+    """How the ``returns`` acted: the model's served action (a fresh export's is greedy)."""
+    alternative_returns: list[float] | None = Field(None, min_length=1, max_length=100_000)
+    """A stochastic policy's returns acting the other way, on the same seeds."""
     mean_length: float | None = None
     terminated_fraction: float | None = None
+
+    @model_validator(mode="after")
+    def _same_episodes(self) -> Evaluation:
+        if self.alternative_returns is not None and len(self.alternative_returns) != len(self.returns):
+            raise ValueError("alternative_returns: expected one return per episode of returns")
+        return self
 
 
 class PolicyResult(Message):
@@ -253,15 +264,24 @@ class Channel:
 
 
 def evaluation_result(evaluation: Evaluation, model_key: str) -> Any:
-    """The RL core's ``EvalResult`` of a reported evaluation (mean and std computed here)."""
+    """The RL core's ``EvalResult`` of a reported evaluation (mean and std computed here), the other action's beside
+    it when reported."""
     from opentinker.agents.evaluation import EvalResult
 
+    alternative = None
+    if evaluation.alternative_returns is not None:
+        other = "sampled" if evaluation.action == "greedy" else "greedy"
+        alternative = EvalResult.of(
+            evaluation.alternative_returns, seed=evaluation.seed, model_key=model_key, action=other
+        )
     return EvalResult.of(
         evaluation.returns,
         seed=evaluation.seed,
         model_key=model_key,
         mean_length=evaluation.mean_length,
         terminated_fraction=evaluation.terminated_fraction,
+        action=evaluation.action,
+        alternative=alternative,
     )
 
 
