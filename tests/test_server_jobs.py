@@ -220,6 +220,7 @@ def tenants(job_server, tmp_path_factory):
 
 def test_each_tenant_trains_and_sees_only_its_own(tenants):
     server, keys, jobs = tenants["server"], tenants["keys"], tenants["jobs"]
+    run_ids = {}
     for tenant, other in (("alpha", "beta"), ("beta", "alpha")):
         listed = HTTP.get(f"{server.url}/v1/jobs", headers=server.headers(keys[tenant])).json()
         ids = {job["id"] for job in listed}
@@ -229,6 +230,7 @@ def test_each_tenant_trains_and_sees_only_its_own(tenants):
         body = result.json()
         assert body["model_name"].startswith(f"{tenant}.") and body["model_version"] == "1"
         assert body["decision"].startswith("promoted") and body["global_step"] >= SMALL["steps"]
+        run_ids[tenant] = body["run_id"]
     # Each tenant's runs and models are in its own MLflow store and experiment.
     import mlflow
 
@@ -238,6 +240,8 @@ def test_each_tenant_trains_and_sees_only_its_own(tenants):
         names = [model.name for model in client.search_registered_models()]
         assert names and all(name.startswith(f"{tenant}.") for name in names)
         assert client.get_experiment_by_name(f"tenant-{tenant}") is not None
+        metrics = client.get_run(run_ids[tenant]).data.metrics  # the learner's figures, sampled in its sandbox
+        assert metrics["charts/sps"] > 0 and metrics["perf/memory_rss_mb"] > 50
     assert jobs["beta"]["env_id"] == "probe_env.envs:Probe"
 
 
@@ -258,6 +262,7 @@ OTHER_TENANT_ROUTES = [
 )
 def test_another_tenants_job_answers_404_on_every_route(tenants, method, path, body):
     server, keys, jobs = tenants["server"], tenants["keys"], tenants["jobs"]
+    run_ids = {}
     for tenant, other in (("alpha", "beta"), ("beta", "alpha")):
         job_id = jobs[other]["id"]
         payload = json.loads(json.dumps(body).replace("{id}", job_id)) if body else None
