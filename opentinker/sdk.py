@@ -18,19 +18,24 @@ from opentinker.agents.sac import SAC
 from opentinker.agents.td3 import TD3
 
 
-def preset_config(algorithm: str, env_id: str, fields: dict[str, Any]) -> Any:
-    """The config ``opentinker train env_id --algo algorithm`` trains with (the same resolution as a run's spec:
-    the preset for the env's kind of problem), ``fields`` over it."""
+def preset_config(algorithm: str, env_id: str, fields: dict[str, Any], steps: int | None = None) -> Any:
+    """The config ``opentinker train env_id --algo algorithm [--steps steps]`` trains with (the same resolution as a
+    run's spec: the preset for the env's kind of problem, for a user's env under the budget table's row), ``fields``
+    over it."""
     from opentinker.flows.presets import resolve_spec
     from opentinker.tasks.spec import RunSpec
 
-    spec = RunSpec(env_id=env_id, engine={"algorithm": algorithm, **fields})
+    spec = RunSpec(env_id=env_id, steps=steps, engine={"algorithm": algorithm, **fields})
     return resolve_spec(spec).engine.config()
 
 
 class _Preset:
     """Mixin: an env given by id trains with the CLI's preset for it; keyword arguments override its fields. An env
-    object keeps the config's defaults (a preset is tuned for its own number of env copies)."""
+    object keeps the config's defaults (a preset is tuned for its own number of env copies).
+
+    The budget is known only at ``train(steps)``: until then the trainer has the preset without it (the family's);
+    the first ``train`` resolves again with the steps, as ``opentinker train ENV --steps N`` does, and rebuilds the
+    untrained trainer when that changes a setting (a user's env: the budget table)."""
 
     def __init__(
         self,
@@ -42,9 +47,23 @@ class _Preset:
         config: Any = None,
         **fields: Any,
     ):
+        self._unbudgeted: tuple | None = None
         if isinstance(env, str) and config is None:
+            self._unbudgeted = (env, policy, seed, device, amp_mode, fields)
             config, fields = preset_config(self.algorithm, env, fields), {}
         super().__init__(env, policy, seed, device, amp_mode, config=config, **fields)
+
+    def train(self, steps: int | float, *args: Any, **kwargs: Any) -> dict[str, float]:
+        if self._unbudgeted is not None and self.global_step == 0:
+            from opentinker.agents.trainer import check_train_args
+
+            env, policy, seed, device, amp_mode, fields = self._unbudgeted
+            config = preset_config(self.algorithm, env, fields, check_train_args(steps, None, None))
+            if config != self.config:
+                self.env.close()
+                _Preset.__init__(self, env, policy, seed, device, amp_mode, config=config)
+        self._unbudgeted = None
+        return super().train(steps, *args, **kwargs)
 
 
 class _Deployable:
@@ -133,25 +152,25 @@ class _Served:
         return deploy_remote(self, api_key)
 
 
-class PPOTrainer(_Served, _Preset, _Tracked, _Deployable, PPO):
+class PPOTrainer(_Preset, _Served, _Tracked, _Deployable, PPO):
     """``PPOTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **PPOConfig fields)``: the RL core's
     ``PPO`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
     ``opentinker.connect()`` training as a server job."""
 
 
-class DQNTrainer(_Served, _Preset, _Tracked, _Deployable, DQN):
+class DQNTrainer(_Preset, _Served, _Tracked, _Deployable, DQN):
     """``DQNTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``: the RL core's
     ``DQN`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
     ``opentinker.connect()`` training as a server job."""
 
 
-class SACTrainer(_Served, _Preset, _Tracked, _Deployable, SAC):
+class SACTrainer(_Preset, _Served, _Tracked, _Deployable, SAC):
     """``SACTrainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **SACConfig fields)``: the RL core's
     ``SAC`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
     ``opentinker.connect()`` training as a server job."""
 
 
-class TD3Trainer(_Served, _Preset, _Tracked, _Deployable, TD3):
+class TD3Trainer(_Preset, _Served, _Tracked, _Deployable, TD3):
     """``TD3Trainer(env, policy="MLP", seed=0, device="auto", amp_mode="auto", **TD3Config fields)``: the RL core's
     ``TD3`` with the CLI's preset for an env id, ``train(track=True)``, ``deploy()``, and after
     ``opentinker.connect()`` training as a server job."""

@@ -36,6 +36,32 @@ def test_explicit_config_wins_over_the_budget_table():
     assert engine.n_steps == 64  # what was not set still comes from the table
 
 
+def test_the_sdk_trains_with_what_the_cli_resolves_for_the_budget_it_is_given():
+    """``PPOTrainer(env_id)`` learns the budget only at ``train(steps)``: it then has the settings of ``opentinker
+    train ENV --steps N`` (``checked_spec``), and a keyword argument given at construction still wins."""
+    from opentinker import PPOTrainer
+    from opentinker.flows.validate import checked_spec
+
+    cli = checked_spec(GRID, None, steps=20_000).engine.config()
+    trainer = PPOTrainer(GRID)
+    try:
+        assert trainer.config != cli  # no budget yet: the family's preset
+        trainer.train(steps=20_000)
+        assert trainer.config == cli and trainer.env.num_envs == cli.num_envs and trainer.global_step >= 20_000
+    finally:
+        trainer.env.close()
+    explicit = PPOTrainer(GRID, num_envs=4, update_epochs=2)
+    try:
+        explicit.train(steps=1024)
+        assert (
+            explicit.config
+            == checked_spec(GRID, None, steps=1024, num_envs=4, ppo={"update_epochs": 2}).engine.config()
+        )
+        assert (explicit.config.num_envs, explicit.config.update_epochs, explicit.config.n_steps) == (4, 2, 64)
+    finally:
+        explicit.env.close()
+
+
 def test_registered_envs_keep_their_family_preset_at_every_budget():
     assert resolved("CartPole-v1", 20_000) == resolved("CartPole-v1", 2_000_000)
 
