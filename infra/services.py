@@ -66,7 +66,10 @@ def s3_credentials(directory: Path) -> tuple[str, str]:
 def start_s3(
     directory: Path, log: Path, bucket: str, region: str = "us-east-1", timeout: float = DEFAULT_TIMEOUT_S
 ) -> tuple[ServiceProcess, S3Endpoint]:
-    """SeaweedFS (master + volume + filer + S3 gateway) with one identity; ready once a probe object round-trips."""
+    """SeaweedFS (master + volume + filer + S3 gateway) with one identity; ready once a probe object round-trips.
+
+    That identity is an admin: through SeaweedFS's IAM API on the S3 port (its writes enabled here, admins only) it
+    can make further identities, as the server does for its tenants (``opentinker.server.s3_users``)."""
     access, secret = s3_credentials(directory)
     data_dir = directory / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -101,6 +104,7 @@ def start_s3(
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         f"-s3.config={config}",
+        "-s3.iam.readOnly=false",
         "-master.telemetry=false",
         "-master.volumeSizeLimitMB=256",
         "-volume.max=64",

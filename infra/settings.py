@@ -71,6 +71,23 @@ class Settings(BaseSettings):
     s3_access_key: str = Field("", description="S3 access key id (falls back to boto3's usual chain when empty).")
     s3_secret_key: str = Field("", description="S3 secret key.")
     s3_region: str = Field("us-east-1", description="S3 region.")
+    s3_prefix: str = Field(
+        "",
+        description="Key prefix of this process's objects in the bucket: a server job's `tenants/<t>/`, the only "
+        "prefix its tenant's S3 identity reaches (the bucket is the operator's); empty: the bucket's root.",
+    )
+    s3_admin_access_key: str = Field(
+        "",
+        description="The OpenTinker server's admin identity on S3 (SeaweedFS's IAM API on its S3 port): with it every "
+        "tenant gets its own S3 identity, permitted on its prefix `tenants/<t>/` only (docs/deploy.md); the server "
+        "uses it to manage those identities and for nothing else.",
+    )
+    s3_admin_secret_key: str = Field("", description="Secret key of `s3_admin_access_key`.")
+    s3_tenant_secret: str = Field(
+        "",
+        description="Secret the tenants' S3 key pairs are derived from (HMAC of the tenant's name); the same in every "
+        "server process; empty: `s3_admin_secret_key`.",
+    )
     server_url: str = Field(
         "",
         description="OpenTinker server the SDK and CLI send training jobs to (`opentinker login`, "

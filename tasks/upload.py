@@ -1,7 +1,7 @@
 """Reports and artifacts: render plots/config/model card, then ship them to the MLflow run and S3.
 
 MLflow stores artifacts under the experiment's location (the data dir, or S3 when configured).
-With S3 configured the checkpoint is also mirrored with boto3 to ``s3://BUCKET/checkpoints/RUN_NAME/``
+With S3 configured the checkpoint is also mirrored with boto3 to ``s3://BUCKET/[PREFIX]checkpoints/RUN_NAME/``
 so that another machine can resume from it. Transient IO is retried with exponential backoff.
 """
 
@@ -93,7 +93,9 @@ def upload_artifacts(run_id: str, artifacts: list[Artifact], checkpoint_path: st
 def _mirror_checkpoint(checkpoint_path: str, run_name: str) -> str:
     from opentinker.infra.s3 import ensure_bucket, s3_client
 
-    bucket = ensure_bucket()
-    key = f"checkpoints/{run_name}/{Path(checkpoint_path).name}"
+    settings = get_settings()
+    # Under a prefix the identity is a tenant's, which reaches its prefix only: the bucket is the operator's to make.
+    bucket = settings.s3_bucket if settings.s3_prefix else ensure_bucket()
+    key = f"{settings.s3_prefix}checkpoints/{run_name}/{Path(checkpoint_path).name}"
     s3_client().upload_file(checkpoint_path, bucket, key)
     return f"s3://{bucket}/{key}"

@@ -3,7 +3,8 @@ with its authentication app over SeaweedFS S3, two API processes behind HAProxy,
 
 Jobs of two tenants through the load balancer; the API processes killed one at a time mid-job while the client
 follows it (nothing lost, the follow uninterrupted); a job probing for MLflow, Prefect and the API from inside its
-sandbox; each tenant's MLflow credentials reading its own runs and models only, over HTTP and in headless Chromium.
+sandbox; each tenant's MLflow credentials reading its own runs and models only, over HTTP and in headless Chromium;
+each tenant's S3 identity, the only one its job holds, reaching its own prefix only.
 """
 
 from __future__ import annotations
@@ -71,6 +72,23 @@ class Slow(gym.Env):
         time.sleep({sleep})
         self.t += 1
         return np.full(2, 0.1 * int(action), np.float32), float(action), False, self.t >= 20, {{}}
+'''
+
+
+S3_ENV = '''
+"""CartPole that prints, once, every S3 variable its job holds: what a hostile env would send home."""
+import json, os
+
+from gymnasium.envs.classic_control import CartPoleEnv
+
+
+class Reporting(CartPoleEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if not os.environ.get("REPORTED"):
+            os.environ["REPORTED"] = "1"
+            seen = {name: value for name, value in os.environ.items() if "S3" in name or name.startswith("AWS")}
+            print("S3-ENV " + json.dumps(seen), flush=True)
 '''
 
 
@@ -165,6 +183,98 @@ def test_a_job_of_each_tenant_runs_through_the_load_balancer_and_writes_as_its_t
         headers=_auth(two_tenants["keys"]["pa"]),
     )
     assert other.status_code == 404
+
+
+def _s3_as(production, access_key: str, secret_key: str):
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=production.s3.endpoint_url,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        region_name=production.s3.region,
+        config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+    )
+
+
+def _denied(call, **kwargs) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        call(**kwargs)
+    except ClientError as exc:
+        return exc.response["Error"]["Code"] == "AccessDenied"
+    return False
+
+
+def test_a_job_holds_its_tenants_s3_identity_only_which_reaches_its_prefix_only(
+    production, two_tenants, tmp_path_factory
+):
+    """A job's env reports the S3 variables it holds: its tenant's own pair and prefix, nothing of the operator's or
+    another tenant's. With that pair (from this test's process: the sandbox has no network) the tenant's prefix —
+    where the attempt mirrored the job's checkpoint, as the tenant — is readable and writable; another tenant's
+    checkpoint and MLflow's artifacts (the operator's prefix) answer AccessDenied."""
+    import tomllib
+
+    from opentinker.infra.settings import Settings
+    from opentinker.server.client import Client
+    from opentinker.server.s3_users import credentials
+
+    key = production.make_key("ps3")
+    code = tmp_path_factory.mktemp("s3-env")
+    (code / "s3_env").mkdir()
+    (code / "s3_env" / "__init__.py").write_text("")
+    (code / "s3_env" / "envs.py").write_text(textwrap.dedent(S3_ENV))
+    sys.path.insert(0, str(code))
+    try:
+        job = Client(production.url, key).submit({"env_id": "s3_env.envs:Reporting", **SMALL})
+    finally:
+        sys.path.remove(str(code))
+    final = _wait(production, key, job["id"], lambda s: s["state"] in FINAL)
+    assert final["state"] == "SUCCEEDED", final
+    logs = HTTP.get(f"{production.url}/v1/jobs/{job['id']}/logs", headers=_auth(key)).text
+    reports = [
+        json.loads(json.loads(line)["message"].split("S3-ENV ", 1)[1])
+        for line in logs.splitlines()
+        if "S3-ENV " in line
+    ]
+    assert reports, logs[-2000:]
+    config = tomllib.loads(production.config.read_text())
+    secret = Settings(s3_tenant_secret=config["s3_tenant_secret"])
+    own, other = credentials("ps3", secret), credentials("pa", secret)
+    s3 = production.s3
+    for seen in reports:
+        assert seen == {
+            "OPENTINKER_S3_ENDPOINT_URL": s3.endpoint_url,
+            "OPENTINKER_S3_BUCKET": s3.bucket,
+            "OPENTINKER_S3_REGION": s3.region,
+            "OPENTINKER_S3_ACCESS_KEY": own.access_key,
+            "OPENTINKER_S3_SECRET_KEY": own.secret_key,
+            "OPENTINKER_S3_PREFIX": "tenants/ps3/",
+        }, seen
+        assert s3.secret_key not in json.dumps(seen) and other.secret_key not in json.dumps(seen)
+
+    as_job = _s3_as(production, own.access_key, own.secret_key)
+    checkpoints = as_job.list_objects_v2(Bucket=s3.bucket, Prefix=f"tenants/ps3/checkpoints/{job['id']}/")
+    assert checkpoints.get("KeyCount", 0) >= 1, checkpoints  # the attempt mirrored it, as tenant ps3
+    as_job.put_object(Bucket=s3.bucket, Key="tenants/ps3/data/own.txt", Body=b"ps3's")
+    assert as_job.get_object(Bucket=s3.bucket, Key="tenants/ps3/data/own.txt")["Body"].read() == b"ps3's"
+
+    as_pa = _s3_as(production, other.access_key, other.secret_key)
+    pa_prefix = f"tenants/pa/checkpoints/{two_tenants['jobs']['pa']['id']}/"
+    pa_checkpoint = as_pa.list_objects_v2(Bucket=s3.bucket, Prefix=pa_prefix)["Contents"][0]["Key"]
+    operator = _s3_as(production, s3.access_key, s3.secret_key)
+    mlflow_artifact = operator.list_objects_v2(Bucket=s3.bucket, Prefix="mlflow/")["Contents"][0]["Key"]
+    assert _denied(as_job.get_object, Bucket=s3.bucket, Key=pa_checkpoint)
+    assert _denied(as_job.put_object, Bucket=s3.bucket, Key=pa_checkpoint, Body=b"overwritten")
+    assert _denied(as_job.list_objects_v2, Bucket=s3.bucket, Prefix="tenants/pa/")
+    assert _denied(as_job.list_objects_v2, Bucket=s3.bucket, Prefix="tenants/")
+    assert _denied(as_job.get_object, Bucket=s3.bucket, Key=mlflow_artifact)
+    assert _denied(as_job.list_objects_v2, Bucket=s3.bucket, Prefix="mlflow/")
+    assert _denied(as_pa.get_object, Bucket=s3.bucket, Key="tenants/ps3/data/own.txt")
+    assert operator.get_object(Bucket=s3.bucket, Key=pa_checkpoint)["Body"].read() != b"overwritten"
 
 
 def test_the_api_processes_killed_one_at_a_time_mid_job_lose_nothing_and_the_follow_goes_on(

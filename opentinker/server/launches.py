@@ -4,9 +4,10 @@
 A worker, holding a key with the ``worker`` scope, asks for a flow run's launch before it starts anything: the server
 answers only for a flow run it made for an unfinished job, so a flow run created behind its back (Prefect's API has
 no tenants) starts nothing. The answer holds the resolved spec, the job's run folder and the tenant's store (for the
-attempt's trusted side), the sandbox's read-only code and environment, the tenant's limits, and a fresh token for
-this attempt. The token stays with the trusted attempt process (the sandbox never holds it): with it the attempt
-reports progress and, once, its typed result, which the server stores on the job — the job record's one writer.
+attempt's trusted side), the tenant's own MLflow user and S3 identity where it has them (never the operator's), the
+sandbox's read-only code and environment, the tenant's limits, and a fresh token for this attempt. The token stays
+with the trusted attempt process (the sandbox never holds it): with it the attempt reports progress and, once, its
+typed result, which the server stores on the job — the job record's one writer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from opentinker.infra.cgroups import limits_for
 from opentinker.infra.settings import Settings
 from opentinker.tasks.train import run_dir
 
-from . import mlflow_users, tenants
+from . import mlflow_users, s3_users, tenants
 from .db import Job, Store, Tenant, Upload
 from .models import prepare_store
 from .schemas import JobResult, LaunchInfo, ProgressReport
@@ -54,10 +55,12 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         _fail(store, job_id, str(exc))
         return None
     mlflow_user = mlflow_users.credentials(tenant, settings) if mlflow_users.enabled(settings) else None
+    s3_env = s3_users.tenant_env(tenant, settings)
     env = {
         "OPENTINKER_SANDBOX": "none",  # the job is inside the sandbox already, which allows no nested one
         "MPLCONFIGDIR": "/tmp/matplotlib",
         "HF_HUB_OFFLINE": "1",
+        **s3_env,
     }
     for name in PASSED_SETTINGS:
         value = getattr(settings, name)
@@ -80,6 +83,7 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         tracking_username=mlflow_user.username if mlflow_user else "",
         tracking_password=mlflow_user.password if mlflow_user else "",
         experiment=tenants.experiment(tenant),
+        s3_env=s3_env,
         readonly=readonly,
         code=str(code) if code else None,
         env=env,

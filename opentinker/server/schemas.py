@@ -194,6 +194,11 @@ class LaunchInfo(BaseModel):
     tracking_username: str = Field("", description="The tenant's own MLflow user (an MLflow server with users).")
     tracking_password: str = Field("", description="Its password: the attempt's trusted side writes as the tenant.")
     experiment: str
+    s3_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="The tenant's own S3 identity (OPENTINKER_S3_* variables: endpoint, bucket, its key pair), for the "
+        "attempt's trusted side; the sandbox's environment holds the same. Never the operator's.",
+    )
     readonly: list[str] = Field(description="Bound read-only into the sandbox at the same path: base models.")
     code: str | None = Field(None, description="The tenant's uploaded code: bound read-only at /code, on PYTHONPATH.")
     env: dict[str, str] = Field(description="The sandboxed child's environment (nothing of the server's).")

@@ -1,11 +1,12 @@
 """The production topology on one machine (loopback), for tests and benches: every part a process of its own.
 
 PostgreSQL (the server's database and Prefect's), a Prefect server on it, MLflow with its authentication app (one
-user per tenant, ``mlflow_users``) over SeaweedFS S3, ``api_count`` ``opentinker server up --no-worker --config
-production.toml`` API processes on the one database behind HAProxy (Debian's ``haproxy``), and one ``opentinker
-server worker`` with an environment of its own (Prefect's URL and its key file: no database, no MLflow admin, no S3
-credentials) that reaches the API through the load balancer. The API processes and the worker share a data dir, as
-machines would on shared storage. On real machines each part is the same command on its own host (docs/deploy.md).
+user per tenant, ``mlflow_users``) over SeaweedFS S3 (one identity per tenant, ``s3_users``), ``api_count``
+``opentinker server up --no-worker --config production.toml`` API processes on the one database behind HAProxy
+(Debian's ``haproxy``), and one ``opentinker server worker`` with an environment of its own (Prefect's URL and its
+key file: no database, no MLflow admin, no S3 credentials: each attempt gets its tenant's from the server) that
+reaches the API through the load balancer. The API processes and the worker share a data dir, as machines would on
+shared storage. On real machines each part is the same command on its own host (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import httpx
 
 from opentinker.infra.files import atomic_write
 from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, port_open, start, start_http, venv_bin
+from opentinker.infra.services import S3Endpoint
 
 STARTUP_S = 300.0
 """Each service's start-up bound: a 2-core machine shared with other work starts them slowly."""
@@ -71,6 +73,8 @@ class Topology:
     database: str = ""
     prefect_url: str = ""
     mlflow: MlflowEndpoint | None = None
+    s3: S3Endpoint | None = None
+    """The S3 server and the operator's admin identity on it (tenants' identities are the server's to make)."""
     config: Path | None = None
     api: list[ServiceProcess | None] = field(default_factory=list)
     api_ports: list[int] = field(default_factory=list)
@@ -82,9 +86,16 @@ class Topology:
         return self.root / "shared"
 
     @classmethod
-    def up(cls, root: Path, mlflow: MlflowEndpoint | None = None, api_count: int = 2, pool_limit: int = 2) -> Topology:
-        """Start it all under ``root`` (``mlflow``: an MLflow server with users already running, else one is started
-        here with its own S3); stops what it started if a part fails."""
+    def up(
+        cls,
+        root: Path,
+        mlflow: MlflowEndpoint | None = None,
+        s3: S3Endpoint | None = None,
+        api_count: int = 2,
+        pool_limit: int = 2,
+    ) -> Topology:
+        """Start it all under ``root`` (``mlflow``: an MLflow server with users already running, over ``s3``; else
+        both are started here); stops what it started if a part fails."""
         from opentinker.infra.postgres import database_url, start_postgres
         from opentinker.infra.services import start_prefect
 
@@ -93,7 +104,7 @@ class Topology:
         if shutil.which("haproxy") is None:
             raise ServiceError("haproxy is missing: run ./install.sh as root (or apt-get install haproxy)")
         root.mkdir(parents=True, exist_ok=True)
-        topology = cls(root=root)
+        topology = cls(root=root, s3=s3)
         try:
             postgres, _ = start_postgres(root / "postgres", root / "postgres.log", timeout=STARTUP_S)
             topology.started.append(postgres)
@@ -120,6 +131,7 @@ class Topology:
                 "mlflow_admin_username": topology.mlflow.admin_username,
                 "mlflow_admin_password": topology.mlflow.admin_password,
                 "mlflow_tenant_secret": secrets.token_urlsafe(24),
+                **topology._s3_settings(),
                 "server_pool_limit": pool_limit,
             }
             atomic_write(topology.config, "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()), mode=0o600)
@@ -148,12 +160,26 @@ class Topology:
     def _start_mlflow(self) -> MlflowEndpoint:
         from opentinker.infra.services import MlflowAuth, start_mlflow, start_s3
 
-        s3_service, s3 = start_s3(self.root / "s3", self.root / "s3.log", bucket="opentinker", timeout=STARTUP_S)
+        s3_service, self.s3 = start_s3(self.root / "s3", self.root / "s3.log", bucket="opentinker", timeout=STARTUP_S)
         self.started.append(s3_service)
         auth = MlflowAuth("opentinker-admin", secrets.token_urlsafe(18))
-        mlflow = start_mlflow(self.root / "mlflow", self.root / "mlflow.log", s3, auth=auth, timeout=STARTUP_S)
+        mlflow = start_mlflow(self.root / "mlflow", self.root / "mlflow.log", self.s3, auth=auth, timeout=STARTUP_S)
         self.started.append(mlflow)
         return MlflowEndpoint(mlflow.url, auth.admin_username, auth.admin_password)
+
+    def _s3_settings(self) -> dict[str, str]:
+        """The S3 server with the operator's identity as the admin that makes each tenant's (``s3_users``): the API
+        processes hold no S3 identity of their own, the worker none at all."""
+        if self.s3 is None:
+            return {}
+        return {
+            "s3_endpoint_url": self.s3.endpoint_url,
+            "s3_bucket": self.s3.bucket,
+            "s3_region": self.s3.region,
+            "s3_admin_access_key": self.s3.access_key,
+            "s3_admin_secret_key": self.s3.secret_key,
+            "s3_tenant_secret": secrets.token_urlsafe(24),
+        }
 
     def _start_api(self, index: int) -> ServiceProcess:
         """API process ``index`` on its port: the machine's basics and its own Prefect home in its environment, every

@@ -129,6 +129,7 @@ class SandboxWorker(ProcessWorker):
             env.update(
                 MLFLOW_TRACKING_USERNAME=launch.tracking_username, MLFLOW_TRACKING_PASSWORD=launch.tracking_password
             )
+        env.update(launch.s3_env)  # the tenant's own S3 identity, in place of any the worker holds
         # The whole attempt at the job's niceness (its trusted side included: it is the job's work too), so the API,
         # Prefect and the worker answer first; the sandboxed child inherits it.
         configuration.command = shlex.join(("nice", "-n", str(get_settings().server_job_nice), *ATTEMPT_COMMAND))
