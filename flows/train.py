@@ -6,6 +6,9 @@ No ``from __future__ import annotations`` in flow modules: Prefect builds a pyda
 signature to validate deployment parameters, and string annotations leave it "not fully defined".
 """
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from prefect import flow
@@ -108,13 +111,52 @@ def run_train_flow(spec: RunSpec) -> TrainFlowResult | GRPOFlowResult | GroupFlo
     """What ``opentinker train`` and ``quickstart`` run: ``train_flow`` on the resolved spec, with a policy's
     training already under way in its own process (env copies in-process, CPU learner) while Prefect's API server
     starts, since none of that start-up has to come first; the flow's training task adopts it. Other runs start
-    training inside the flow as usual."""
+    training inside the flow as usual. This process prepares the run's later stages meanwhile (``prepare_stages``)."""
     spec = resolve_spec(spec)
     early = None
     if spec.algorithm in CONFIGS and spec.engine.backend == "local" and spec.num_gpus == 0:
         early = EarlyTraining.start(spec)
     try:
+        with prefect_api_starting():
+            prepare_stages(spec.experiment)
         return train_flow(spec, early)
     finally:
         if early is not None:  # the flow failed before its training task adopted it (else: nothing to do)
             early.cancel()
+
+
+@contextlib.contextmanager
+def prefect_api_starting() -> Iterator[None]:
+    """Prefect's temporary API server (none configured) starting from a thread while the block runs: the server is a
+    process of its own and this one only polls its health, so the block's work overlaps the start instead of
+    preceding or following it. A start that failed is tried again, and reported, by the flow's own client."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        yield
+        return
+    from prefect.server.api.server import SubprocessASGIServer  # imported here: one importer at a time
+
+    def start() -> None:
+        with contextlib.suppress(Exception):
+            SubprocessASGIServer().start()  # the instance the flow's client finds (one per process)
+
+    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
+
+
+def prepare_stages(experiment: str | None) -> None:
+    """What the run's stages would otherwise load one after the other on this process's critical path: the MLflow
+    store (a new SQLite store's migrations, an existing one's schema check; MLflow keeps it per process) with the
+    run's experiment, MLflow's model flavours (registration) and matplotlib (the reports)."""
+    import mlflow.pyfunc  # noqa: F401
+
+    from opentinker.tracking.plots import pyplot
+    from opentinker.tracking.runs import ensure_experiment
+
+    ensure_experiment(experiment)
+    pyplot()

@@ -13,7 +13,8 @@ def _series(history: list[dict[str, float]], key: str) -> tuple[list[float], lis
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _pyplot():
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only: no display on a server)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -24,7 +25,7 @@ def _pyplot():
 
 def learning_curve(history: list[dict[str, float]], path: Path, eval_mean: float | None = None) -> Path:
     """Mean episodic return against the global env step, with the min–max band when logged."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     key = next((k for k in RETURN_KEYS if any(k in row for row in history)), None)
     if key is not None:
@@ -47,7 +48,7 @@ def learning_curve(history: list[dict[str, float]], path: Path, eval_mean: float
 def perf_metrics(history: list[dict[str, float]], path: Path) -> Path:
     """One panel per ``perf/*`` metric: the article's dashboard (rollout efficiency, gradient delay, policy lag,
     bytes on the wire, CPU/GPU utilisation)."""
-    plt = _pyplot()
+    plt = pyplot()
     keys = sorted({k for row in history for k in row if k.startswith("perf/")}) or ["perf/cpu_percent"]
     cols = 3
     rows = (len(keys) + cols - 1) // cols
@@ -71,7 +72,7 @@ def evaluation_returns(returns: list[float], seed: int | None, path: Path) -> Pa
     outliers that the two summary metrics, logged once at the final step, cannot chart."""
     import numpy as np
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     first = seed or 0
     seeds = [str(first + i) for i in range(len(returns))]
