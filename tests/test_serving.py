@@ -66,7 +66,7 @@ def test_metadata_describes_what_is_served(http, registered_policies):
     meta = http.post("/metadata", json={}, headers=AUTH).json()
     assert meta["model_name"] == registered_policies.name
     assert meta["run_id"] == registered_policies.run_ids[meta["model_version"]]
-    assert meta["env_id"] == "CartPole-v1" and meta["algorithm"] == "ppo"
+    assert meta["env_id"] == "CartPole-v1" and meta["algorithm"] == "ppo" and meta["served_action"] == "greedy"
     assert meta["observation_space"]["shape"] == [4] and meta["observation_space"]["dtype"] == "float32"
     assert meta["observation_space"]["high"][1] is None, "infinite bounds are reported as null"
     assert meta["action_space"]["repr"] == "Discrete(2)"
