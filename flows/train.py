@@ -152,11 +152,13 @@ def prefect_api_starting() -> Iterator[None]:
 def prepare_stages(experiment: str | None) -> None:
     """What the run's stages would otherwise load one after the other on this process's critical path: the MLflow
     store (a new SQLite store's migrations, an existing one's schema check; MLflow keeps it per process) with the
-    run's experiment, MLflow's model flavours (registration) and matplotlib (the reports)."""
+    run's experiment, MLflow's model flavours (registration) and matplotlib (the reports). Only ahead of time: a
+    store that fails here fails again in the flow's own step, which retries and reports it."""
     import mlflow.pyfunc  # noqa: F401
 
     from opentinker.tracking.plots import pyplot
     from opentinker.tracking.runs import ensure_experiment
 
-    ensure_experiment(experiment)
     pyplot()
+    with contextlib.suppress(Exception):
+        ensure_experiment(experiment)
