@@ -327,6 +327,13 @@ class JobCgroup:
             _write(dirs["cpu"] / "cpu.cfs_period_us", CPU_PERIOD_US)
             _write(dirs["cpu"] / "cpu.cfs_quota_us", _cpu_quota(limits.cpus))
 
+    def delegate(self, uid: int, gid: int) -> None:
+        """Hand this cgroup to user ``uid``: its folders and their files become that user's, so a process of the user
+        started inside (``wrap``) makes its own jobs' cgroups below it, as a worker that is not root does."""
+        for path in self.paths:
+            for item in (path, *path.iterdir()):
+                os.chown(item, uid, gid)
+
     def wrap(self, argv: Sequence[str]) -> list[str]:
         """``argv`` behind a ``/bin/sh`` that joins this cgroup and then ``exec``s it: pass the result to
         ``subprocess.Popen`` (``pass_fds`` and ``env`` as for ``argv`` itself). Exit status 125 without running

@@ -4,7 +4,8 @@ with its authentication app over SeaweedFS S3, two API processes behind HAProxy,
 Jobs of two tenants through the load balancer; the API processes killed one at a time mid-job while the client
 follows it (nothing lost, the follow uninterrupted); a job probing for MLflow, Prefect and the API from inside its
 sandbox; each tenant's MLflow credentials reading its own runs and models only, over HTTP and in headless Chromium;
-each tenant's S3 identity, the only one its job holds, reaching its own prefix only.
+each tenant's S3 identity, the only one its job holds, reaching its own prefix only; the worker a Unix user of its
+own (as root) that reads nothing of the server's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import base64
 import io
 import json
 import os
+import pwd
+import subprocess
 import sys
 import tarfile
 import textwrap
@@ -340,6 +343,60 @@ def test_the_api_processes_killed_one_at_a_time_mid_job_lose_nothing_and_the_fol
         # no network in the sandbox: neither MLflow, nor Prefect, nor the API, nor the balancer
         assert {report[name] for name in targets} == {"URLError"}, report
         assert not any(name.startswith(("MLFLOW", "PREFECT", "AWS", "OPENTINKER_MLFLOW")) for name in report["environ"])
+
+
+READ_AS_WORKER = """
+import json, os, sys
+
+seen = {}
+for path in sys.argv[1:]:
+    try:
+        if os.path.isdir(path):
+            seen[path] = "listed:" + str(len(os.listdir(path)))
+        else:
+            with open(path, "rb") as file:
+                seen[path] = "read:" + str(len(file.read(64)))
+    except OSError as exc:
+        seen[path] = type(exc).__name__
+print(json.dumps(seen))
+"""
+
+
+def test_the_worker_is_a_user_of_its_own_that_reads_nothing_of_the_servers(production, two_tenants):
+    """The worker, and every attempt it ran, is its own Unix user: its jobs' folders are that user's; as that user,
+    the server's config (the database password, MLflow's and S3's admins), PostgreSQL's password and files (the key
+    store), the API's own folder and homes are out of reach, while its key and the tenants' folders are not."""
+    import psutil
+
+    from opentinker.infra.postgres import cluster_dir
+
+    if not production.worker_user:
+        pytest.skip("the worker runs as a user of its own only where the session is root (it makes the user)")
+    user = pwd.getpwnam(production.worker_user)
+    worker = next(service for service in production.started if service.name == "worker")
+    assert psutil.Process(worker.pid).uids().real == user.pw_uid
+    job_dir = production.data_dir / "tenants" / "pa" / "runs" / two_tenants["jobs"]["pa"]["id"]
+    assert job_dir.stat().st_uid == user.pw_uid  # the attempt wrote it, as the worker's user
+    secret = [
+        production.config,
+        production.root / "postgres" / "credentials.json",
+        cluster_dir(production.root / "postgres"),
+        production.data_dir / "server",
+        production.root / "api-0",
+    ]
+    own = [production.root / "worker" / "worker.key", production.data_dir / "tenants" / "pa"]
+    as_worker = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
+    answer = subprocess.run(
+        [*as_worker, sys.executable, "-c", READ_AS_WORKER, *map(str, [*secret, *own])],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"]},
+        cwd="/",
+        check=True,
+    )
+    seen = json.loads(answer.stdout)
+    assert {str(path): seen[str(path)] for path in secret} == dict.fromkeys(map(str, secret), "PermissionError"), seen
+    assert seen[str(own[0])].startswith("read:") and seen[str(own[1])].startswith("listed:"), seen
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from opentinker.infra.files import atomic_write
@@ -125,14 +125,23 @@ def stop_services(settings: Settings | None = None) -> list[str]:
     return [*(f"policy service {name}" for name in policies), *_Services(server_dir(settings)).stop_all()]
 
 
-def start_worker(log: Path, server_url: str, key_file: Path, prefect_api_url: str) -> ServiceProcess:
-    """``opentinker server worker`` as a background process with a curated environment."""
+def start_worker(
+    log: Path,
+    server_url: str,
+    key_file: Path,
+    prefect_api_url: str,
+    prefix: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+) -> ServiceProcess:
+    """``opentinker server worker`` as a background process with a curated environment; ``prefix`` goes before the
+    command (another user's ``setpriv``, a cgroup to join), ``extra_env`` over that environment (its ``HOME``)."""
     env = {key: os.environ[key] for key in WORKER_ENV if key in os.environ}
     env.update(
         PREFECT_API_URL=prefect_api_url, PREFECT_WORKER_QUERY_SECONDS=str(WORKER_QUERY_SECONDS), PYTHONUNBUFFERED="1"
     )
+    env.update(extra_env or {})
     cmd = [venv_bin("opentinker"), "server", "worker", "--server", server_url, "--key-file", str(key_file)]
-    return spawn("worker", cmd, log, url="", ports={}, env=env)
+    return spawn("worker", [*prefix, *cmd], log, url="", ports={}, env=env)
 
 
 def start_server(

@@ -119,7 +119,9 @@ def unpack(data: bytes, filename: str, dest: Path, *, root: Path, limits: Limits
         )
     relative = dest.relative_to(root)
     try:
-        parent = open_dir_nofollow(root, relative.parent, create=True)
+        # The tenant's folders as the umask allows (group-writable under 002): workers of the operator's group, as
+        # users of their own, make the tenant's runs/ beside uploads/.
+        parent = open_dir_nofollow(root, relative.parent, create=True, mode=0o775)
     except LinkRefusedError as exc:
         raise UploadFolderError(f"upload: the uploads folder cannot be used: {exc}") from None
     partial = f".partial-{dest.name}"

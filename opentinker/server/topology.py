@@ -6,23 +6,29 @@ user per tenant, ``mlflow_users``) over SeaweedFS S3 (one identity per tenant, `
 (Debian's ``haproxy``), and one ``opentinker server worker`` with an environment of its own (Prefect's URL and its
 key file: no database, no MLflow admin, no S3 credentials: each attempt gets its tenant's from the server) that
 reaches the API through the load balancer. The API processes and the worker share a data dir, as machines would on
-shared storage. On real machines each part is the same command on its own host (docs/deploy.md).
+shared storage. With ``worker_user`` (started as root) the worker is that Unix user, with its own home, ``/tmp`` and
+a cgroup handed to it: of the shared data dir it can reach the tenants' folders (a group of its own, setgid) and
+nothing of the server's. On real machines each part is the same command on its own host (docs/deploy.md).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
+from opentinker.infra.cgroups import JobCgroup, JobLimits
 from opentinker.infra.files import atomic_write
 from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, port_open, start, start_http, venv_bin
 from opentinker.infra.services import S3Endpoint
@@ -55,6 +61,14 @@ refused connection sent to another (``redispatch``); streams (server-sent events
 may stay open an hour; ``/lb-stats`` shows which processes are in."""
 
 
+WORKER_VIEW = (
+    'mount --make-rprivate / && mount --bind "$1" /tmp && if [ -n "$2" ]; then mount --bind "$2" "$3" && '
+    'mount -t tmpfs -o mode=0755 tmpfs /root && mkdir -p "$2" && mount --bind "$3" "$2"; fi && shift 3 && exec "$@"'
+)
+"""The worker user's machine, in a new mount namespace: ``/tmp`` its own folder ``$1``; ``/root`` an empty tmpfs but
+for the interpreter's installation ``$2`` (bound back through ``$3``) when it lives there; then ``exec`` the rest."""
+
+
 @dataclass(frozen=True)
 class MlflowEndpoint:
     """An MLflow server with its authentication app and the admin the OpenTinker server acts as."""
@@ -76,6 +90,9 @@ class Topology:
     s3: S3Endpoint | None = None
     """The S3 server and the operator's admin identity on it (tenants' identities are the server's to make)."""
     config: Path | None = None
+    worker_user: str = ""
+    """The worker's own Unix user ('': ours)."""
+    worker_cgroup: JobCgroup | None = field(default=None, repr=False)
     api: list[ServiceProcess | None] = field(default_factory=list)
     api_ports: list[int] = field(default_factory=list)
     started: list[ServiceProcess] = field(default_factory=list, repr=False)
@@ -93,19 +110,23 @@ class Topology:
         s3: S3Endpoint | None = None,
         api_count: int = 2,
         pool_limit: int = 2,
+        worker_user: str = "",
     ) -> Topology:
         """Start it all under ``root`` (``mlflow``: an MLflow server with users already running, over ``s3``; else
-        both are started here); stops what it started if a part fails."""
+        both are started here; ``worker_user``: the worker's own Unix user, ``root`` then reachable by it); stops what
+        it started if a part fails."""
         from opentinker.infra.postgres import database_url, start_postgres
         from opentinker.infra.services import start_prefect
 
-        from .launcher import PREFECT_SETTINGS, start_worker
+        from .launcher import PREFECT_SETTINGS
 
         if shutil.which("haproxy") is None:
             raise ServiceError("haproxy is missing: run ./install.sh as root (or apt-get install haproxy)")
         root.mkdir(parents=True, exist_ok=True)
-        topology = cls(root=root, s3=s3)
+        topology = cls(root=root, s3=s3, worker_user=worker_user)
         try:
+            if worker_user:
+                topology._share_data_dir()
             postgres, _ = start_postgres(root / "postgres", root / "postgres.log", timeout=STARTUP_S)
             topology.started.append(postgres)
             topology.database = database_url(root / "postgres", postgres, "opentinker")
@@ -142,12 +163,7 @@ class Topology:
             with ThreadPoolExecutor(max(api_count - 1, 1)) as pool:  # the others start while the rest does
                 others = [pool.submit(topology._start_api, index) for index in range(1, api_count)]
                 topology._start_balancer(lb_port)
-                worker_root = root / "worker"
-                worker_root.mkdir(exist_ok=True)
-                key_file = worker_root / "worker.key"
-                atomic_write(key_file, topology.make_key("ops", ("worker",)) + "\n", mode=0o600)
-                worker = start_worker(worker_root / "worker.log", topology.url, key_file, topology.prefect_url)
-                topology.started.append(worker)
+                topology.started.append(topology._start_worker())
                 for index, started in enumerate(others, start=1):
                     topology.api[index] = started.result()
             for index in range(api_count):
@@ -167,6 +183,52 @@ class Topology:
         self.started.append(mlflow)
         return MlflowEndpoint(mlflow.url, auth.admin_username, auth.admin_password)
 
+    def _share_data_dir(self) -> None:
+        """The data dir as the worker user may see it: ``tenants/`` of the worker's group (setgid, so every tenant's
+        folder stays the group's), the server's own folder root's only, the rest not even listable."""
+        group = pwd.getpwnam(self.worker_user).pw_gid
+        self.data_dir.mkdir(mode=0o711)
+        (self.data_dir / "server").mkdir(mode=0o700)
+        tenants = self.data_dir / "tenants"
+        tenants.mkdir()
+        os.chown(tenants, 0, group)
+        tenants.chmod(0o2775)
+
+    def _start_worker(self) -> ServiceProcess:
+        """The worker, with its key; as ``worker_user``: its home its own folder, in a cgroup handed to it that has
+        the controllers its jobs' limits need (at the machine's bounds: the jobs' own cgroups below it bound them),
+        and in a mount namespace (``WORKER_VIEW``) with a ``/tmp`` of its own (root's processes keep theirs there,
+        Prefect's included) and, where the interpreter lives in root's home (pyenv), a ``/root`` holding that
+        installation alone: as a machine of its own would be. ``root`` must therefore lie outside ``/tmp``."""
+        from .launcher import start_worker
+
+        folder = self.root / "worker"
+        folder.mkdir(exist_ok=True)
+        key_file = folder / "worker.key"
+        atomic_write(key_file, self.make_key("ops", ("worker",)) + "\n", mode=0o600)
+        if not self.worker_user:
+            return start_worker(folder / "worker.log", self.url, key_file, self.prefect_url)
+        user = pwd.getpwnam(self.worker_user)
+        for path in (folder, key_file):
+            os.chown(path, user.pw_uid, user.pw_gid)
+        folder.chmod(0o700)
+        machine = JobLimits(
+            memory_bytes=psutil.virtual_memory().total,
+            max_processes=int(Path("/proc/sys/kernel/pid_max").read_text()),
+        )
+        self.worker_cgroup = JobCgroup.create(f"worker-{os.getpid()}-{secrets.token_hex(4)}", machine)
+        self.worker_cgroup.delegate(user.pw_uid, user.pw_gid)
+        tmp, stash = folder / "tmp", folder / ".interpreter"
+        for path in (tmp, stash):
+            path.mkdir(exist_ok=True)
+        os.chown(tmp, user.pw_uid, user.pw_gid)
+        interpreter = sys.base_prefix if Path(sys.base_prefix).is_relative_to("/root") else ""
+        view = ["unshare", "--mount", "/bin/sh", "-c", WORKER_VIEW, "sh", str(tmp), interpreter, str(stash)]
+        as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
+        prefix = self.worker_cgroup.wrap([*view, *as_user])
+        env = {"HOME": str(folder), "TMPDIR": "/tmp", "PREFECT_HOME": str(folder / "prefect-home")}
+        return start_worker(folder / "worker.log", self.url, key_file, self.prefect_url, prefix=prefix, extra_env=env)
+
     def _s3_settings(self) -> dict[str, str]:
         """The S3 server with the operator's identity as the admin that makes each tenant's (``s3_users``): the API
         processes hold no S3 identity of their own, the worker none at all."""
@@ -185,7 +247,7 @@ class Topology:
         """API process ``index`` on its port: the machine's basics and its own Prefect home in its environment, every
         setting in the config file (a caller's own OPENTINKER_* variables would win over it)."""
         folder = self.root / f"api-{index}"
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)  # its home: nothing in it for a worker to read
         env = {key: os.environ[key] for key in ("PATH", "LANG", "LC_ALL", "TMPDIR") if key in os.environ}
         env.update(
             HOME=str(folder),
@@ -196,6 +258,8 @@ class Topology:
         port = self.api_ports[index]
         cmd = [venv_bin("opentinker"), "server", "up", "--host", "127.0.0.1", "--port", str(port)]
         cmd += ["--no-worker", "--config", str(self.config)]
+        if self.worker_user:  # the folders it makes in tenants/ (the worker's group, setgid) the worker can write in
+            cmd = ["/bin/sh", "-c", 'umask 002 && exec "$@"', "sh", *cmd]
         log = folder / "api.log"
         return start_http(
             f"api-{index}", cmd, log, port=port, health="/healthz", timeout=STARTUP_S, env=env, cwd=folder
@@ -262,8 +326,12 @@ class Topology:
         """The worker and the balancer first, then the API processes, MLflow, Prefect, PostgreSQL."""
         ahead = [s for s in self.started if s.name in ("worker", "haproxy")]
         rest = [s for s in self.started if s not in ahead]
-        for service in [*ahead[::-1], *(api for api in self.api if api is not None), *rest[::-1]]:
-            service.stop()
+        try:
+            for service in [*ahead[::-1], *(api for api in self.api if api is not None), *rest[::-1]]:
+                service.stop()
+        finally:
+            if self.worker_cgroup is not None:
+                self.worker_cgroup.close()
 
 
 __all__ = ["MlflowEndpoint", "Topology"]
