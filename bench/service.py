@@ -14,7 +14,7 @@ line is JSON.
     worker, ``--latency-jobs`` times after one warm-up submit (the env check of a new env id runs once). Target ≤ 2 s.
 (c) ``--clients`` concurrent clients for ``--duration`` s, each following the job's server-sent events and polling
     its status, while one job trains: status p50/p99 (target p99 ≤ 50 ms), errors (target 0), and the job's steps/s
-    against the same job run alone (``sps_ratio``, target ≥ 0.90).
+    under the load against the same job alone just before and just after it (``sps_ratio``, target ≥ 0.90).
 (d) ``--jobs`` small jobs (``--small-steps`` each) from ``--tenants`` tenants (``max_running_jobs`` = ``--limit``,
     priorities 0-3), all submitted at once: every tenant's RUNNING count sampled every 0.25 s never passes its limit,
     a higher-priority job of a tenant never starts after a lower one that was queued beside it, every job ends in a
@@ -186,50 +186,75 @@ def submit_to_running(bench: Bench, jobs: int) -> dict:
     bench.wait(key, warm["id"], lambda s: s["state"] == "RUNNING")
     bench.http.post(f"/v1/jobs/{warm['id']}/cancel", headers=_auth(key))
     bench.wait(key, warm["id"], lambda s: s["state"] in FINAL)
-    seconds = []
+    seconds, submits, takes = [], [], []
     for _ in range(jobs):
         time.sleep(QUIET_S)  # the previous job's processes are gone, the worker idle between two of its polls
         started = time.perf_counter()
         job = bench.submit(key, spec)
-        bench.wait(key, job["id"], lambda s: s["state"] == "RUNNING", poll_s=0.02)
+        submits.append(time.perf_counter() - started)
+        running = bench.wait(key, job["id"], lambda s: s["state"] == "RUNNING", poll_s=0.02)
         seconds.append(time.perf_counter() - started)
+        takes.append(_pending_after_created(bench, running["flow_run_id"]))
         bench.http.post(f"/v1/jobs/{job['id']}/cancel", headers=_auth(key))
         bench.wait(key, job["id"], lambda s: s["state"] in FINAL)
     return {
         "submit_to_running_s": [round(s, 3) for s in seconds],
         "submit_to_running_median_s": round(statistics.median(seconds), 3),
         "submit_to_running_max_s": round(max(seconds), 3),
+        "submit_answer_s": [round(s, 3) for s in submits],
+        "worker_take_s": [round(s, 3) for s in takes],
     }
 
 
-def _sps(bench: Bench, key: str, job_id: str, samples: list[float], stop: threading.Event) -> None:
+def _pending_after_created(bench: Bench, flow_run_id: str) -> float:
+    """How long the flow run waited for a worker: its Pending state's time minus its creation (Prefect's clock)."""
+    api = bench.prefect_api()
+    created = httpx.get(f"{api}/flow_runs/{flow_run_id}").json()["created"]
+    states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run_id}).json()
+    pending = min(_seconds(state["timestamp"]) for state in states if state["type"] == "PENDING")
+    return pending - _seconds(created)
+
+
+def _sps(bench: Bench, key: str, job_id: str, samples: list[tuple[float, float]], stop: threading.Event) -> None:
+    """The job's steps/s as its progress reports it, with the time it was read, twice a second."""
     while not stop.is_set():
         progress = bench.status(key, job_id).get("progress") or {}
         if progress.get("phase") == "training" and progress.get("steps_per_s"):
-            samples.append(progress["steps_per_s"])
+            samples.append((time.monotonic(), progress["steps_per_s"]))
         stop.wait(0.5)
 
 
 def under_load(bench: Bench, clients: int, duration: float, steps: int) -> dict:
-    """(c): ``clients`` clients follow events and poll status while a job trains; the job's steps/s alone and then."""
+    """(c): one job trains through three windows, alone for ``duration / 2`` s, then ``clients`` clients follow its
+    events and poll its status for ``duration`` s, then alone again; ``sps_ratio`` is its median steps/s under load
+    over the median of both alone windows. One job sampled around the load, not two jobs one after the other: this
+    machine's pace drifts by up to ±10 % over minutes (a fixed numpy loop, nothing else running), and the load
+    generators start (and import) before the first window, so neither counts as load."""
     key = bench.key("bench-c", max_steps_per_job=None)
-    spec = {"env_id": "CartPole-v1", "steps": steps, "seed": 2}
-
-    def training_sps(load) -> float:
-        job = bench.submit(key, spec)
-        bench.wait(key, job["id"], lambda s: (s.get("progress") or {}).get("phase") == "training", poll_s=0.1)
-        samples, stop = [], threading.Event()
-        sampler = threading.Thread(target=_sps, args=(bench, key, job["id"], samples, stop))
+    job = bench.submit(key, {"env_id": "CartPole-v1", "steps": steps, "seed": 2})
+    bench.wait(key, job["id"], lambda s: (s.get("progress") or {}).get("phase") == "training", poll_s=0.1)
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sps, args=(bench, key, job["id"], samples, stop))
+    groups = [min(CLIENTS_PER_PROCESS, clients - start) for start in range(0, clients, CLIENTS_PER_PROCESS)]
+    with multiprocessing.get_context("spawn").Pool(len(groups), initializer=_import_clients) as pool:
+        pool.map(_ready, range(len(groups)))  # every process started and its client libraries imported
         sampler.start()
-        figures = load(job["id"])
-        stop.set()
-        sampler.join()
-        bench.http.post(f"/v1/jobs/{job['id']}/cancel", headers=_auth(key))
-        bench.wait(key, job["id"], lambda s: s["state"] in FINAL)
-        return (statistics.median(samples) if samples else float("nan")), figures
+        alone = [_quiet_window(duration / 2)]
+        loaded_from = time.monotonic()
+        figures = _client_processes(pool, groups, bench.url, key, job["id"], duration)
+        loaded = (loaded_from, time.monotonic())
+        alone.append(_quiet_window(duration / 2))
+    stop.set()
+    sampler.join()
+    bench.http.post(f"/v1/jobs/{job['id']}/cancel", headers=_auth(key))
+    bench.wait(key, job["id"], lambda s: s["state"] in FINAL)
 
-    alone, _ = training_sps(lambda job_id: time.sleep(duration))
-    loaded, figures = training_sps(lambda job_id: _client_processes(bench.url, key, job_id, clients, duration))
+    def median_in(windows: list[tuple[float, float]]) -> float:
+        inside = [sps for at, sps in samples if any(start <= at <= end for start, end in windows)]
+        return statistics.median(inside) if inside else float("nan")
+
+    sps_alone, sps_loaded = median_in(alone), median_in([loaded])
     latencies, probe = sorted(figures["latencies"]), sorted(figures["probe_latencies"])
     return {
         "clients": clients,
@@ -241,24 +266,37 @@ def under_load(bench: Bench, clients: int, duration: float, steps: int) -> dict:
         "probe_p99_ms": round(1000 * probe[int(len(probe) * 0.99)], 2) if probe else None,
         "events_received": figures["events"],
         "errors": figures["errors"],
-        "sps_alone": round(alone, 1),
-        "sps_loaded": round(loaded, 1),
-        "sps_ratio": round(loaded / alone, 3),
+        "sps_alone": round(sps_alone, 1),
+        "sps_loaded": round(sps_loaded, 1),
+        "sps_ratio": round(sps_loaded / sps_alone, 3),
     }
 
 
-def _client_processes(url: str, key: str, job_id: str, clients: int, duration: float) -> dict:
-    """The clients in ``CLIENTS_PER_PROCESS`` groups, each group one process with its own event loop: a single
-    loop serving fifty streams and pollers delays its own responses (p99 ~300 ms measured by the clients while a
-    separate probe saw 19 ms), which would time the load generator, not the server."""
-    groups = [min(CLIENTS_PER_PROCESS, clients - start) for start in range(0, clients, CLIENTS_PER_PROCESS)]
+def _quiet_window(seconds: float) -> tuple[float, float]:
+    started = time.monotonic()
+    time.sleep(seconds)
+    return started, time.monotonic()
+
+
+def _import_clients() -> None:
+    import aiohttp  # noqa: F401
+    import uvloop  # noqa: F401
+
+
+def _ready(_: int) -> bool:
+    return True
+
+
+def _client_processes(pool, groups: list[int], url: str, key: str, job_id: str, duration: float) -> dict:
+    """The clients in ``CLIENTS_PER_PROCESS`` groups, each group one process of ``pool`` with its own event loop: a
+    single loop serving fifty streams and pollers delays its own responses (p99 ~300 ms measured by the clients
+    while a separate probe saw 19 ms), which would time the load generator, not the server."""
     probe_latencies, stop = [], threading.Event()
     probe = threading.Thread(target=_probe, args=(url, key, job_id, probe_latencies, stop))
-    with multiprocessing.get_context("spawn").Pool(len(groups)) as pool:
-        probe.start()
-        results = pool.starmap(_clients_in_process, [(url, key, job_id, n, duration) for n in groups])
-        stop.set()
-        probe.join()
+    probe.start()
+    results = pool.starmap(_clients_in_process, [(url, key, job_id, n, duration) for n in groups])
+    stop.set()
+    probe.join()
     return {
         "probe_latencies": probe_latencies,
         "latencies": [seconds for result in results for seconds in result["latencies"]],
