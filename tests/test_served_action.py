@@ -98,3 +98,40 @@ def test_the_gate_judges_and_serves_the_sampled_policy_where_greedy_loses():
     identity = train_flow(RunSpec(env_id=IDENTITY, champion_threshold=0.0, model_name="served-identity", **common))
     assert identity.eval_action == "greedy" and identity.eval_mean > identity.eval_sampled_mean, identity
     assert load_registered_policy(f"models:/{identity.model_name}@champion").served_action == "greedy"
+
+
+@pytest.mark.slow
+def test_a_server_job_is_gated_and_served_on_what_its_child_measured(tmp_path):
+    """The job path: the sandboxed child reports both actions' returns (``job_child.evaluation``), the trusted side
+    chooses the served action from them, records it in the export it registers and gates on it."""
+    from opentinker.flows.presets import resolve_spec
+    from opentinker.server.channel import PolicyResult
+    from opentinker.server.finish import finish_policy
+    from opentinker.server.job_child import evaluation
+    from opentinker.tasks.run import tracked_run
+    from opentinker.tasks.spec import RunSpec
+    from opentinker.tracking.registry import load_registered_policy
+    from opentinker.tracking.runs import MetricsLogger
+
+    spec = resolve_spec(
+        RunSpec(env_id=RPS, steps=512, backend="local", champion_threshold=-8.0, model_name="served-rps-job")
+    )
+    trainer = PPO(RPS, num_envs=2, backend="local", device="cpu")  # untrained: near-uniform, its greedy move fixed
+    trainer.save(tmp_path / "checkpoints" / "checkpoint.pt")
+    trainer.env.close()
+    export_policy(trainer, tmp_path / "export", metadata={"env_id": RPS})
+    measured = load_policy(tmp_path / "export").evaluate(RPS, 20, spec.eval_seed)  # what the child measures
+    result = PolicyResult(
+        start_step=0,
+        global_step=512,
+        train_seconds=1.0,
+        evaluation=evaluation(measured),
+        threshold=spec.champion_threshold,
+    )
+    logger = MetricsLogger.with_progress(None, spec.steps, system=False)
+    with tracked_run(spec.config_form(), spec.resolved_run_name, spec.experiment) as run:
+        logger.run_id = run.run_id
+        outcome = finish_policy(spec, run, result, tmp_path, logger, None)
+    assert (outcome.eval_action, outcome.eval_mean) == ("sampled", pytest.approx(measured.alternative.mean))
+    assert measured.mean < -8.0 <= outcome.eval_mean and "champion" in outcome.aliases, outcome
+    assert load_registered_policy(f"models:/{outcome.model_name}@champion").served_action == "sampled"

@@ -112,6 +112,7 @@ def outcome_lines(result: dict) -> list[str]:
         evaluation = f"Held-out success: {result['heldout_success']:.1%}"
     else:
         evaluation = f"Evaluation: mean return {result['eval_mean']:.1f} ± {result['eval_std']:.1f}"
+        evaluation += f" ({result['eval_action']} actions, as served)" if result.get("eval_action") else ""
     return [
         f"Model: {result['model_name']} version {result['model_version']} · aliases {', '.join(result['aliases'])}",
         evaluation,

@@ -55,14 +55,16 @@ def _validated_export(directory: Path, run_id: str) -> None:
 
 
 def finish_policy(spec: Any, run: Any, result: PolicyResult, job_dir: Path, logger: Any, champion: Any) -> JobResult:
-    """Register the validated export as ``candidate``, apply the gate to the numbers the child measured, reports."""
+    """Register the validated export as ``candidate``, serving the action the child's returns favour (chosen here,
+    recorded in the export), apply the gate to the numbers the child measured, reports."""
+    from opentinker.agents.evaluation import choose_served
     from opentinker.flows.train import publish_policy
     from opentinker.tasks.register import promote_if_better, register_model
     from opentinker.tasks.types import TrainOutcome
 
     export_dir = job_dir / "export"
     _validated_export(export_dir, run.run_id)
-    evaluation = evaluation_result(result.evaluation, f"run/{run.run_id}")
+    evaluation = choose_served(evaluation_result(result.evaluation, f"run/{run.run_id}"))
     candidate = register_model(
         run.run_id, str(export_dir), spec.resolved_model_name, evaluation, step=result.global_step
     )
@@ -95,6 +97,7 @@ def finish_policy(spec: Any, run: Any, result: PolicyResult, job_dir: Path, logg
         decision=released.decision,
         eval_mean=evaluation.mean,
         eval_std=evaluation.std,
+        eval_action=evaluation.action,
         global_step=result.global_step,
     )
 

@@ -151,6 +151,9 @@ class JobResult(BaseModel):
     decision: str = Field(max_length=1000)
     eval_mean: float | None = Field(None, description="A policy's mean evaluation return (not GRPO).")
     eval_std: float | None = None
+    eval_action: Literal["greedy", "sampled"] | None = Field(
+        None, description="A policy's served action, which the gate judged (eval_mean): greedy or sampled actions."
+    )
     heldout_success: float | None = Field(None, description="GRPO: the adapter's held-out success rate.")
     global_step: int | None = Field(None, description="Env steps reached; GRPO: optimiser updates.")
     kinds: dict[str, KindResult] = Field(default_factory=dict, max_length=64, description="A group: per agent kind.")
