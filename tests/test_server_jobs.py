@@ -262,7 +262,6 @@ OTHER_TENANT_ROUTES = [
 )
 def test_another_tenants_job_answers_404_on_every_route(tenants, method, path, body):
     server, keys, jobs = tenants["server"], tenants["keys"], tenants["jobs"]
-    run_ids = {}
     for tenant, other in (("alpha", "beta"), ("beta", "alpha")):
         job_id = jobs[other]["id"]
         payload = json.loads(json.dumps(body).replace("{id}", job_id)) if body else None
