@@ -132,13 +132,14 @@ class LocalCluster:
         ServiceProcess.from_dict(state["nodes"].pop(name)).stop()
         self._write_state(state)
 
-    def down(self) -> list[str]:
-        """Stop workers first, then the head; returns the names of nodes that were running."""
+    def down(self, timeout: float | None = None) -> list[str]:
+        """Stop workers first, then the head (each killed after ``timeout`` s, default its own); returns the names of
+        nodes that were running."""
         state = self._state()
         stopped = []
         for name, node in sorted(self.nodes().items(), key=lambda item: item[0] == "head"):
             if node.alive():
-                node.stop()
+                node.stop(timeout)
                 stopped.append(name)
         if state.get("temp_dir"):
             shutil.rmtree(state["temp_dir"], ignore_errors=True)

@@ -116,12 +116,17 @@ class EngineClient:
         return await self.call("call", method, *args, blocking=blocking)
 
 
+STOP_TIMEOUT_S = 5.0
+"""How long the local Ray head gets to stop on SIGTERM before it is killed: ``ray start --block`` can take longer
+than the API's own stop allows, and the engine has nothing to save (its state goes with it either way)."""
+
+
 def stop_local_ray(settings: Settings) -> list[str]:
     """Stop the local Ray head (and the engine on it), if this data dir's server started one."""
     cluster = local_ray(settings)
     if not cluster.state_path.exists():
         return []
-    return [f"tinker ray {name}" for name in cluster.down()]
+    return [f"tinker ray {name}" for name in cluster.down(STOP_TIMEOUT_S)]
 
 
 __all__ = ["EngineClient", "EngineUnavailable", "namespace", "ray_address", "stop_local_ray"]
