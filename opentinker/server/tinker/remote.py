@@ -13,6 +13,8 @@ import asyncio
 import fcntl
 import hashlib
 import os
+import signal
+import threading
 from typing import Any
 
 from opentinker.infra.cluster import LocalCluster
@@ -53,6 +55,16 @@ def ray_address(settings: Settings) -> str:
         return cluster.address or cluster.up(nodes=1, cpus_per_node=settings.ray_num_cpus or os.cpu_count(), gpus=None)
 
 
+def _keep_sigterm() -> None:
+    """Put the process's own SIGTERM handler back over the native one Ray's driver installs, which ends the process at
+    once: uvicorn's graceful stop, after which ``up`` stops its embedded stack (this Ray head among it). Python sets
+    handlers on the main thread only (where the API's event loop runs)."""
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGTERM)
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
 class EngineClient:
     """One per API process: connects to Ray and the actor on first use, then forwards calls."""
 
@@ -65,11 +77,10 @@ class EngineClient:
         async with self._lock:
             if self._actor is None:
                 self._actor = await asyncio.to_thread(self._connect)
+                _keep_sigterm()
             return self._actor
 
     def _connect(self) -> Any:
-        # Ray's native SIGTERM handler would end the API at once: `up` would not stop its embedded stack.
-        os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
         import ray
 
         from .actor import EngineActor
