@@ -89,6 +89,8 @@ class EngineClient:
             ray.init(address=ray_address(self.settings), namespace=namespace(self.settings), log_to_driver=False)
         device = self.settings.tinker_device
         gpu = device.startswith("cuda") or (device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1)
+        # Ray picks the GPU and makes it the actor's only visible one: "cuda:1" would name none there.
+        settings = self.settings.model_copy(update={"tinker_device": "cuda"}) if gpu else self.settings
         actor = (
             ray.remote(EngineActor)
             .options(
@@ -100,7 +102,7 @@ class EngineClient:
                 num_cpus=1,
                 num_gpus=1 if gpu else 0,
             )
-            .remote(self.settings)
+            .remote(settings)
         )
         ray.get(actor.ready.remote())
         return actor
