@@ -126,11 +126,13 @@ def test_a_killed_engine_fails_its_clients_with_the_sdks_error_and_a_new_one_ser
     doomed = server.service_client("doomed").create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
     batch = [_datum(doomed.get_tokenizer().encode(TEXT))]
     _step(doomed, batch)
+    saved = doomed.save_state("kept").result().path
     engine = _engine_process(server)
     engine.kill()
     engine.wait(30)
-    with pytest.raises(tinker.NotFoundError, match="not found"):  # its model went with the engine
+    with pytest.raises(tinker.NotFoundError, match="no longer served") as lost:  # its model went with the engine
         doomed.forward_backward(batch, "cross_entropy").result()
+    assert saved in str(lost.value)  # the error names what to resume from
     fresh = server.service_client("after").create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
     assert _step(fresh, batch) > 0
     assert _engine_process(server).pid != engine.pid
