@@ -117,7 +117,7 @@ def telemetry(caller: TinkerCaller) -> dict[str, Any]:
 @router.get("/usage")
 async def usage(service: Service, caller: TinkerCaller) -> dict[str, Any]:
     """OpenTinker's own: the caller's live sessions, training clients, samplers, requests and checkpoint bytes."""
-    return await service.service("usage", caller.tenant, blocking=True)
+    return await service.service("usage", caller.tenant)  # on the engine's loop: it counts the live futures
 
 
 # -- sessions -----------------------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ async def finish_session(session_id: str, service: Service, caller: TinkerCaller
 
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return await service.service("session_info", caller.tenant, session_id, blocking=True)
+    return await service.service("session_info", caller.tenant, session_id)
 
 
 @router.get("/sessions")
