@@ -31,6 +31,7 @@ def server(tmp_path_factory) -> TinkerServer:
         "OPENTINKER_TINKER_CACHE_DIR": CACHE,
         "OPENTINKER_TINKER_THREADS": "1",
         "OPENTINKER_TINKER_POLL_S": "1",
+        "OPENTINKER_TINKER_SESSION_TIMEOUT_S": "600",  # no heartbeat reaches the engine while the API is down
         "HF_HUB_OFFLINE": "1",
     }
     handle = start_test_server(tmp_path_factory.mktemp("tinker-restart"), jobs=False, extra_env=env)
@@ -116,9 +117,14 @@ def test_two_api_processes_on_one_data_dir_serve_one_client_alternately(server, 
 def _engine_process(server: TinkerServer) -> psutil.Process:
     """The engine actor's process: under the local Ray head the server started for its data dir."""
     state = json.loads((server.handle.data_dir / "server" / "ray" / "state.json").read_text())
-    head = psutil.Process(state["nodes"]["head"]["pid"])
-    found = [p for p in head.children(recursive=True) if "EngineActor" in " ".join(p.cmdline())]
-    assert len(found) == 1, [p.cmdline() for p in head.children(recursive=True)]
+    found = []
+    for process in psutil.Process(state["nodes"]["head"]["pid"]).children(recursive=True):
+        try:
+            if "EngineActor" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.NoSuchProcess:  # gone, or a zombie not reaped yet: not the live engine
+            continue
+    assert len(found) == 1, found
     return found[0]
 
 
