@@ -69,8 +69,16 @@ class LocalCluster:
         head = self.nodes().get("head")
         return f"127.0.0.1:{head.ports['gcs']}" if head and head.alive() else ""
 
-    def up(self, nodes: int = 2, cpus_per_node: int = 1, object_store_mb: int = 512, timeout: float = 180.0) -> str:
-        """Start a head (``nodes`` counts it) and ``nodes - 1`` workers; returns the cluster address."""
+    def up(
+        self,
+        nodes: int = 2,
+        cpus_per_node: int = 1,
+        object_store_mb: int = 512,
+        timeout: float = 180.0,
+        gpus: int | None = 0,
+    ) -> str:
+        """Start a head (``nodes`` counts it) and ``nodes - 1`` workers; returns the cluster address. ``gpus``: the
+        head's (None: the GPUs Ray finds)."""
         if nodes < 1:
             raise ClusterError(f"nodes must be >= 1 (the head counts as one), got {nodes}")
         if cpus_per_node < 1:
@@ -83,7 +91,7 @@ class LocalCluster:
         state = {"nodes": {}, "temp_dir": temp_dir}
         started: list[ServiceProcess] = []
         try:
-            head = self._start_node("head", None, cpus_per_node, object_store_mb, temp_dir, timeout)
+            head = self._start_node("head", None, cpus_per_node, object_store_mb, temp_dir, timeout, gpus=gpus)
             started.append(head)
             address = f"127.0.0.1:{head.ports['gcs']}"
             for index in range(1, nodes):
@@ -124,13 +132,14 @@ class LocalCluster:
         ServiceProcess.from_dict(state["nodes"].pop(name)).stop()
         self._write_state(state)
 
-    def down(self) -> list[str]:
-        """Stop workers first, then the head; returns the names of nodes that were running."""
+    def down(self, timeout: float | None = None) -> list[str]:
+        """Stop workers first, then the head (each killed after ``timeout`` s, default its own); returns the names of
+        nodes that were running."""
         state = self._state()
         stopped = []
         for name, node in sorted(self.nodes().items(), key=lambda item: item[0] == "head"):
             if node.alive():
-                node.stop()
+                node.stop(timeout)
                 stopped.append(name)
         if state.get("temp_dir"):
             shutil.rmtree(state["temp_dir"], ignore_errors=True)
@@ -156,15 +165,17 @@ class LocalCluster:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         gcs_port: int | None = None,
+        gpus: int | None = 0,
     ) -> ServiceProcess:
         """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower: retry.
 
         ``extra_args`` go to ``ray start``, ``env`` is added to its environment and ``gcs_port`` fixes the head's GCS
-        port (the autoscaling head needs all three: its autoscaler config names the GCS address)."""
+        port (the autoscaling head needs all three: its autoscaler config names the GCS address); ``gpus`` the
+        node's GPUs (None: those Ray finds)."""
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_node_once(
-                    name, head_address, cpus, object_store_mb, temp_dir, timeout, extra_args, env, gcs_port
+                    name, head_address, cpus, object_store_mb, temp_dir, timeout, extra_args, env, gcs_port, gpus
                 )
             except ServiceError as exc:
                 if attempt == attempts or STARTUP_TIMEOUT_MARKER not in str(exc):
@@ -182,6 +193,7 @@ class LocalCluster:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         gcs_port: int | None = None,
+        gpus: int | None = 0,
     ) -> ServiceProcess:
         keys = ["node_manager", "object_manager", "agent_http", "agent_grpc", "runtime_env", "metrics"]
         if head_address is None:
@@ -195,7 +207,7 @@ class LocalCluster:
             "--block",
             "--node-ip-address=127.0.0.1",
             f"--num-cpus={cpus}",
-            "--num-gpus=0",
+            *([f"--num-gpus={gpus}"] if gpus is not None else []),
             f"--object-store-memory={object_store_mb * 1024 * 1024}",
             f"--temp-dir={temp_dir}",
             f"--node-manager-port={ports['node_manager']}",

@@ -111,10 +111,12 @@ def _keep_up(
 
 
 def stop_services(settings: Settings | None = None) -> list[str]:
-    """Stop what ``up`` started and recorded: the embedded worker and Prefect server, and the policy services it
-    started for tenants (``opentinker server down``, or ``up`` itself when it stops)."""
+    """Stop what ``up`` started and recorded: the embedded worker and Prefect server, the local Ray of the Tinker
+    engine, and the policy services it started for tenants (``opentinker server down``, or ``up`` itself when it
+    stops)."""
     from .db import Store
     from .models import Services
+    from .tinker.remote import stop_local_ray
 
     settings = settings or get_settings()
     store = Store(settings.server_database)
@@ -122,7 +124,8 @@ def stop_services(settings: Settings | None = None) -> list[str]:
         policies = Services(store, settings).stop_all()
     finally:
         store.close()
-    return [*(f"policy service {name}" for name in policies), *_Services(server_dir(settings)).stop_all()]
+    embedded = _Services(server_dir(settings)).stop_all()
+    return [*(f"policy service {name}" for name in policies), *embedded, *stop_local_ray(settings)]
 
 
 def start_worker(

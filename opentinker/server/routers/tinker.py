@@ -1,13 +1,13 @@
 """``/api/v1``: the Tinker API as the official ``tinker`` SDK (0.38) calls it (docs/tinker_api.md lists every call).
 
 Every route but ``/api/v1/healthz`` needs a key with the ``tinker`` scope (the SDK sends it as ``X-API-Key``); bodies
-are parsed by the SDK's own request models, ``forward_backward`` bodies are its protobuf. The work is
-``opentinker.server.tinker.service``'s; this module only speaks HTTP.
+are parsed by the SDK's own request models, ``forward_backward`` bodies are its protobuf (decoded by the engine). The
+work is ``opentinker.server.tinker.service``'s, in the engine's Ray actor (``tinker.remote``): this module only speaks
+HTTP, and holds no model, session or future of its own.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import functools
@@ -23,9 +23,7 @@ from tinker import types
 
 from ..auth import Caller, require_scope
 from ..errors import BadRequest, NotFound, OverQuota, ServerError
-from ..tinker import wire
-from ..tinker.service import TinkerService
-from ..tinker.store import CheckpointError, CheckpointNotFound
+from ..tinker.remote import EngineClient
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -49,28 +47,20 @@ class _TinkerRoute(APIRoute):
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: FastAPI):
-    """The service (and its worker, tracking writer and reaper) for the life of the app."""
-    service = TinkerService(app.state.settings, asyncio.get_running_loop(), app.state.store)
-    app.state.tinker = service
-    reaper = asyncio.create_task(service.maintain())
-    try:
-        yield
-    finally:
-        reaper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reaper
-        await asyncio.to_thread(service.close)
+    """The engine's client; it connects on the first call that needs the engine (the engine outlives the app)."""
+    app.state.tinker = EngineClient(app.state.settings)
+    yield
 
 
 router = APIRouter(prefix="/api/v1", tags=["tinker"], route_class=_TinkerRoute, lifespan=_lifespan)
 TinkerCaller = Annotated[Caller, Depends(require_scope("tinker"))]
 
 
-def _service(request: Request) -> TinkerService:
+def _service(request: Request) -> EngineClient:
     return request.app.state.tinker
 
 
-Service = Annotated[TinkerService, Depends(_service)]
+Service = Annotated[EngineClient, Depends(_service)]
 
 
 async def _parse(request: Request, model: type[M]) -> M:
@@ -114,8 +104,8 @@ def healthz() -> dict[str, Any]:
 
 
 @router.get("/get_server_capabilities")
-def get_server_capabilities(service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.capabilities())
+async def get_server_capabilities(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(await service.service("capabilities"))
 
 
 @router.post("/telemetry")
@@ -125,146 +115,135 @@ def telemetry(caller: TinkerCaller) -> dict[str, Any]:
 
 
 @router.get("/usage")
-def usage(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+async def usage(service: Service, caller: TinkerCaller) -> dict[str, Any]:
     """OpenTinker's own: the caller's live sessions, training clients, samplers, requests and checkpoint bytes."""
-    return service.usage(caller.tenant)
+    return await service.service("usage", caller.tenant)  # on the engine's loop: it counts the live futures
 
 
 # -- sessions -----------------------------------------------------------------------------------------------------
 @router.post("/create_session")
 async def create_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.CreateSessionRequest)
-    return _json(await service.create_session(caller.tenant, body))
+    return _json(await service.service("create_session", caller.tenant, body))
 
 
 @router.post("/session_heartbeat")
 async def session_heartbeat(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.SessionHeartbeatRequest)
-    return _json(service.heartbeat(caller.tenant, body.session_id))
+    return _json(await service.service("heartbeat", caller.tenant, body.session_id))
 
 
 @router.post("/sessions/{session_id}/finish")
 async def finish_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    session = service.session(caller.tenant, session_id)
-    if session.status == "active":
-        await service.close_session(session, "finished")
+    await service.call("finish_session", caller.tenant, session_id)
     return {}
 
 
 @router.get("/sessions/{session_id}")
-def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return service.session_info(caller.tenant, session_id)
+async def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return await service.service("session_info", caller.tenant, session_id)
 
 
 @router.get("/sessions")
-def list_sessions(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
-    return _json(types.ListSessionsResponse(sessions=service.session_ids(caller.tenant, limit, offset)))
+async def list_sessions(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    sessions = await service.service("session_ids", caller.tenant, limit, offset, blocking=True)
+    return _json(types.ListSessionsResponse(sessions=sessions))
 
 
 # -- training -----------------------------------------------------------------------------------------------------
 @router.post("/create_model")
 async def create_model(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.training.create_model(caller.tenant, await _parse(request, types.CreateModelRequest)))
+    body = await _parse(request, types.CreateModelRequest)
+    return _json(await service.service("training.create_model", caller.tenant, body))
 
 
 @router.post("/get_info")
 async def get_info(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.GetInfoRequest)
-    return _json(service.training.get_info(caller.tenant, body.model_id))
+    return _json(await service.service("training.get_info", caller.tenant, body.model_id))
 
 
 @router.post("/forward_backward")
 async def forward_backward(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     """A protobuf ``ForwardBackwardRequest`` (``forward_only`` set for ``forward``)."""
-    try:
-        call = wire.decode_forward_backward(await request.body(), request.headers.get("content-encoding"))
-    except wire.WireError as error:
-        raise BadRequest(str(error)) from None
-    return _json(service.training.forward_backward(caller.tenant, call))
+    body, encoding = await request.body(), request.headers.get("content-encoding")
+    return _json(await service.call("forward_backward", caller.tenant, body, encoding))
 
 
 @router.post("/optim_step")
 async def optim_step(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.training.optim_step(caller.tenant, await _parse(request, types.OptimStepRequest)))
+    body = await _parse(request, types.OptimStepRequest)
+    return _json(await service.service("training.optim_step", caller.tenant, body))
 
 
 @router.post("/save_weights")
 async def save_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.training.save_weights(caller.tenant, await _parse(request, types.SaveWeightsRequest)))
+    body = await _parse(request, types.SaveWeightsRequest)
+    return _json(await service.service("training.save_weights", caller.tenant, body))
 
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.SaveWeightsForSamplerRequest)
-    return _json(service.training.save_weights_for_sampler(caller.tenant, body))
+    return _json(await service.service("training.save_weights_for_sampler", caller.tenant, body))
 
 
 @router.post("/load_weights")
 async def load_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.training.load_weights(caller.tenant, await _parse(request, types.LoadWeightsRequest)))
+    body = await _parse(request, types.LoadWeightsRequest)
+    return _json(await service.service("training.load_weights", caller.tenant, body))
 
 
 # -- sampling -----------------------------------------------------------------------------------------------------
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.CreateSamplingSessionRequest)
-    return _json(await service.sampling.create_sampling_session(caller.tenant, body))
+    return _json(await service.service("sampling.create_sampling_session", caller.tenant, body))
 
 
 @router.get("/samplers/{sampler_id}")
-def get_sampler(sampler_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.sampling.get_sampler(caller.tenant, sampler_id))
+async def get_sampler(sampler_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return _json(await service.service("sampling.get_sampler", caller.tenant, sampler_id))
 
 
 @router.post("/asample")
 async def asample(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(service.sampling.asample(caller.tenant, await _parse(request, types.SampleRequest)))
+    body = await _parse(request, types.SampleRequest)
+    return _json(await service.service("sampling.asample", caller.tenant, body))
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------------
-def _checkpoints(service: TinkerService, tenant: str, model_id: str | None) -> dict[str, Any]:
-    listed = [service.checkpoint_json(meta) for meta in service.core.store.list(tenant, model_id)]
-    return {"checkpoints": listed, "cursor": None}
-
-
 @router.get("/training_runs")
-def list_training_runs(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+async def list_training_runs(
+    service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0
+) -> dict[str, Any]:
     """The caller's training runs: live ones, and ended ones while they have a checkpoint that has not expired."""
-    runs = service.training_runs(caller.tenant)
+    runs = await service.service("training_runs", caller.tenant, blocking=True)
     cursor = types.Cursor(offset=offset, limit=limit, total_count=len(runs))
     return {"training_runs": runs[offset : offset + limit], "cursor": _json(cursor)}
 
 
 @router.get("/training_runs/{model_id}")
-def get_training_run(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    runs = service.training_runs(caller.tenant, model_id)
+async def get_training_run(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    runs = await service.service("training_runs", caller.tenant, model_id, blocking=True)
     if not runs:
         raise NotFound(f"training run {model_id!r} not found")
     return runs[0]
 
 
 @router.get("/training_runs/{model_id}/checkpoints")
-def list_checkpoints(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _checkpoints(service, caller.tenant, model_id)
+async def list_checkpoints(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return await service.call("checkpoints", caller.tenant, model_id)
 
 
 @router.get("/checkpoints")
-def list_user_checkpoints(service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _checkpoints(service, caller.tenant, None)
-
-
-def _checkpoint_call(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except CheckpointNotFound as error:
-        raise NotFound(str(error)) from None
-    except CheckpointError as error:
-        raise BadRequest(str(error)) from None
+async def list_user_checkpoints(service: Service, caller: TinkerCaller) -> dict[str, Any]:
+    return await service.call("checkpoints", caller.tenant, None)
 
 
 @router.delete("/training_runs/{model_id}/checkpoints/{kind}/{name}")
-def delete_checkpoint(model_id: str, kind: str, name: str, service: Service, caller: TinkerCaller) -> dict:
-    _checkpoint_call(lambda: service.core.store.delete(caller.tenant, f"tinker://{model_id}/{kind}/{name}"))
+async def delete_checkpoint(model_id: str, kind: str, name: str, service: Service, caller: TinkerCaller) -> dict:
+    await service.call("checkpoint_op", "delete", caller.tenant, f"tinker://{model_id}/{kind}/{name}")
     return {}
 
 
@@ -312,13 +291,13 @@ async def search_checkpoints(request: Request, service: Service, caller: TinkerC
         except ValueError:
             raise BadRequest("cursor: not a cursor this server handed out (pass next_cursor back unchanged)") from None
     search = functools.partial(
-        service.search_checkpoints, caller.tenant, body.user_metadata, body.checkpoint_type, body.base_models
+        service.service, "search_checkpoints", caller.tenant, body.user_metadata, body.checkpoint_type
     )
-    metas, last = await asyncio.to_thread(search, body.limit, after)
+    checkpoints, last = await search(body.base_models, body.limit, after, blocking=True)
     cursor = None
     if last is not None:
-        cursor = {"last_created_at": metas[-1]["time"], "last_checkpoint_uuid": str(last)}
-    return {"checkpoints": [service.checkpoint_json(meta) for meta in metas], "next_cursor": cursor}
+        cursor = {"last_created_at": checkpoints[-1]["time"], "last_checkpoint_uuid": str(last)}
+    return {"checkpoints": checkpoints, "next_cursor": cursor}
 
 
 class WeightsInfo(BaseModel):
@@ -331,9 +310,7 @@ class WeightsInfo(BaseModel):
 async def weights_info(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     """``RestClient.get_weights_info_by_tinker_path``: the checkpoint's base model and LoRA shape."""
     body = await _parse(request, WeightsInfo)
-    return _json(
-        await asyncio.to_thread(_checkpoint_call, lambda: service.weights_info(caller.tenant, body.tinker_path))
-    )
+    return _json(await service.call("checkpoint_op", "weights_info", caller.tenant, body.tinker_path))
 
 
 class CheckpointTtl(BaseModel):
@@ -348,7 +325,7 @@ async def set_checkpoint_ttl(
 ) -> dict:
     body = await _parse(request, CheckpointTtl)
     uri = f"tinker://{model_id}/{kind}/{name}"
-    _checkpoint_call(lambda: service.core.store.set_ttl(caller.tenant, uri, body.ttl_seconds))
+    await service.call("checkpoint_op", "set_ttl", caller.tenant, uri, body.ttl_seconds)
     return {}
 
 
@@ -368,7 +345,7 @@ async def register_checkpoint(
 ) -> dict[str, Any]:
     """Needs the ``models`` scope too: it writes to the tenant's model registry."""
     body = await _parse(request, RegisterCheckpoint)
-    return await service.register_checkpoint(caller.tenant, body.path, body.model_name, body.alias)
+    return await service.service("register_checkpoint", caller.tenant, body.path, body.model_name, body.alias)
 
 
 # -- tokenizers ---------------------------------------------------------------------------------------------------
@@ -377,10 +354,7 @@ async def get_tokenizer(model_name: str, service: Service, caller: TinkerCaller)
     """OpenTinker's own: the tokenizer of a served base model (by any name the API takes) as files, for clients
     without the model hub (``opentinker tinker pull-tokenizer``): ``model_name``, ``revision``, ``files`` (name ->
     base64)."""
-    try:
-        found = await asyncio.to_thread(service.tokenizer_files, model_name)
-    except ValueError as error:
-        raise NotFound(str(error)) from None
+    found = await service.service("tokenizer_files", model_name, blocking=True)
     files = {name: base64.b64encode(data).decode() for name, data in found["files"].items()}
     return {"model_name": found["model_name"], "revision": found["revision"], "files": files}
 
@@ -391,14 +365,9 @@ async def retrieve_future(request: Request, service: Service, caller: TinkerCall
     """The result once ready (protobuf when asked and the type has a protobuf form); 408 "try again" with the queue
     state while it is pending; ``{"error", "category"}`` if it failed."""
     body = await _parse(request, types.FutureRetrieveRequest)
-    future, done = await service.retrieve(caller.tenant, body.request_id, service.settings.tinker_poll_s)
-    if not done:
-        state, reason = service.queue_state(future)
-        again = {"type": "try_again", "request_id": body.request_id, "queue_state": state, "queue_state_reason": reason}
-        return JSONResponse(again, status_code=408)
-    outcome = future.outcome
-    if outcome.error is not None:
-        return JSONResponse({"error": outcome.error, "category": outcome.category})
-    if outcome.proto is not None and wire.PROTOBUF in request.headers.get("accept", ""):
-        return Response(outcome.proto(), media_type=wire.PROTOBUF)
-    return JSONResponse(outcome.json())
+    proto = "application/x-protobuf" in request.headers.get("accept", "")
+    poll_s = request.app.state.settings.tinker_poll_s
+    status, media_type, content = await service.call("retrieve", caller.tenant, body.request_id, poll_s, proto)
+    if media_type == "application/json":
+        return JSONResponse(content, status_code=status)
+    return Response(content, status_code=status, media_type=media_type)

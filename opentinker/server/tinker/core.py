@@ -22,7 +22,7 @@ from opentinker.infra.settings import Settings
 from opentinker.server import tenants
 from opentinker.server.db import Store
 
-from ..errors import OverQuota, RateLimited
+from ..errors import NotFound, OverQuota, RateLimited
 from . import wire
 from .engine import Engine, TrainPart, Work
 from .futures import Future, FutureStore, Outcome
@@ -84,6 +84,25 @@ class Core:
     def adapter_name(self, prefix: str) -> str:
         """A fresh name for an adapter on a shared base model."""
         return f"{prefix}{next(self._names)}"
+
+    def model(self, tenant: str, model_id: str) -> TrainingModel:
+        """A training model this engine serves. One the database knows but the engine does not (its session ended, or
+        the engine stopped and took it along) is 404 naming what to do: resume from its last checkpoint."""
+        try:
+            return self.registry.model(tenant, model_id)
+        except NotFound:
+            if self.records.run(tenant, model_id) is None:
+                raise
+        saved = [m["tinker_path"] for m in self.store.list(tenant, model_id) if m["checkpoint_type"] == "training"]
+        then = (
+            f"resume from its last checkpoint {saved[-1]} (create_training_client_from_state_with_optimizer)"
+            if saved
+            else "it saved no checkpoint (save_state): start a new training client"
+        )
+        raise NotFound(
+            f"model {model_id!r} is no longer served (its session ended, or the Tinker engine stopped and lost its "
+            f"steps since its last checkpoint): {then}"
+        )
 
     # -- admission -------------------------------------------------------------------------------------------------
     def admit(self, tenant: str) -> None:

@@ -137,6 +137,10 @@ class Records:
                 sa.update(TinkerTrainingRun).filter_by(model_id=model_id, ended_at=None).values(ended_at=now)
             )
 
+    def run(self, tenant: str, model_id: str) -> TinkerTrainingRun | None:
+        with self.db.session() as session:
+            return session.scalars(sa.select(TinkerTrainingRun).filter_by(tenant=tenant, model_id=model_id)).first()
+
     def readable_runs(self, tenant: str, live: set[str], model_id: str | None = None) -> list[TinkerTrainingRun]:
         """The tenant's training runs that are live (``live``: the ids this process serves) or have a live
         checkpoint, oldest first."""

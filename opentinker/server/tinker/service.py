@@ -51,7 +51,7 @@ SESSIONS_KEPT_S = 3600.0
 
 
 class TinkerService:
-    """One per server process (``app.state.tinker``), created on the event loop it serves."""
+    """One per engine (``actor.EngineActor``), created on the event loop it serves."""
 
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, db: Store):
         self.core = Core(settings, loop, db)
@@ -215,10 +215,11 @@ class TinkerService:
         after: int | None,
     ) -> tuple[list[dict[str, Any]], int | None]:
         """SDK 0.39's ``search_checkpoints`` over the tenant's live checkpoints (``base_models`` by the names
-        clients use; a name this server does not serve matches nothing): (a page, the id after which the next
-        starts)."""
+        clients use; a name this server does not serve matches nothing): (a page as ``checkpoint_json``, the id after
+        which the next starts). Blocking (database reads)."""
         bases = None if base_models is None else [self.core.bases[b] for b in base_models if b in self.core.bases]
-        return self.core.store.search(tenant, user_metadata, checkpoint_type, bases, limit, after)
+        metas, last = self.core.store.search(tenant, user_metadata, checkpoint_type, bases, limit, after)
+        return [self.checkpoint_json(meta) for meta in metas], last
 
     def weights_info(self, tenant: str, uri: str) -> types.WeightsInfoResponse:
         """What a checkpoint is of (``get_weights_info_by_tinker_path``): its base model and adapter shape."""
@@ -266,8 +267,11 @@ class TinkerService:
     def tokenizer_files(self, name: str) -> dict[str, Any]:
         """The tokenizer of a served base model as files (``opentinker tinker pull-tokenizer``): its name as the API
         says it, a revision (the SHA-1 of the files: a changed tokenizer is a new revision) and each file's bytes.
-        Blocking (the first call may convert the bundled model)."""
-        base = self.core.base_of(name)
+        Blocking (the first call may convert the bundled model). A model not served: 404."""
+        try:
+            base = self.core.base_of(name)
+        except ValueError as error:
+            raise NotFound(str(error)) from None
         if base not in self._tokenizers:
             from opentinker.agents.lm_policy import base_config, load_tokenizer
 

@@ -132,7 +132,7 @@ class Training:
         return model.trainer
 
     def get_info(self, tenant: str, model_id: str) -> types.GetInfoResponse:
-        model = self.core.registry.model(tenant, model_id)
+        model = self.core.model(tenant, model_id)
         name = self.core.display(model.base)
         data = types.ModelData(arch="llama", model_name=name, tokenizer_id=self.core.tokenizers.get(model.base))
         return types.GetInfoResponse(
@@ -143,7 +143,7 @@ class Training:
     def forward_backward(self, tenant: str, call: wire.ForwardBackwardCall) -> types.UntypedAPIFuture:
         """Queued as a ``TrainPart``: the worker may run it in one pass with other clients' (``engine``)."""
         core = self.core
-        model = core.registry.model(tenant, call.model_id)
+        model = core.model(tenant, call.model_id)
         session = core.registry.sessions[model.session_id]
 
         def prepare() -> Part:
@@ -167,7 +167,7 @@ class Training:
         return core.sequenced(model, call.seq_id, kind, TrainPart(prepare, finish, call.forward_only))
 
     def optim_step(self, tenant: str, request: types.OptimStepRequest) -> types.UntypedAPIFuture:
-        model = self.core.registry.model(tenant, request.model_id)
+        model = self.core.model(tenant, request.model_id)
 
         def op() -> Outcome:
             metrics = model.trainer.optim_step(wire.adam_step(request))
@@ -180,7 +180,7 @@ class Training:
     # -- checkpoints -----------------------------------------------------------------------------------------------
     def save_weights(self, tenant: str, request: types.SaveWeightsRequest) -> types.UntypedAPIFuture:
         core = self.core
-        model = core.registry.model(tenant, request.model_id)
+        model = core.model(tenant, request.model_id)
         core.admit_checkpoint(tenant)
 
         def op() -> Outcome:
@@ -206,7 +206,7 @@ class Training:
         """Named: a peft adapter folder on the store (what sampling clients and the registry read). Unnamed
         (``save_weights_and_get_sampling_client``): a sampler on a snapshot of the adapter."""
         core = self.core
-        model = core.registry.model(tenant, request.model_id)
+        model = core.model(tenant, request.model_id)
         if request.path is None:
             return self.sampling.snapshot(model, request)
         core.admit_checkpoint(tenant)
@@ -235,7 +235,7 @@ class Training:
         if request.weights_access_token:
             raise BadRequest("weights_access_token: loading another account's checkpoints is not supported")
         if request.model_id is not None:
-            model = core.registry.model(tenant, request.model_id)
+            model = core.model(tenant, request.model_id)
             return core.sequenced(model, request.seq_id, "LoadWeights", lambda: self._load_into(model, request))
 
         def build(model: TrainingModel) -> Outcome:

@@ -1,0 +1,145 @@
+"""The API's side of the Tinker engine: where its Ray is, and the named actor (``actor.EngineActor``) calls go to.
+
+The engine runs on ``ray_address`` when one is configured; otherwise on a local Ray head that the first API process
+needing it starts as a process of its own (``<data_dir>/server/ray``, one ``ray start --block`` process group), so a
+SIGKILL of the API leaves it, and the actor, running. The actor is named, detached, in a namespace of the data dir:
+an API started again on the same data dir (or a second API on it) finds the same actor and serves the same clients.
+``opentinker server down`` (or ``up`` stopping normally) stops the local head with the rest of the embedded stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import os
+import signal
+import threading
+from typing import Any
+
+from opentinker.infra.cluster import LocalCluster
+from opentinker.infra.settings import Settings
+
+from ..errors import ServerError
+
+ACTOR_NAME = "tinker-engine"
+MAX_CONCURRENCY = 1000
+"""Calls the actor's event loop holds at once (long-polls of ``retrieve_future`` among them)."""
+
+
+class EngineUnavailable(ServerError):
+    """The engine's actor died (it is started again on the next call): the SDK retries a 503."""
+
+    status = 503
+
+
+def namespace(settings: Settings) -> str:
+    """The Ray namespace of a data dir's Tinker engine: servers on one data dir share it, others never do."""
+    return "opentinker-" + hashlib.sha1(str(settings.resolved_data_dir).encode()).hexdigest()[:12]
+
+
+def local_ray(settings: Settings) -> LocalCluster:
+    """The local Ray head the server starts when no ``ray_address`` is configured."""
+    return LocalCluster(settings.resolved_data_dir / "server" / "ray", settings)
+
+
+def ray_address(settings: Settings) -> str:
+    """The configured Ray address, else the local head's (started, under a file lock, when none runs)."""
+    configured = settings.ray_address or os.environ.get("RAY_ADDRESS")
+    if configured:
+        return configured
+    cluster = local_ray(settings)
+    cluster.root.mkdir(parents=True, exist_ok=True)
+    with open(cluster.root / "start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two APIs starting at once: one head
+        return cluster.address or cluster.up(nodes=1, cpus_per_node=settings.ray_num_cpus or os.cpu_count(), gpus=None)
+
+
+def _keep_sigterm() -> None:
+    """Put the process's own SIGTERM handler back over the native one Ray's driver installs, which ends the process at
+    once: uvicorn's graceful stop, after which ``up`` stops its embedded stack (this Ray head among it). Python sets
+    handlers on the main thread only (where the API's event loop runs)."""
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(signal.SIGTERM)
+        if handler is not None:
+            signal.signal(signal.SIGTERM, handler)
+
+
+class EngineClient:
+    """One per API process: connects to Ray and the actor on first use, then forwards calls."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings.model_copy(update={"data_dir": settings.resolved_data_dir})  # the actor's cwd differs
+        self._actor: Any = None
+        self._lock = asyncio.Lock()
+
+    async def actor(self) -> Any:
+        async with self._lock:
+            if self._actor is None:
+                self._actor = await asyncio.to_thread(self._connect)
+                _keep_sigterm()
+            return self._actor
+
+    def _connect(self) -> Any:
+        import ray
+
+        from .actor import EngineActor
+
+        if not ray.is_initialized():
+            ray.init(address=ray_address(self.settings), namespace=namespace(self.settings), log_to_driver=False)
+        device = self.settings.tinker_device
+        gpu = device.startswith("cuda") or (device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1)
+        # Ray picks the GPU and makes it the actor's only visible one: "cuda:1" would name none there.
+        settings = self.settings.model_copy(update={"tinker_device": "cuda"}) if gpu else self.settings
+        actor = (
+            ray.remote(EngineActor)
+            .options(
+                name=ACTOR_NAME,
+                namespace=namespace(self.settings),
+                lifetime="detached",
+                get_if_exists=True,
+                max_concurrency=MAX_CONCURRENCY,
+                num_cpus=1,
+                num_gpus=1 if gpu else 0,
+            )
+            .remote(settings)
+        )
+        ray.get(actor.ready.remote())
+        return actor
+
+    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """The actor's ``method``; its ``ServerError`` re-raised here (the route answers it), a dead actor a 503."""
+        from ray.exceptions import RayActorError, RayTaskError
+
+        actor = await self.actor()
+        try:
+            return await getattr(actor, method).remote(*args, **kwargs)
+        except RayTaskError as error:
+            if isinstance(error.cause, ServerError):
+                raise error.cause from None
+            raise
+        except RayActorError as error:
+            async with self._lock:
+                if self._actor is actor:
+                    self._actor = None  # the next call makes a new one
+            raise EngineUnavailable(f"the Tinker engine stopped ({error.error_msg}); retry") from None
+
+    async def service(self, method: str, *args: Any, blocking: bool = False) -> Any:
+        """``TinkerService``'s ``method`` on the actor (``EngineActor.call``)."""
+        return await self.call("call", method, *args, blocking=blocking)
+
+
+STOP_TIMEOUT_S = 5.0
+"""How long the local Ray head gets to stop on SIGTERM before it is killed: ``ray start --block`` can take longer
+than the API's own stop allows, and the engine has nothing to save (its state goes with it either way)."""
+
+
+def stop_local_ray(settings: Settings) -> list[str]:
+    """Stop the local Ray head (and the engine on it), if this data dir's server started one."""
+    cluster = local_ray(settings)
+    if not cluster.state_path.exists():
+        return []
+    return [f"tinker ray {name}" for name in cluster.down(STOP_TIMEOUT_S)]
+
+
+__all__ = ["EngineClient", "EngineUnavailable", "namespace", "ray_address", "stop_local_ray"]

@@ -1,0 +1,144 @@
+"""The Tinker engine outlives the API process: ``opentinker server up`` killed with SIGKILL mid-loop and started again
+on the same data dir, and the same SDK client objects (``tinker`` 0.38, unmodified) go on, with the losses of a run
+that was never interrupted; two API processes on one data dir serve one client alternately; a killed engine fails
+its clients' requests with the SDK's error and a new one serves new clients. A server of its own (the shared one's
+short session timeout would reap the clients while the API is down), on the tiny Llama; the tests run in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import psutil
+import pytest
+import tinker
+from fixtures.server import start_test_server
+from fixtures.tinker import CACHE, TINY, TinkerServer, wait_for
+from tinker import types
+
+pytestmark = pytest.mark.slow
+
+TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun."
+PARAMS = types.AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> TinkerServer:
+    env = {
+        "OPENTINKER_TINKER_BASE_MODELS": '["tiny"]',
+        "OPENTINKER_TINKER_CACHE_DIR": CACHE,
+        "OPENTINKER_TINKER_THREADS": "1",
+        "OPENTINKER_TINKER_POLL_S": "1",
+        "OPENTINKER_TINKER_SESSION_TIMEOUT_S": "600",  # no heartbeat reaches the engine while the API is down
+        "HF_HUB_OFFLINE": "1",
+    }
+    handle = start_test_server(tmp_path_factory.mktemp("tinker-restart"), jobs=False, extra_env=env)
+    try:
+        yield TinkerServer(handle)
+    finally:
+        handle.stop()
+
+
+def _datum(tokens: list[int]) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "weights": np.ones(len(tokens) - 1, np.float32)},
+    )
+
+
+def _step(training, batch) -> float:
+    loss = training.forward_backward(batch, "cross_entropy")
+    optim = training.optim_step(PARAMS)
+    value = loss.result().metrics["loss:sum"]
+    optim.result()
+    return value
+
+
+def test_the_same_clients_go_on_after_the_api_is_killed_and_restarted(server):
+    steady = server.service_client("steady").create_lora_training_client(base_model=TINY, rank=4, seed=3).result()
+    service = server.service_client("restarted")
+    training = service.create_lora_training_client(base_model=TINY, rank=4, seed=3).result()
+    tokens = training.get_tokenizer().encode(TEXT)
+    batch = [_datum(tokens)]
+    want = [_step(steady, batch) for _ in range(5)]
+
+    losses = [_step(training, batch) for _ in range(2)]
+    in_flight = training.forward_backward(batch, "cross_entropy")  # sent before the kill, polled across it
+    server.handle.kill()
+    sent_while_down = training.optim_step(PARAMS)  # the SDK retries it until the new API answers
+    server.handle.restart()
+    losses.append(in_flight.result().metrics["loss:sum"])
+    sent_while_down.result()
+    losses += [_step(training, batch) for _ in range(2)]
+    assert losses == want  # bit-exact: the engine, its adapters and optimiser states never stopped
+
+    sampler = training.save_weights_and_get_sampling_client().result()
+    sample = sampler.sample(types.ModelInput.from_ints(tokens[:4]), 1, types.SamplingParams(max_tokens=4)).result()
+    assert len(sample.sequences[0].tokens) == 4
+    rest = tinker.RestClient(base_url=server.url, api_key=server.key("restarted"))
+    assert rest.get_training_run(training.model_id).result().training_run_id == training.model_id
+    service.close("success").result()
+
+
+def test_two_api_processes_on_one_data_dir_serve_one_client_alternately(server, tmp_path):
+    """Each call of one client goes to the other API (as behind a load balancer): both reach the same engine."""
+    from opentinker.server.launcher import start_server
+
+    second = start_server(tmp_path / "second.log", jobs=False, env=server.handle.env)
+    try:
+        apis = [server.http("alternating"), server.http("alternating")]
+        apis[1].base_url = second.url
+        calls = iter(apis * 8)
+        opening = {"tags": [], "user_metadata": None, "sdk_version": "test"}
+        session = next(calls).post("/api/v1/create_session", json=opening).json()
+        body = {"session_id": session["session_id"], "model_seq_id": 0, "base_model": TINY, "lora_config": {"rank": 4}}
+        created = next(calls).post("/api/v1/create_model", json=body).json()
+        assert wait_for(next(calls), created["request_id"])["model_id"] == created["model_id"]
+        step = {"model_id": created["model_id"], "adam_params": {"learning_rate": 1e-3}}
+        for seq_id in (1, 2):
+            sent = next(calls).post("/api/v1/optim_step", json={**step, "seq_id": seq_id}).json()
+            again = next(calls).post("/api/v1/optim_step", json={**step, "seq_id": seq_id}).json()
+            assert again == sent  # re-sent to the other API: the same future
+            assert "metrics" in wait_for(next(calls), sent["request_id"])
+        heartbeat = next(calls).post("/api/v1/session_heartbeat", json={"session_id": session["session_id"]})
+        assert heartbeat.status_code == 200
+        finish = next(calls).post(f"/api/v1/sessions/{session['session_id']}/finish", json={})
+        assert finish.status_code == 200
+        assert next(calls).get(f"/api/v1/sessions/{session['session_id']}").json()["status"] == "finished"
+        for api in apis:
+            api.close()
+    finally:
+        os.killpg(second.pid, signal.SIGKILL)  # a graceful stop would stop the shared engine's Ray with it
+        assert second.exit_code(timeout=30) is not None
+
+
+def _engine_process(server: TinkerServer) -> psutil.Process:
+    """The engine actor's process: under the local Ray head the server started for its data dir."""
+    state = json.loads((server.handle.data_dir / "server" / "ray" / "state.json").read_text())
+    found = []
+    for process in psutil.Process(state["nodes"]["head"]["pid"]).children(recursive=True):
+        try:
+            if "EngineActor" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.NoSuchProcess:  # gone, or a zombie not reaped yet: not the live engine
+            continue
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_a_killed_engine_fails_its_clients_with_the_sdks_error_and_a_new_one_serves(server):
+    doomed = server.service_client("doomed").create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
+    batch = [_datum(doomed.get_tokenizer().encode(TEXT))]
+    _step(doomed, batch)
+    saved = doomed.save_state("kept").result().path
+    engine = _engine_process(server)
+    engine.kill()
+    engine.wait(30)
+    with pytest.raises(tinker.NotFoundError, match="no longer served") as lost:  # its model went with the engine
+        doomed.forward_backward(batch, "cross_entropy").result()
+    assert saved in str(lost.value)  # the error names what to resume from
+    fresh = server.service_client("after").create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
+    assert _step(fresh, batch) > 0
+    assert _engine_process(server).pid != engine.pid
