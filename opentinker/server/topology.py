@@ -62,11 +62,15 @@ may stay open an hour; ``/lb-stats`` shows which processes are in."""
 
 
 WORKER_VIEW = (
-    'mount --make-rprivate / && mount --bind "$1" /tmp && if [ -n "$2" ]; then mount --bind "$2" "$3" && '
-    'mount -t tmpfs -o mode=0755 tmpfs /root && mkdir -p "$2" && mount --bind "$3" "$2"; fi && shift 3 && exec "$@"'
+    'mount --make-rprivate / && mount --bind /tmp "$4" && mount --bind "$1" /tmp && '
+    'for kept in $5; do mkdir -p "/tmp/$kept" && mount --bind "$4/$kept" "/tmp/$kept"; done && umount "$4" && '
+    'if [ -n "$2" ]; then mount --bind "$2" "$3" && '
+    'mount -t tmpfs -o mode=0755 tmpfs /root && mkdir -p "$2" && mount --bind "$3" "$2"; fi && shift 5 && exec "$@"'
 )
-"""The worker user's machine, in a new mount namespace: ``/tmp`` its own folder ``$1``; ``/root`` an empty tmpfs but
-for the interpreter's installation ``$2`` (bound back through ``$3``) when it lives there; then ``exec`` the rest."""
+"""The worker user's machine, in a new mount namespace: ``/tmp`` its own folder ``$1`` but for the installation's
+folders that live in the host's (``$5``, names under ``/tmp``, bound back through ``$4``, then unmounted); ``/root``
+an empty tmpfs but for the interpreter's installation ``$2`` (bound back through ``$3``) when it lives there; then
+``exec`` the rest."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +202,9 @@ class Topology:
         """The worker, with its key; as ``worker_user``: its home its own folder, in a cgroup handed to it that has
         the controllers its jobs' limits need (at the machine's bounds: the jobs' own cgroups below it bound them),
         and in a mount namespace (``WORKER_VIEW``) with a ``/tmp`` of its own (root's processes keep theirs there,
-        Prefect's included) and, where the interpreter lives in root's home (pyenv), a ``/root`` holding that
-        installation alone: as a machine of its own would be. ``root`` must therefore lie outside ``/tmp``."""
+        Prefect's included) holding only the installation's folders that live there (a checkout in ``/tmp``) and,
+        where the interpreter lives in root's home (pyenv), a ``/root`` holding that installation alone: as a
+        machine of its own would be. ``root`` must therefore lie outside ``/tmp``."""
         from .launcher import start_worker
 
         folder = self.root / "worker"
@@ -218,12 +223,14 @@ class Topology:
         )
         self.worker_cgroup = JobCgroup.create(f"worker-{os.getpid()}-{secrets.token_hex(4)}", machine)
         self.worker_cgroup.delegate(user.pw_uid, user.pw_gid)
-        tmp, stash = folder / "tmp", folder / ".interpreter"
-        for path in (tmp, stash):
+        tmp, stash, host_tmp = folder / "tmp", folder / ".interpreter", folder / ".host-tmp"
+        for path in (tmp, stash, host_tmp):
             path.mkdir(exist_ok=True)
         os.chown(tmp, user.pw_uid, user.pw_gid)
         interpreter = sys.base_prefix if Path(sys.base_prefix).is_relative_to("/root") else ""
+        kept = " ".join(_under_tmp(Path(sys.prefix), Path(__file__).resolve().parents[2]))
         view = ["unshare", "--mount", "/bin/sh", "-c", WORKER_VIEW, "sh", str(tmp), interpreter, str(stash)]
+        view += [str(host_tmp), kept]
         as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
         prefix = self.worker_cgroup.wrap([*view, *as_user])
         env = {"HOME": str(folder), "TMPDIR": "/tmp", "PREFECT_HOME": str(folder / "prefect-home")}
@@ -335,3 +342,9 @@ class Topology:
 
 
 __all__ = ["MlflowEndpoint", "Topology"]
+
+
+def _under_tmp(*paths: Path) -> list[str]:
+    """The first folder under ``/tmp`` of each path that lies there (the venv, the checkout), once each."""
+    names = [path.resolve().relative_to("/tmp").parts[0] for path in paths if path.resolve().is_relative_to("/tmp")]
+    return sorted(set(names))
