@@ -1,18 +1,22 @@
 """The server's side of Prefect against a real Prefect server: the job sync reads any number of flow runs (Prefect
-answers at most 200 per read), and a queue's concurrency limit holds even when a run the worker took has not yet left
+answers at most 200 per read); a queue's concurrency limit holds even when a run the worker took has not yet left
 Scheduled and a higher-priority run arrives in that moment (Prefect counts only Pending and Running runs against the
-limit, so a poll then would be handed the same slot again)."""
+limit, so a poll then would be handed the same slot again); an idle worker does not poll Prefect, whose every poll is
+a write to its database, yet takes a new job at once."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+from datetime import datetime
 
+import httpx
 import pytest
+from fixtures.server import wait_for_job
 
 from opentinker.server.orchestration import POOL, PREFECT_PAGE, Orchestrator
-from opentinker.server.worker import SandboxWorker
+from opentinker.server.worker import PREFECT_POLL_S, SandboxWorker
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +74,7 @@ def test_a_run_taken_but_not_yet_pending_keeps_its_slot_from_a_later_higher_prio
     prefect_server, orchestrator, monkeypatch
 ):
     monkeypatch.setenv("PREFECT_API_URL", prefect_server)
+    monkeypatch.setattr("opentinker.server.worker.PREFECT_POLL_S", 0)  # every call polls (no server to ask here)
     orchestrator.ensure_queue(TENANT, 1)
 
     def state(run_id: str) -> str:
@@ -104,3 +109,32 @@ def test_a_run_taken_but_not_yet_pending_keeps_its_slot_from_a_later_higher_prio
     assert high not in second, "a poll while the taken run is still Scheduled is handed its slot again"
     assert high not in third, "the limit of 1 is taken by the first run, now Pending"
     assert states == ["PENDING", "SCHEDULED"]
+
+
+def test_an_idle_worker_does_not_poll_prefect_and_still_takes_a_new_job_at_once(job_server):
+    """Each Prefect poll marks the pool's queues polled (a write): twice a second on the embedded SQLite, those
+    writes made a submit's ``create_flow_run`` fail on the write lock and wait out the client's 2 s retry."""
+    server = job_server
+    api = f"{server.prefect_url}/api"
+
+    def last_polled() -> set[str]:
+        queues = httpx.post(f"{api}/work_pools/{POOL}/queues/filter", json={}, timeout=30).json()
+        return {queue["last_polled"] for queue in queues if queue["last_polled"]}
+
+    seen: set[str] = set()
+    for _ in range(16):  # 4 s at 0.25 s: a worker polling Prefect every 0.5 s marks the queues 8 times
+        seen |= last_polled()
+        time.sleep(0.25)
+    assert len(seen) <= 2, f"the idle worker polled Prefect {len(seen)} times in 4 s"
+
+    key = server.make_key("idle-worker")
+    headers = server.headers(key)
+    job = httpx.post(f"{server.url}/v1/jobs", headers=headers, json={"spec": {"env_id": "CartPole-v1", "steps": 10**6}})
+    assert job.status_code == 201, job.text
+    running = wait_for_job(server, key, job.json()["id"], lambda status: status["state"] == "RUNNING", timeout=120)
+    httpx.post(f"{server.url}/v1/jobs/{job.json()['id']}/cancel", headers=headers, timeout=30)
+    flow_run = httpx.get(f"{api}/flow_runs/{running['flow_run_id']}", timeout=30).json()
+    states = httpx.get(f"{api}/flow_run_states/", params={"flow_run_id": flow_run["id"]}, timeout=30).json()
+    pending = min(datetime.fromisoformat(state["timestamp"]) for state in states if state["type"] == "PENDING")
+    taken_s = (pending - datetime.fromisoformat(flow_run["created"])).total_seconds()
+    assert taken_s < PREFECT_POLL_S / 2, f"the worker took the new run after {taken_s:.1f} s, not on the server's word"

@@ -29,7 +29,7 @@ from opentinker.tasks.train import run_dir
 from . import mlflow_users, s3_users, tenants
 from .db import Job, Store, Tenant, Upload
 from .models import prepare_store
-from .schemas import JobResult, LaunchInfo, ProgressReport
+from .schemas import JobResult, LaunchInfo, PendingWork, ProgressReport
 
 PASSED_SETTINGS = ("ray_address", "ray_num_cpus", "rollout_resource", "rollout_node_timeout_s")
 """Settings a job inherits from the server as they are (where its compute is); stores are the tenant's own."""
@@ -90,6 +90,17 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         limits=dataclasses.asdict(limits_for(quotas, settings)),
         isolated=not settings.ray_address,
     )
+
+
+def pending_work(store: Store) -> PendingWork:
+    """The queued and running jobs and the tenants' limits, as one value that changes whenever a worker's poll could
+    find something new: a flow run made (or remade for a retry), a job started, ended or cancelled, a limit changed."""
+    with store.session() as session:
+        waiting = sa.and_(Job.state == "QUEUED", Job.flow_run_id.is_not(None))
+        queued, newest = session.execute(sa.select(sa.func.count(), sa.func.max(Job.queued_at)).where(waiting)).one()
+        running = session.scalar(sa.select(sa.func.count()).where(Job.state == "RUNNING"))
+        limits = dict(session.execute(sa.select(Tenant.name, Tenant.max_running_jobs)).tuples().all())
+    return PendingWork(queued=queued, running=running, newest_queued_at=newest, limits=limits)
 
 
 def _fail(store: Store, job_id: str, reason: str) -> None:

@@ -6,8 +6,9 @@
 - **Priorities.** Within a queue Prefect starts the runs whose scheduled time is earliest. A job of priority ``p``
   is scheduled ``p`` days before it was submitted, so a higher priority goes first and equal priorities go first in,
   first out. (The Prefect UI therefore shows a prioritised run as "Late".)
-- **Pickup.** Workers poll every ``PREFECT_WORKER_QUERY_SECONDS`` (15 s by default); the server's workers are started
-  with 0.5 s, Prefect's own setting for prompt pickup.
+- **Pickup.** The server's workers ask the server every ``WORKER_QUERY_SECONDS`` what is queued and running, and
+  poll Prefect when that changed (``worker.py``): a job starts within a second of its submit, and an idle worker
+  does not write to Prefect's database twice a second.
 - **Cluster capacity** is the pool's concurrency limit (None: the workers' own limits).
 - **Lost runs.** A job's flow run sends Prefect a heartbeat event every ``HEARTBEAT_S``; Prefect's automation
   ``ZOMBIES`` (a proactive trigger, Prefect's documented zombie detection) marks a run whose heartbeats stopped
@@ -35,7 +36,7 @@ ENTRYPOINT = f"{Path(__file__).resolve().with_name('attempt.py').relative_to(SOU
 (where ``SOURCE_ROOT`` is the ``opentinker`` package folder)."""
 PRIORITY_STEP = datetime.timedelta(days=1)
 WORKER_QUERY_SECONDS = 0.5
-"""``PREFECT_WORKER_QUERY_SECONDS`` of the server's workers (Prefect's default: 15)."""
+"""``PREFECT_WORKER_QUERY_SECONDS`` of the server's workers (Prefect's default: 15): how often they ask the server."""
 HEARTBEAT_S = 30
 """``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` of a job's flow run (Prefect's minimum): a heartbeat event this often."""
 HEARTBEAT_LOST_S = 90

@@ -182,6 +182,16 @@ class LaunchRequest(BaseModel):
     host: str = Field("", description="The worker's host name (the server watches the processes of its own host).")
 
 
+class PendingWork(BaseModel):
+    """The jobs a worker's next Prefect poll could take or make room for: polling Prefect writes to its database
+    (each poll marks the pool's queues and deployments polled), so a worker polls it only when this changes."""
+
+    queued: int = Field(description="Jobs waiting in Prefect (queued, their flow run made).")
+    running: int = Field(description="Jobs running: one ending frees a slot for a queued one.")
+    newest_queued_at: float | None = Field(description="When the newest of the queued jobs was queued (Unix s).")
+    limits: dict[str, int | None] = Field(description="Each tenant's running-jobs limit: one raised lets more start.")
+
+
 class LaunchInfo(BaseModel):
     """What a worker needs to run one attempt of a job: the spec, where its files go, its sandbox and limits."""
 

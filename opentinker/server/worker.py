@@ -1,8 +1,11 @@
 """The server's Prefect worker: Prefect's own process worker, whose every run is one job attempt's trusted side.
 
-``opentinker server worker`` (and ``server up``, for its embedded worker) runs it: it polls the work pool twice a
-second (``PREFECT_WORKER_QUERY_SECONDS``), respects the pool's and queues' concurrency limits and cancels runs as
-Prefect's process worker does. Only the command differs, and it is fixed in code, not taken from the pool's job
+``opentinker server worker`` (and ``server up``, for its embedded worker) runs it: it takes runs from the work pool,
+respects the pool's and queues' concurrency limits and cancels runs as Prefect's process worker does. It asks the
+server twice a second (``PREFECT_WORKER_QUERY_SECONDS``) what is queued and running, and polls Prefect only when that
+changed (or every ``PREFECT_POLL_S``): each Prefect poll writes to Prefect's database, and on the embedded SQLite
+those writes, twice a second, made a submit's ``create_flow_run`` fail on the write lock and wait out the client's
+2 s retry. Only the command differs, and it is fixed in code, not taken from the pool's job
 template: before a run starts, the worker asks the server for that run's launch (``launches.py``), then starts
 ``python -m opentinker.server.attempt`` with the launch in its environment — trusted code, which runs the flow run and
 starts the tenant's code in a sandbox of its own (``attempt.py``). A run the server does not know is refused, so
@@ -17,6 +20,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -30,7 +34,7 @@ from .attempt import LAUNCH_VARIABLE
 from .orchestration import HEARTBEAT_S, POOL, WORKER_QUERY_SECONDS
 from .sandbox import base_env, check_available
 from .sandboxed import SCRATCH_ROOT_VARIABLE
-from .schemas import LaunchInfo
+from .schemas import LaunchInfo, PendingWork
 
 ATTEMPT_COMMAND = (sys.executable, "-m", "opentinker.server.attempt")
 PASSED = (
@@ -47,6 +51,9 @@ PASSED = (
     "OPENTINKER_S3_REGION",
 )
 """What an attempt's trusted process inherits from the worker (Prefect's API, the operator's stores and settings)."""
+PREFECT_POLL_S = 10.0
+"""The longest a worker goes without polling Prefect while the server reports nothing new (a tenant's running-jobs
+limit raised, the server unreachable); well inside Prefect's 60 s after which an unpolled queue shows not ready."""
 
 
 class LaunchRefused(RuntimeError):
@@ -68,15 +75,29 @@ class SandboxWorker(ProcessWorker):
         self.runtime = Path(tempfile.mkdtemp(prefix="opentinker-worker-"))
         self._taken: set[UUID] = set()
         """Runs handed to this worker that have not left Scheduled yet (their Pending not yet proposed)."""
+        self._seen: PendingWork | None = None
+        self._next_poll = 0.0
+        self._server = httpx.AsyncClient(
+            base_url=self.server_url, headers={"Authorization": f"Bearer {worker_key}"}, timeout=5
+        )
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._server.aclose()
+        await super().__aexit__(*exc_info)
 
     async def get_and_submit_flow_runs(self):
-        """Poll only once every run taken at earlier polls has left Scheduled. Prefect counts a queue's and the
-        pool's Pending and Running runs against their limits, so a poll while a taken run is still Scheduled is
-        handed its slot a second time: a higher-priority run submitted in between started as well (3 running jobs
-        for a tenant limit of 2 in ``bench/service.py`` (d) on PostgreSQL)."""
+        """Poll Prefect when the server's pending work changed since the last poll (or ``PREFECT_POLL_S`` passed),
+        and only once every run taken at earlier polls has left Scheduled. Prefect counts a queue's and the pool's
+        Pending and Running runs against their limits, so a poll while a taken run is still Scheduled is handed its
+        slot a second time: a higher-priority run submitted in between started as well (3 running jobs for a
+        tenant limit of 2 in ``bench/service.py`` (d) on PostgreSQL)."""
         self._taken &= self._submitting_flow_run_ids  # a submission that ended before its Pending holds nothing
         if self._taken:
             return []
+        pending = await self._pending()
+        if pending == self._seen and time.monotonic() < self._next_poll:
+            return []
+        self._seen, self._next_poll = pending, time.monotonic() + PREFECT_POLL_S
         before = set(self._submitting_flow_run_ids)
         runs = await super().get_and_submit_flow_runs()
         self._taken |= self._submitting_flow_run_ids - before
@@ -87,6 +108,16 @@ class SandboxWorker(ProcessWorker):
             return await super()._propose_pending_state(flow_run)
         finally:
             self._taken.discard(flow_run.id)
+
+    async def _pending(self) -> PendingWork | None:
+        """The server's queued and running jobs; None when it does not answer (then Prefect is polled only every
+        ``PREFECT_POLL_S``: no run could launch without the server anyway)."""
+        try:
+            answer = await self._server.get("/v1/internal/pending")
+            answer.raise_for_status()
+            return PendingWork.model_validate(answer.json())
+        except (httpx.HTTPError, ValueError):
+            return None
 
     def _launch(self, flow_run_id: str) -> LaunchInfo:
         answer = httpx.post(

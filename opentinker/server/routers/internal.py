@@ -1,5 +1,5 @@
-"""``/v1/internal``: workers fetch launches (``worker`` scope); attempts report progress and their result (with
-their token)."""
+"""``/v1/internal``: workers fetch launches and watch for pending work (``worker`` scope); attempts report progress and
+their result (with their token)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..auth import Caller, require_scope
-from ..launches import launch, record_result, report_progress
-from ..schemas import JobResult, LaunchInfo, LaunchRequest, ProgressReport
+from ..launches import launch, pending_work, record_result, report_progress
+from ..schemas import JobResult, LaunchInfo, LaunchRequest, PendingWork, ProgressReport
 
 router = APIRouter(prefix="/v1/internal", tags=["internal"])
 _job_token = HTTPBearer(auto_error=False, description="The job attempt's token (given to its trusted side at launch).")
@@ -24,6 +24,12 @@ def create_launch(
     if info is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"flow run {body.flow_run_id}: no unfinished job")
     return info
+
+
+@router.get("/pending", response_model=PendingWork)
+def get_pending(request: Request, caller: Caller = Depends(require_scope("worker"))) -> PendingWork:
+    """The queued and running jobs, which a worker polls instead of Prefect (``worker.py``)."""
+    return pending_work(request.app.state.store)
 
 
 @router.post("/jobs/{job_id}/progress", status_code=status.HTTP_204_NO_CONTENT)
