@@ -2,7 +2,7 @@
 answers at most 200 per read); a queue's concurrency limit holds even when a run the worker took has not yet left
 Scheduled and a higher-priority run arrives in that moment (Prefect counts only Pending and Running runs against the
 limit, so a poll then would be handed the same slot again); an idle worker does not poll Prefect, whose every poll is
-a write to its database, yet takes a new job at once."""
+a write to its database, yet takes a new job at once; and whoever reaches Prefect's API runs nothing through it."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from opentinker.server.worker import PREFECT_POLL_S, SandboxWorker
 pytestmark = pytest.mark.slow
 
 TENANT = "worker-limit"
+FINAL = ("CANCELLED", "COMPLETED", "FAILED", "CRASHED")
 
 
 class HeldWorker(SandboxWorker):
@@ -138,3 +139,40 @@ def test_an_idle_worker_does_not_poll_prefect_and_still_takes_a_new_job_at_once(
     pending = min(datetime.fromisoformat(state["timestamp"]) for state in states if state["type"] == "PENDING")
     taken_s = (pending - datetime.fromisoformat(flow_run["created"])).total_seconds()
     assert taken_s < PREFECT_POLL_S / 2, f"the worker took the new run after {taken_s:.1f} s, not on the server's word"
+
+
+def test_a_flow_run_made_behind_the_servers_back_and_an_edited_deployment_run_nothing(job_server, tmp_path):
+    """Whoever reaches Prefect's API (it has no tenants) edits the deployment every job loads, its pull steps and
+    command, and makes a flow run of its own: a stock process worker would run that command. The server's worker
+    refuses the run (no job of the server has it) and its attempts run code fixed in the worker, not the
+    deployment's: nothing of the attacker's runs, and the next job of a tenant trains as before."""
+    server = job_server
+    api = f"{server.prefect_url}/api"
+    marker = tmp_path / "attacker-ran"
+    deployment = httpx.get(f"{api}/deployments/name/train/jobs", timeout=30).json()
+    original = {"pull_steps": deployment["pull_steps"], "job_variables": deployment["job_variables"]}
+    script = f"touch {marker}"
+    edited = {
+        "pull_steps": [{"prefect.deployments.steps.run_shell_script": {"script": script}}],
+        "job_variables": {"command": script},
+    }
+    assert httpx.patch(f"{api}/deployments/{deployment['id']}", json=edited, timeout=30).status_code == 204
+    try:
+        create = f"{api}/deployments/{deployment['id']}/create_flow_run"
+        made = httpx.post(create, json={"parameters": {"job_id": "job-x"}}, timeout=30).json()
+        deadline, run = time.monotonic() + 120, made
+        while run["state"]["type"] not in FINAL and time.monotonic() < deadline:
+            time.sleep(0.5)
+            run = httpx.get(f"{api}/flow_runs/{made['id']}", timeout=30).json()
+        assert run["state"]["type"] == "CANCELLED", run["state"]
+        assert "no unfinished OpenTinker job" in run["state"]["message"]
+
+        key = server.make_key("behind-the-back")
+        headers = server.headers(key)
+        spec = {"env_id": "CartPole-v1", "steps": 2048}
+        job = httpx.post(f"{server.url}/v1/jobs", headers=headers, json={"spec": spec}, timeout=120)
+        assert job.status_code == 201, job.text
+        wait_for_job(server, key, job.json()["id"], lambda status: status["state"] == "SUCCEEDED")
+    finally:
+        httpx.patch(f"{api}/deployments/{deployment['id']}", json=original, timeout=30)
+    assert not marker.exists(), "the attacker's pull step or command ran"
