@@ -7,6 +7,8 @@ signature to validate deployment parameters, and string annotations leave it "no
 """
 
 import contextlib
+import logging
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -127,19 +129,25 @@ def run_train_flow(spec: RunSpec) -> TrainFlowResult | GRPOFlowResult | GroupFlo
 
 @contextlib.contextmanager
 def prefect_api_starting() -> Iterator[None]:
-    """Prefect's temporary API server (none configured) starting from a thread while the block runs: the server is a
-    process of its own and this one only polls its health, so the block's work overlaps the start instead of
-    preceding or following it. A start that failed is tried again, and reported, by the flow's own client."""
+    """With no Prefect API configured, the data dir's own Prefect server (``infra.local_prefect``: adopted when a
+    previous run left it running, else started and kept for the next) is found or started from a thread while the
+    block runs, then becomes this process's API. Starting is a process of its own that this one only polls, so the
+    block's work overlaps it. A server that failed to start leaves Prefect's temporary one to the flow's client,
+    which starts it and reports what fails."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
         yield
         return
-    from prefect.server.api.server import SubprocessASGIServer  # imported here: one importer at a time
+    from opentinker.infra.local_prefect import ensure_local_prefect
+
+    found: list[str] = []
 
     def start() -> None:
-        with contextlib.suppress(Exception):
-            SubprocessASGIServer().start()  # the instance the flow's client finds (one per process)
+        try:
+            found.append(f"{ensure_local_prefect().url}/api")
+        except Exception as exc:  # the temporary server still runs the flow
+            logging.getLogger("opentinker").warning("no local Prefect server (%s); using a temporary one", exc)
 
     thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
     thread.start()
@@ -147,6 +155,11 @@ def prefect_api_starting() -> Iterator[None]:
         yield
     finally:
         thread.join()
+    if found:
+        from opentinker.tasks import prefect_defaults
+
+        os.environ["PREFECT_API_URL"] = found[0]  # for this process's every thread, as a configured API would be
+        prefect_defaults()  # Prefect re-reads its settings
 
 
 def prepare_stages(experiment: str | None) -> None:

@@ -46,3 +46,6 @@ def pytest_sessionfinish(session, exitstatus):
         APILogHandler().flush()
         logging.getLogger("prefect").setLevel(logging.WARNING)
         SubprocessASGIServer().stop()
+    from opentinker.infra.local_prefect import stop_local_prefect
+
+    stop_local_prefect()  # the session data dir's own, if a test ran `opentinker train` (run_train_flow) in it

@@ -416,7 +416,10 @@ def test_the_quickstart_runs_from_the_installed_wheel(installed, tmp_path):
     loaded), so no shorter form is needed. It trains through the pipeline, registers the model, serves the champion,
     queries it over HTTP and says where to look."""
     data = tmp_path / "data"
-    done = installed.opentinker(["quickstart"], data, timeout=300)
+    try:
+        done = installed.opentinker(["quickstart"], data, timeout=300)
+    finally:
+        installed.opentinker(["down"], data)  # the Prefect server the data dir keeps
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-5000:]
     served = re.search(r"Served at http://127\.0\.0\.1:\d+: observation \[[-0-9., ]+\] → action [01]\b", out)

@@ -157,7 +157,12 @@ def print_ui_hints() -> None:
     console.print(f"MLflow UI:  {ui_url('experiments')}")
     prefect_url = settings.prefect_api_url or os.environ.get("PREFECT_API_URL", "")
     if prefect_url:
-        console.print(f"Prefect UI: {prefect_url.removesuffix('/api')}/runs")
+        from opentinker.infra.local_prefect import running_local_prefect
+
+        running = running_local_prefect(settings)
+        local = running is not None and prefect_url == f"{running.url}/api"
+        hint = "  (this data dir's server; `opentinker down` stops it)" if local else ""
+        console.print(f"Prefect UI: {prefect_url.removesuffix('/api')}/runs{hint}")
     if not (prefect_url and settings.tracking_uri.startswith("http")):
         console.print(
             "Full stack with both UIs and S3:  opentinker stack up  (then `opentinker stack status` for URLs)"

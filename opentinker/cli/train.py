@@ -221,3 +221,13 @@ def publish(
 
 
 app.command("deploy", hidden=True)(publish)  # the earlier name, as scripts type it
+
+
+@app.command()
+@cli_errors
+def down() -> None:
+    """Stop the Prefect server that `opentinker train` keeps running for this data dir (the next run starts it)."""
+    from opentinker.infra.local_prefect import stop_local_prefect
+
+    stopped = stop_local_prefect()
+    console.print("stopped the local Prefect server" if stopped else "no local Prefect server was running")

@@ -1,0 +1,82 @@
+"""The data dir's own Prefect server (``infra.local_prefect``): ``opentinker train`` with no Prefect API configured
+starts it once, later runs adopt it, a killed one is replaced, ``opentinker down`` stops it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psutil
+
+from opentinker.infra.processes import ServiceProcess
+
+CONFIG = "num_envs = 4\neval_episodes = 2\nchampion_threshold = 0.0\n[ppo]\nn_steps = 32\nhidden_sizes = [16]\n"
+
+
+def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
+    """``opentinker ARGS`` as a user runs it: the data dir under ``root``, no Prefect API configured."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "OPENTINKER_PREFECT_API_URL")}
+    env.update(OPENTINKER_DATA_DIR=str(root / "data"), PREFECT_HOME=str(root / "prefect-client"), COLUMNS="200")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "opentinker"), *args],
+        env=env,
+        cwd=root,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _recorded(root: Path) -> ServiceProcess:
+    state = json.loads((root / "data" / "prefect" / "services.json").read_text())
+    return ServiceProcess.from_dict(state["prefect"])
+
+
+def _train(root: Path, name: str) -> tuple[str, str]:
+    """One small ``opentinker train``: the flow run id its MLflow run names, and what it printed."""
+    import mlflow
+
+    done = _cli(["train", "CartPole-v1", "--steps", "512", "--config", str(root / "train.toml"), "--seed", name], root)
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'data' / 'mlflow.db'}")
+    (run,) = client.search_runs(
+        [client.get_experiment_by_name("opentinker").experiment_id], f"attributes.run_name = 'cartpole-v1-seed{name}'"
+    )
+    return run.data.tags["prefect.flow_run_id"], done.stdout
+
+
+def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_path):
+    (tmp_path / "train.toml").write_text(CONFIG)
+    try:
+        first_run, printed = _train(tmp_path, "1")
+        first = _recorded(tmp_path)
+        assert first.alive()
+        assert f"Prefect UI: {first.url}/runs  (this data dir's server; `opentinker down` stops it)" in printed
+        second_run, _ = _train(tmp_path, "2")
+        assert (_recorded(tmp_path).pid, _recorded(tmp_path).url) == (first.pid, first.url)  # adopted, not restarted
+        # Both flow runs are in the one server's history (its own database, under the data dir).
+        answer = httpx.post(f"{first.url}/api/flow_runs/filter", json={}).raise_for_status().json()
+        assert {first_run, second_run} <= {run["id"] for run in answer}
+
+        os.kill(first.pid, signal.SIGKILL)  # a server that died (or was killed) is replaced by the next run
+        psutil.Process(first.pid).wait(10)
+        third_run, _ = _train(tmp_path, "3")
+        third = _recorded(tmp_path)
+        assert third.pid != first.pid and third.alive()
+        answer = httpx.post(f"{third.url}/api/flow_runs/filter", json={}).raise_for_status().json()
+        assert third_run in {run["id"] for run in answer}
+
+        assert "stopped the local Prefect server" in _cli(["down"], tmp_path).stdout
+        assert not third.alive() and not third.family()
+        assert "no local Prefect server" in _cli(["down"], tmp_path).stdout
+    finally:
+        from opentinker.infra.local_prefect import stop_local_prefect
+        from opentinker.infra.settings import Settings
+
+        stop_local_prefect(Settings(data_dir=tmp_path / "data"))
