@@ -120,6 +120,7 @@ def train_logged(
     """Train an RL-core trainer with metrics to the MLflow run ``run_id`` (and progress listeners), checkpoints under
     ``root/checkpoints``, then the export and the history; the flow's training stage and the SDK's
     ``train(track=True)`` both run this. ``callback`` (the SDK user's) runs after the logger; False stops."""
+    from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.export import export_policy
 
     logger = MetricsLogger.with_progress(run_id, steps)
@@ -131,7 +132,9 @@ def train_logged(
     start_step = int(trainer.global_step)
     seconds = run_loop(trainer, steps, root, checkpoint_every, log_then_call)
     export_dir = export_policy(trainer, root / "export", metadata={**(metadata or {}), "run_id": run_id})
-    return _finish(logger, root, start_step, int(trainer.global_step), seconds, export_dir, trainer.env.worker_pids())
+    checkpoint = root / "checkpoints" / CHECKPOINT_NAME
+    pids = trainer.env.worker_pids()
+    return _finish(logger, root, start_step, int(trainer.global_step), seconds, export_dir, checkpoint, pids)
 
 
 def _finish(
@@ -141,12 +144,14 @@ def _finish(
     global_step: int,
     train_seconds: float,
     export_dir: str | Path,
+    checkpoint_path: str | Path,
     worker_pids: list[int],
 ) -> TrainOutcome:
-    """Flush the metrics, tag the dashboard remedies, append the history: what follows every training loop."""
+    """Flush the metrics, tag the dashboard remedies, append the history: what follows every training loop.
+    Paths come from the caller: this process may not hold the trainer (it trained in a child), and importing the RL
+    core's checkpoint module just for a file name would import torch here (2 s of a small run's wrap-up)."""
     import mlflow
 
-    from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.tracking.remedies import dashboard_remedies
 
     logger.flush()
@@ -156,7 +161,7 @@ def _finish(
     history = logger.save_history(root / "history.jsonl")
     return TrainOutcome(
         run_id=logger.run_id,
-        checkpoint_path=str(root / "checkpoints" / CHECKPOINT_NAME),
+        checkpoint_path=str(checkpoint_path),
         export_dir=str(export_dir),
         history_path=str(history),
         start_step=start_step,
@@ -213,6 +218,7 @@ class EarlyTraining(BaseModel):
             done["global_step"],
             done["seconds"],
             done["export_dir"],
+            done["checkpoint_path"],
             [self.pid],
         )
 

@@ -66,7 +66,7 @@ class TrainingProcess:
 
     def finish(self, run_id: str) -> dict[str, Any]:
         """Name the MLflow run, wait for the loop and the export: ``start_step``, ``global_step``, ``seconds``,
-        ``export_dir``. Raises with the child's traceback when it failed."""
+        ``export_dir``, ``checkpoint_path``. Raises with the child's traceback when it failed."""
         try:
             self._process.stdin.write(json.dumps({"run_id": run_id}) + "\n")
             self._process.stdin.flush()
@@ -98,6 +98,7 @@ class TrainingProcess:
 def _child(spec: RunSpec, directory: str, report: Any) -> None:
     """The child's whole life: build, train while the parent lets it, wait for the run's id, export, report."""
     from opentinker.agents.build import build_trainer, env_copies, run_loop
+    from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.export import export_policy
 
     answer: dict[str, Any] = {}
@@ -133,6 +134,7 @@ def _child(spec: RunSpec, directory: str, report: Any) -> None:
     finally:
         env.close()
     done = {"start_step": start_step, "global_step": int(trainer.global_step), "seconds": seconds}
+    done["checkpoint_path"] = str(root / "checkpoints" / CHECKPOINT_NAME)  # the parent need not import torch for it
     report.write(json.dumps({"done": {**done, "export_dir": str(export_dir)}}) + "\n")
 
 
