@@ -76,9 +76,11 @@ class LocalCluster:
         object_store_mb: int = 512,
         timeout: float = 180.0,
         gpus: int | None = 0,
+        env: Mapping[str, str | None] | None = None,
     ) -> str:
         """Start a head (``nodes`` counts it) and ``nodes - 1`` workers; returns the cluster address. ``gpus``: the
-        head's (None: the GPUs Ray finds)."""
+        head's (None: the GPUs Ray finds); ``env``: over this process's environment for every node, a None value
+        withholding the variable (so no Ray worker inherits it)."""
         if nodes < 1:
             raise ClusterError(f"nodes must be >= 1 (the head counts as one), got {nodes}")
         if cpus_per_node < 1:
@@ -91,12 +93,14 @@ class LocalCluster:
         state = {"nodes": {}, "temp_dir": temp_dir}
         started: list[ServiceProcess] = []
         try:
-            head = self._start_node("head", None, cpus_per_node, object_store_mb, temp_dir, timeout, gpus=gpus)
+            head = self._start_node("head", None, cpus_per_node, object_store_mb, temp_dir, timeout, env=env, gpus=gpus)
             started.append(head)
             address = f"127.0.0.1:{head.ports['gcs']}"
             for index in range(1, nodes):
                 started.append(
-                    self._start_node(f"worker-{index}", address, cpus_per_node, object_store_mb, temp_dir, timeout)
+                    self._start_node(
+                        f"worker-{index}", address, cpus_per_node, object_store_mb, temp_dir, timeout, env=env
+                    )
                 )
         except BaseException as exc:
             for node in reversed(started):
@@ -163,15 +167,15 @@ class LocalCluster:
         timeout: float,
         attempts: int = 3,
         extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         gcs_port: int | None = None,
         gpus: int | None = 0,
     ) -> ServiceProcess:
         """``ray start`` gives a raylet a fixed 30 s to register; on a loaded machine its agent can be slower: retry.
 
-        ``extra_args`` go to ``ray start``, ``env`` is added to its environment and ``gcs_port`` fixes the head's GCS
-        port (the autoscaling head needs all three: its autoscaler config names the GCS address); ``gpus`` the
-        node's GPUs (None: those Ray finds)."""
+        ``extra_args`` go to ``ray start``, ``env`` is added to its environment (a None value withheld) and
+        ``gcs_port`` fixes the head's GCS port (the autoscaling head needs all three: its autoscaler config names the
+        GCS address); ``gpus`` the node's GPUs (None: those Ray finds)."""
         for attempt in range(1, attempts + 1):
             try:
                 return self._start_node_once(
@@ -191,7 +195,7 @@ class LocalCluster:
         temp_dir: str,
         timeout: float,
         extra_args: Sequence[str] = (),
-        env: Mapping[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         gcs_port: int | None = None,
         gpus: int | None = 0,
     ) -> ServiceProcess:
@@ -244,7 +248,7 @@ class LocalCluster:
             timeout=timeout,
             url=url,
             ports=ports,
-            env={**os.environ, **env} if env else None,
+            env={k: v for k, v in {**os.environ, **env}.items() if v is not None} if env else None,
             stop_timeout=20.0,
             startup_nice=STARTUP_NICE,
         )

@@ -22,15 +22,15 @@ def log_adapter_model(
 ) -> str:
     """Log the adapter folder into ``run_id`` and register it as a new version of ``registered_name``.
 
-    ``tracking_uri``: a store other than the configured one (the server registers into each tenant's); MLflow's
-    fluent API is process-wide, so the caller serialises such calls."""
+    ``tracking_uri``: a store other than the configured one (the server registers into each tenant's, whose
+    experiment says where artifacts go: no S3 credential is taken from this process's settings); MLflow's fluent API
+    is process-wide, so the caller serialises such calls."""
     from opentinker.agents.lm_policy import ADAPTER_META
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / ADAPTER_META).is_file():
         raise PolicyStoreError(f"adapter_dir: expected a folder with {ADAPTER_META}, got {adapter_dir}")
-    mlflow = configure_mlflow()
-    with mlflow_at(tracking_uri) if tracking_uri else contextlib.nullcontext(mlflow):
+    with mlflow_at(tracking_uri) if tracking_uri else contextlib.nullcontext(configure_mlflow()) as mlflow:
         client = mlflow.MlflowClient()
         mlflow.set_experiment(experiment_id=client.get_run(run_id).info.experiment_id)
         with mlflow.start_run(run_id=run_id):

@@ -23,6 +23,22 @@ from opentinker.infra.settings import Settings
 from ..errors import ServerError
 
 ACTOR_NAME = "tinker-engine"
+OPERATOR_S3_SETTINGS = (
+    "s3_access_key",
+    "s3_secret_key",
+    "s3_admin_access_key",
+    "s3_admin_secret_key",
+    "s3_tenant_secret",
+)
+"""The operator's S3 credentials (and what derives tenants' from them): the engine is never handed them. It writes no
+object to S3; its MLflow artifacts go where the tenant's experiment keeps them (``models.prepare_store``)."""
+OPERATOR_S3_VARIABLES = (
+    *(f"OPENTINKER_{name.upper()}" for name in OPERATOR_S3_SETTINGS),
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+)
+"""The same in an environment (and boto3's own), withheld from the local Ray head the engine runs on."""
 MAX_CONCURRENCY = 1000
 """Calls the actor's event loop holds at once (long-polls of ``retrieve_future`` among them)."""
 
@@ -52,7 +68,10 @@ def ray_address(settings: Settings) -> str:
     cluster.root.mkdir(parents=True, exist_ok=True)
     with open(cluster.root / "start.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two APIs starting at once: one head
-        return cluster.address or cluster.up(nodes=1, cpus_per_node=settings.ray_num_cpus or os.cpu_count(), gpus=None)
+        if cluster.address:
+            return cluster.address
+        cpus = settings.ray_num_cpus or os.cpu_count()
+        return cluster.up(nodes=1, cpus_per_node=cpus, gpus=None, env=dict.fromkeys(OPERATOR_S3_VARIABLES))
 
 
 def _keep_sigterm() -> None:
@@ -89,8 +108,10 @@ class EngineClient:
             ray.init(address=ray_address(self.settings), namespace=namespace(self.settings), log_to_driver=False)
         device = self.settings.tinker_device
         gpu = device.startswith("cuda") or (device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1)
-        # Ray picks the GPU and makes it the actor's only visible one: "cuda:1" would name none there.
-        settings = self.settings.model_copy(update={"tinker_device": "cuda"}) if gpu else self.settings
+        update = dict.fromkeys(OPERATOR_S3_SETTINGS, "")
+        if gpu:  # Ray picks the GPU and makes it the actor's only visible one: "cuda:1" would name none there.
+            update["tinker_device"] = "cuda"
+        settings = self.settings.model_copy(update=update)
         actor = (
             ray.remote(EngineActor)
             .options(

@@ -121,35 +121,24 @@ class TrackingWriter:
 
     def client(self, tenant: str) -> Any:
         """The tenant's MLflow client: its own store with the embedded stack; on an MLflow server with its
-        authentication app, the tenant's own MLflow user (its experiment made and granted first), never the
-        operator's."""
+        authentication app, the tenant's own MLflow user, never the operator's. Its experiment is made first, as
+        for its jobs (``models.prepare_store``): on the embedded stack its artifacts in the tenant's folder, so the
+        engine needs no S3 credential (it holds none, ``remote.OPERATOR_S3_SETTINGS``)."""
         if tenant not in self._clients:
             from mlflow import MlflowClient
 
             from .. import mlflow_users
+            from ..models import prepare_store
 
             uri = tenants.tracking_uri(tenant, self.settings)
             if uri.startswith("sqlite:///"):
                 tenants.data_dir(tenant, self.settings).mkdir(parents=True, exist_ok=True)
+            prepare_store(tenant, self.settings)
             if mlflow_users.enabled(self.settings):
-                mlflow_users.identities(self.settings).ensure_experiment(tenant)
                 uri = mlflow_users.uri_with(uri, mlflow_users.credentials(tenant, self.settings))
             self._clients[tenant] = MlflowClient(tracking_uri=uri, registry_uri=uri)
         return self._clients[tenant]
 
     def experiment(self, client: Any, tenant: str) -> str:
-        """The id of the tenant's experiment, created on first use."""
-        from opentinker.tracking.runs import EXPERIMENT_KIND, export_s3_environment
-
-        name = tenants.experiment(tenant)
-        found = client.get_experiment_by_name(name)
-        if found is not None:
-            return found.experiment_id
-        location = None
-        if not self.settings.mlflow_tracking_uri:
-            if self.settings.s3_endpoint_url:
-                export_s3_environment()
-                location = f"s3://{self.settings.s3_bucket}/{tenants.s3_prefix(tenant)}mlflow"
-            else:
-                location = (tenants.data_dir(tenant, self.settings) / "artifacts").as_uri()
-        return client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
+        """The id of the tenant's experiment (made by ``client``)."""
+        return client.get_experiment_by_name(tenants.experiment(tenant)).experiment_id
