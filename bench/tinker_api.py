@@ -1,4 +1,5 @@
-"""A GRPO loop written against the official Tinker SDK, through OpenTinker's server, vs the built-in GRPO.
+"""A GRPO loop written against the official Tinker SDK, through OpenTinker's server, vs the built-in GRPO; 1, 2
+and 4 SDK clients of different tenants on one server; an SDK loop across an API killed with SIGKILL and restarted.
 
     .venv/bin/python bench/tinker_api.py --steps 30 --prompts-per-step 4 --group-size 8 --lr 5e-4 --eval-prompts 32
 
@@ -12,6 +13,27 @@ sampling through the server (a group's first turn is one ``num_samples`` request
 first ``--eval-prompts`` held-out prompts, before and after. Then p50/p99 latencies of ``forward_backward``,
 ``optim_step`` and ``sample`` futures (submit to result, one at a time) on the tiny model. Floors: the SDK loop's
 completions/s >= 0.8x the built-in's; held-out success after equal within noise (|difference| <= 2 standard errors).
+That is the part ``ratio``; two more run on the same ``opentinker server up`` (``--parts`` picks; default all three):
+
+``clients``: 1, 2 and 4 (``--clients``) official-SDK clients at once, each a tenant of its own (its own key) with its
+own rank-16 LoRA training client on ``--base``, each running ``--client-steps`` steps (after one warm-up step) of: save
+weights for a sampler, sample ``--client-group`` completions of one prompt (``--client-max-tokens``, temperature 1),
+``forward_backward`` with ``importance_sampling`` on them, ``optim_step``; the clients send each of these together (a
+barrier before each), so their requests of one kind reach the server at about the same time for the engine to batch.
+``clients<n>_fb_tokens_per_s`` / ``_sample_tokens_per_s``: every client's ``forward_backward`` input tokens / sampled
+tokens over the sum, over steps, of that kind's span (first client's submit to last client's result);
+``clients4_fb_scaling`` / ``clients4_sample_scaling``: 4 clients' aggregate over one client's (floors 1.2 and 2);
+``clients<n>_share_spread``: each client's tokens (sampled + ``forward_backward``) per second of its own futures'
+time, the largest relative distance from the clients' mean (ceiling 0.25 for 4 clients: each client's share within
+25 % of equal); ``clients<n>_latency_ms``: p50/p99 submit-to-result of each kind of future over all clients.
+``clients4_ok``: the three bounds hold.
+
+``restart``: one SDK client runs ``--restart-steps`` steps of that loop; after ``--restart-after`` of them the bench
+SIGKILLs the API's process group (the engine, a detached Ray actor, lives on) and starts it again on the same data dir
+and port. ``api_restart_pause_s``: the longest gap between two consecutive completed steps minus the median gap (the
+time the loop lost); ``api_restart_down_s``: from the kill until the new API answered; ``api_restart_ok``: every step
+completed with no error visible to the client.
+
 Ends with one JSON line.
 """
 
@@ -26,33 +48,10 @@ import time
 from pathlib import Path
 
 from grpo_common import builtin_grpo, half_figures, point, rerun_command  # bench/ is sys.path[0]
+from tinker_clients import Server, clients_part, restart_part
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RATIO_FLOOR = 0.8
-
-
-# -- the server -------------------------------------------------------------------------------------------------------
-def start_server(args, root: Path):
-    """``opentinker server up`` with the Tinker API on SmolLM2 and the tiny model, and a key for tenant ``bench``."""
-    from opentinker.server.db import Store
-    from opentinker.server.keys import KeyRing
-    from opentinker.server.launcher import start_server as launch
-
-    env = {
-        **os.environ,
-        "OPENTINKER_DATA_DIR": str(root / "data"),
-        "OPENTINKER_TINKER_BASE_MODELS": json.dumps([args.base, "tiny"]),
-        "OPENTINKER_TINKER_CACHE_DIR": args.cache_dir,
-    }
-    if args.server_threads:
-        env["OPENTINKER_TINKER_THREADS"] = str(args.server_threads)
-    service = launch(root / "server.log", jobs=False, env=env)
-    store = Store(f"sqlite:///{root / 'data' / 'server' / 'server.db'}")
-    try:
-        key = KeyRing(store).create("bench", ("tinker",))[1]
-    finally:
-        store.close()
-    return service, key
 
 
 # -- the SDK loop -----------------------------------------------------------------------------------------------------
@@ -234,6 +233,8 @@ def within_noise(a: float, b: float, n: int) -> bool:
 
 
 def main() -> None:
+    from opentinker.server.tinker.core import DISPLAY_NAMES
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--group-size", type=int, default=8)
@@ -251,27 +252,51 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache"))
     parser.add_argument("--out-dir", default="/tmp/opentinker-bench-tinker-api")
     parser.add_argument("--only", choices=("sdk", "builtin"), default=None, help="Run one half (no ratio then).")
+    parser.add_argument("--parts", default="ratio,clients,restart", help="Which parts to run (comma-separated).")
+    parser.add_argument("--clients", default="1,2,4", help="The client counts of the part 'clients'.")
+    parser.add_argument("--client-steps", type=int, default=6)
+    parser.add_argument("--client-group", type=int, default=8)
+    parser.add_argument("--client-max-tokens", type=int, default=24)
+    parser.add_argument("--restart-steps", type=int, default=8)
+    parser.add_argument("--restart-after", type=int, default=3)
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
+    if parts - {"ratio", "clients", "restart"}:
+        parser.error(f"unknown parts: {sorted(parts - {'ratio', 'clients', 'restart'})}")
+    if "restart" in parts and not 1 <= args.restart_after < args.restart_steps - 1:
+        parser.error("--restart-after must leave at least two steps after the restart")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     load_at_start = round(os.getloadavg()[0], 2)  # figures count only from a quiet machine: say how busy it was
     sdk = builtin = latency = None
-    if args.only != "builtin":
-        server, key = start_server(args, Path(tempfile.mkdtemp(prefix="server-", dir=out)))
+    extra = {}
+    base = DISPLAY_NAMES[args.base]
+    if parts - {"ratio"} or args.only != "builtin":
+        server = Server(
+            Path(tempfile.mkdtemp(prefix="server-", dir=out)), args.base, args.cache_dir, args.server_threads
+        )
         try:
-            latency = latencies(args, server.url, key)
-            print("latency (tiny model):", json.dumps(latency), flush=True)
-            sdk = sdk_run(args, server.url, key)
-            print("sdk:", json.dumps({k: v for k, v in sdk.items() if k != "curve"}), flush=True)
+            if "ratio" in parts and args.only != "builtin":
+                key = server.key("bench")
+                latency = latencies(args, server.url, key)
+                print("latency (tiny model):", json.dumps(latency), flush=True)
+                sdk = sdk_run(args, server.url, key)
+                print("sdk:", json.dumps({k: v for k, v in sdk.items() if k != "curve"}), flush=True)
+            if "clients" in parts:
+                extra.update(clients_part(server, base, args))
+            if "restart" in parts:  # last: it kills the API
+                extra.update(restart_part(server, base, args))
+                print("restart:", json.dumps({k: v for k, v in extra.items() if k.startswith("api_")}), flush=True)
         finally:
             server.stop()
-    if args.only != "sdk":
+    if "ratio" in parts and args.only != "sdk":
         builtin = builtin_run(args)
         print("built-in:", json.dumps({k: v for k, v in builtin.items() if k != "curve"}), flush=True)
     (out / "curves.json").write_text(json.dumps({"sdk": sdk, "builtin": builtin}, indent=1))
     halves = {"sdk": sdk, "builtin": builtin}
     line = {
         "bench": "tinker_api",
+        "parts": args.parts,
         "base": args.base,
         "steps": args.steps,
         "group_size": args.group_size,
@@ -282,6 +307,7 @@ def main() -> None:
         "builtin_backend": f"{args.builtin_backend} x{args.workers}",
         "load_avg_1m_start_end": [load_at_start, round(os.getloadavg()[0], 2)],
         **{f"{name}_{k}": v for name, half in halves.items() if half for k, v in half.items() if k != "curve"},
+        **extra,
     }
     if sdk and builtin:
         ratio = sdk["completions_per_s"] / builtin["completions_per_s"]
@@ -291,7 +317,8 @@ def main() -> None:
         line["heldout_equal_within_noise"] = within_noise(
             sdk["heldout_after"], builtin["heldout_after"], args.eval_prompts
         )
-    line["latency_tiny_ms"] = latency
+    if latency:
+        line["latency_tiny_ms"] = latency
     line["rerun"] = rerun_command("tinker_api.py", args)
     print(json.dumps(line))
 
