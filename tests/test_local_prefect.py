@@ -12,8 +12,11 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from opentinker.infra.processes import ServiceProcess
+
+pytestmark = pytest.mark.slow
 
 CONFIG = "num_envs = 4\neval_episodes = 2\nchampion_threshold = 0.0\n[ppo]\nn_steps = 32\nhidden_sizes = [16]\n"
 
