@@ -17,7 +17,7 @@ import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
-from opentinker.infra.processes import ServiceProcess, http_ok
+from opentinker.infra.processes import RecordedServices, ServiceProcess, http_ok
 from opentinker.infra.services import DEFAULT_TIMEOUT_S, start_prefect
 from opentinker.infra.settings import Settings, get_settings
 
@@ -33,7 +33,7 @@ def ensure_local_prefect(settings: Settings | None = None, timeout: float = DEFA
     """The data dir's running Prefect server: adopted when recorded, alive and answering, else started and recorded.
     One caller at a time per data dir (a file lock), so two runs starting together share one server."""
     root = local_prefect_dir(settings)
-    services = _services(root)
+    services = RecordedServices(root)
     with _locked(root):
         service = services.adopt(NAME)
         if service is not None and not http_ok(f"{service.url}/api/health", timeout=10.0):
@@ -47,7 +47,7 @@ def ensure_local_prefect(settings: Settings | None = None, timeout: float = DEFA
 def running_local_prefect(settings: Settings | None = None) -> ServiceProcess | None:
     """The data dir's recorded server if it still runs (nothing is started)."""
     root = local_prefect_dir(settings)
-    return _services(root).adopt(NAME) if root.exists() else None
+    return RecordedServices(root).adopt(NAME) if root.exists() else None
 
 
 def stop_local_prefect(settings: Settings | None = None) -> list[str]:
@@ -56,14 +56,7 @@ def stop_local_prefect(settings: Settings | None = None) -> list[str]:
     if not root.exists():
         return []
     with _locked(root):
-        return _services(root).stop_all()
-
-
-def _services(root: Path):
-    """The recorder ``opentinker server up`` keeps its embedded services with: one format, one adoption rule."""
-    from opentinker.server.launcher import _Services
-
-    return _Services(root)
+        return RecordedServices(root).stop_all()
 
 
 @contextlib.contextmanager

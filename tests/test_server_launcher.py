@@ -8,13 +8,12 @@ import sys
 
 import pytest
 
-from opentinker.infra.processes import ServiceError, spawn
-from opentinker.server.launcher import _Services
+from opentinker.infra.processes import RecordedServices, ServiceError, spawn
 
 
 @pytest.fixture
 def services(tmp_path):
-    services = _Services(tmp_path)
+    services = RecordedServices(tmp_path)
     yield services
     services.stop_all()
 

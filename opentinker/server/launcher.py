@@ -12,14 +12,13 @@ PostgreSQL (``server_database_url``) and a Ray cluster (``ray_address``), config
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from opentinker.infra.files import atomic_write
-from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, spawn, start_http, venv_bin
+from opentinker.infra.processes import RecordedServices, ServiceProcess, free_ports, spawn, start_http, venv_bin
 from opentinker.infra.settings import Settings, get_settings
 
 from .orchestration import WORKER_QUERY_SECONDS
@@ -60,7 +59,7 @@ def serve(
 
     settings = settings or get_settings()
     url = f"http://{host}:{port}"
-    services = _Services(server_dir(settings))
+    services = RecordedServices(server_dir(settings))
     if jobs and not settings.prefect_api_url:
         prefect_config = {"database": settings.server_prefect_database}
         services.adopt("prefect", prefect_config)  # one on another database is refused before anything starts
@@ -99,7 +98,7 @@ def serve(
 
 
 def _keep_up(
-    services: _Services,
+    services: RecordedServices,
     name: str,
     start: Callable[[Path], ServiceProcess],
     config: Mapping[str, str],
@@ -124,7 +123,7 @@ def stop_services(settings: Settings | None = None) -> list[str]:
         policies = Services(store, settings).stop_all()
     finally:
         store.close()
-    embedded = _Services(server_dir(settings)).stop_all()
+    embedded = RecordedServices(server_dir(settings)).stop_all()
     return [*(f"policy service {name}" for name in policies), *embedded, *stop_local_ray(settings)]
 
 
@@ -182,7 +181,7 @@ def _start_prefect(root: Path, log: Path, settings: dict[str, str]) -> ServicePr
     return start_prefect(root / "prefect", log, ui=True, settings=settings)
 
 
-def _postgres(services: _Services, root: Path) -> str:
+def _postgres(services: RecordedServices, root: Path) -> str:
     """The embedded PostgreSQL (started, or adopted) and the URL of its ``prefect`` database for Prefect's server."""
     from opentinker.infra.postgres import database_url, start_postgres
 
@@ -224,62 +223,6 @@ def _around_uvicorn(server, after_startup: Callable[[], None], after_shutdown: C
         after_shutdown()
 
     server.startup, server.shutdown = startup_then, shutdown_then
-
-
-class _Services:
-    """The embedded services of one data dir, recorded by pid and start time so a later ``up`` adopts them."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.state = root / "services.json"
-
-    def _read(self) -> dict[str, dict]:
-        return json.loads(self.state.read_text()) if self.state.exists() else {}
-
-    def ensure(
-        self, name: str, start: Callable[[Path], ServiceProcess], config: Mapping[str, str] | None = None
-    ) -> ServiceProcess:
-        """The running service ``name``, adopted, or started and recorded with ``config``."""
-        service = self.adopt(name, config)
-        if service is None:
-            service = start(self.root / "logs" / f"{name}.log")
-            service.config = dict(config or {})
-            self._write({**self._read(), name: service.to_dict()})
-        return service
-
-    def adopt(self, name: str, config: Mapping[str, str] | None = None) -> ServiceProcess | None:
-        """The recorded service ``name`` if it still runs. ``config`` is what it must have been started with (its
-        database, the API it serves): one left running with another is refused, not adopted, so a restart with new
-        settings never quietly keeps the old ones."""
-        recorded = self._read().get(name)
-        if recorded is None:
-            return None
-        service = ServiceProcess.from_dict(recorded)
-        if not service.alive():
-            return None
-        was = service.config
-        changed = {key: value for key, value in (config or {}).items() if was.get(key) != value}
-        if changed:
-            differences = ", ".join(f"{key} {was.get(key)!r} (now {value!r})" for key, value in changed.items())
-            raise ServiceError(
-                f"the embedded {name} (pid {service.pid}) left running by an earlier `opentinker server up` has "
-                f"{differences}: stop it with `opentinker server down`, or start `up` as before"
-            )
-        return service
-
-    def stop_all(self) -> list[str]:
-        """Stop the services, the last started first (the worker before Prefect, Prefect before its database)."""
-        stopped = []
-        for name, recorded in reversed(self._read().items()):
-            service = ServiceProcess.from_dict(recorded)
-            if service.alive():
-                service.stop()
-                stopped.append(name)
-        self.state.unlink(missing_ok=True)
-        return stopped
-
-    def _write(self, data: dict) -> None:
-        atomic_write(self.state, json.dumps(data, indent=1), mode=0o600)
 
 
 __all__ = ["serve", "start_server", "start_worker", "stop_services"]
