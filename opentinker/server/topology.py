@@ -19,6 +19,7 @@ import pwd
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -214,6 +215,7 @@ class Topology:
         if not self.worker_user:
             return start_worker(folder / "worker.log", self.url, key_file, self.prefect_url)
         user = pwd.getpwnam(self.worker_user)
+        _check_readable_by(user, (venv_bin("opentinker"), Path(__file__).resolve().parents[1] / "__init__.py"))
         for path in (folder, key_file):
             os.chown(path, user.pw_uid, user.pw_gid)
         folder.chmod(0o700)
@@ -339,6 +341,18 @@ class Topology:
         finally:
             if self.worker_cgroup is not None:
                 self.worker_cgroup.close()
+
+
+def _check_readable_by(user: pwd.struct_passwd, paths: tuple[str | Path, ...]) -> None:
+    """The worker runs this installation as ``user``: a folder above it closed to others (a clone made with
+    ``mktemp -d``, mode 0700) would end the worker at its first exec while the topology waited for its jobs."""
+    for path in paths:
+        as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups", "--"]
+        if subprocess.run([*as_user, "test", "-r", str(path)], check=False).returncode != 0:
+            raise ServiceError(
+                f"worker_user: {user.pw_name} cannot read {path}: open the folders above it to others "
+                "(chmod o+rx), or install where that user can read"
+            )
 
 
 __all__ = ["MlflowEndpoint", "Topology"]
