@@ -7,6 +7,8 @@ folder, nothing written to S3). A server of its own on the tiny Llama; SeaweedFS
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -77,13 +79,12 @@ def _holding(environments: list[dict[str, str]], secret: str) -> set[str]:
 def test_the_engine_holds_no_operator_s3_key_and_a_tenants_run_logs_its_artifacts(server, s3_server, tmp_path):
     import boto3
     import mlflow
-    import ray
     from botocore.config import Config
 
     from opentinker.agents.lm_policy import ADAPTER_META
     from opentinker.infra.settings import Settings
     from opentinker.server import tenants
-    from opentinker.server.tinker.remote import ACTOR_NAME, OPERATOR_S3_SETTINGS, OPERATOR_S3_VARIABLES, namespace
+    from opentinker.server.tinker.remote import OPERATOR_S3_SETTINGS, OPERATOR_S3_VARIABLES
 
     secret = s3_server.secret_key
     api = _environments([psutil.Process(server.handle.service.pid)])
@@ -112,14 +113,7 @@ def test_the_engine_holds_no_operator_s3_key_and_a_tenants_run_logs_its_artifact
     assert any("EngineActor" in " ".join(p.cmdline()) for p in processes)
     assert _holding(_environments(processes), secret) == set()
     settings = Settings(data_dir=server.handle.data_dir)
-    state = json.loads((server.handle.data_dir / "server" / "ray" / "state.json").read_text())
-    ray.init(address=f"127.0.0.1:{state['nodes']['head']['ports']['gcs']}", namespace=namespace(settings))
-    try:
-        engine = ray.get_actor(ACTOR_NAME, namespace=namespace(settings))
-        held = ray.get(engine.__ray_call__.remote(lambda actor: actor.settings.model_dump()))
-        environ = ray.get(engine.__ray_call__.remote(lambda actor: dict(__import__("os").environ)))
-    finally:
-        ray.shutdown()
+    held, environ = _inside_the_engine(server, settings)
     assert held["s3_endpoint_url"] == s3_server.endpoint_url  # the engine's real settings, less the keys
     assert {name: held[name] for name in OPERATOR_S3_SETTINGS} == dict.fromkeys(OPERATOR_S3_SETTINGS, "")
     assert secret not in {str(value) for value in held.values()}
@@ -153,3 +147,25 @@ def test_the_engine_holds_no_operator_s3_key_and_a_tenants_run_logs_its_artifact
     listed = operator.list_objects_v2(Bucket=s3_server.bucket, Prefix=tenants.s3_prefix(TENANT))
     assert listed.get("KeyCount", 0) == 0  # nothing of the engine's went to S3
     service.close("success").result()
+
+
+def _inside_the_engine(server: TinkerServer, settings) -> tuple[dict, dict]:
+    """The engine actor's settings and environment, asked from a process of their own: a driver joins one Ray
+    cluster per process, and this test session's may already be joined to the suite's own Ray."""
+    from opentinker.server.tinker.remote import ACTOR_NAME, namespace
+
+    state = json.loads((server.handle.data_dir / "server" / "ray" / "state.json").read_text())
+    address = f"127.0.0.1:{state['nodes']['head']['ports']['gcs']}"
+    space = namespace(settings)
+    probe = (
+        "import json, ray\n"
+        f"ray.init(address={address!r}, namespace={space!r})\n"
+        f"engine = ray.get_actor({ACTOR_NAME!r}, namespace={space!r})\n"
+        "held = ray.get(engine.__ray_call__.remote(lambda actor: actor.settings.model_dump(mode='json')))\n"
+        "environ = ray.get(engine.__ray_call__.remote(lambda actor: dict(__import__('os').environ)))\n"
+        "print(json.dumps([held, environ]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    held, environ = json.loads(done.stdout.strip().splitlines()[-1])
+    return held, environ
