@@ -17,7 +17,8 @@ import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
-from opentinker.infra.processes import RecordedServices, ServiceProcess, http_ok
+from opentinker.infra.processes import ServiceProcess, http_ok
+from opentinker.infra.recorded import RecordedServices
 from opentinker.infra.services import DEFAULT_TIMEOUT_S, start_prefect
 from opentinker.infra.settings import Settings, get_settings
 

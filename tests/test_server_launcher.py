@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from opentinker.infra.processes import RecordedServices, ServiceError, spawn
+from opentinker.infra.processes import ServiceError, spawn
+from opentinker.infra.recorded import RecordedServices
 
 
 @pytest.fixture

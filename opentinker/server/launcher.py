@@ -18,7 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from opentinker.infra.files import atomic_write
-from opentinker.infra.processes import RecordedServices, ServiceProcess, free_ports, spawn, start_http, venv_bin
+from opentinker.infra.processes import ServiceProcess, free_ports, spawn, start_http, venv_bin
+from opentinker.infra.recorded import RecordedServices
 from opentinker.infra.settings import Settings, get_settings
 
 from .orchestration import WORKER_QUERY_SECONDS
