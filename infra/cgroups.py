@@ -19,8 +19,10 @@ command unchanged. If the shell cannot join, it exits 125 without running anythi
 cgroup v2 is used where the calling process's own cgroup in a writable unified hierarchy offers the controllers the
 limits need; otherwise v1, one directory per controller. The cgroups nest under the worker's own cgroup
 (``<hierarchy>/<worker's cgroup>/opentinker/<name>``; the hierarchy's root on a plain host), so whatever limits the
-operator put on the server's cgroup bound its jobs too. Without a usable controller, ``JobCgroup.create`` raises
-``CgroupUnavailable`` naming what is missing; ``OPENTINKER_JOB_LIMITS=none`` opts out on a trusted machine.
+operator put on the server's cgroup bound its jobs too. On v2 a cgroup that holds processes cannot enable
+controllers for its children, so the processes of the worker's own cgroup first move into a leaf of it (``LEAF``).
+Without a usable controller, ``JobCgroup.create`` raises ``CgroupUnavailable`` naming what is missing;
+``OPENTINKER_JOB_LIMITS=none`` opts out on a trusted machine.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ TRACKED = frozenset(("memory", "pids"))
 """Controllers a job's cgroup joins even when it sets no limit there (to count, and to find its processes)."""
 PARENT = "opentinker"
 """The folder under the worker's own cgroup that holds one cgroup per job attempt."""
+LEAF = "opentinker-worker"
+"""cgroup v2 only: the leaf the processes of the worker's own cgroup move into, so that cgroup may enable controllers
+for its jobs' (v2 lets a cgroup that holds processes enable none: "no internal processes"; e.g. a Kubernetes pod's or
+a systemd service's cgroup holding the worker). The worker's base stays the cgroup above the leaf."""
 CPU_PERIOD_US = 100_000
 JOIN_FAILED = 125
 """Exit status of ``wrap``'s shell when it could not join the cgroup (the command did not run)."""
@@ -183,6 +189,7 @@ def _hierarchies(
         seen.add(key)
         base = _own_folder(Path(point), root, own_paths[key])
         if controllers is None:
+            base = base.parent if base.name == LEAF else base
             controllers = frozenset(_read(base / "cgroup.controllers", "").split())
             found.insert(0, _Hierarchy(2, controllers, base))
         else:
@@ -445,16 +452,36 @@ def _delegate(folder: Path, controllers: Sequence[str]) -> None:
         if name in enabled:
             continue
         try:
-            with open(folder / "cgroup.subtree_control", "w") as out:
-                out.write(f"+{name}\n")
+            try:
+                _enable(folder, name)
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                _move_into_leaf(folder)
+                _enable(folder, name)
         except OSError as exc:
             hint = (
-                " (a v2 cgroup that holds processes cannot delegate controllers: start the worker in a leaf of a "
-                "delegated cgroup, e.g. under systemd-run -p Delegate=yes)"
+                f" (its processes could not all move into {LEAF}: start the worker in a cgroup delegated to it, "
+                "e.g. under systemd-run -p Delegate=yes)"
                 if exc.errno == errno.EBUSY
                 else ""
             )
             raise CgroupUnavailable(f"cannot enable the {name} controller in {folder}: {exc.strerror}{hint}") from None
+
+
+def _enable(folder: Path, controller: str) -> None:
+    with open(folder / "cgroup.subtree_control", "w") as out:
+        out.write(f"+{controller}\n")
+
+
+def _move_into_leaf(folder: Path) -> None:
+    """Move every process of the v2 cgroup ``folder`` (the worker, and whatever else its container or service runs
+    there) into ``folder/LEAF``, as container runtimes do for their init, so ``folder`` may enable controllers."""
+    leaf = folder / LEAF
+    leaf.mkdir(exist_ok=True)
+    for pid in _read(folder / "cgroup.procs", "").split():
+        with contextlib.suppress(ProcessLookupError), open(leaf / "cgroup.procs", "w") as out:
+            out.write(f"{pid}\n")  # one per write(2), as the kernel wants; ESRCH: it exited meanwhile
 
 
 def _write(path: Path, value: object) -> None:

@@ -314,3 +314,55 @@ def test_tenant_job_limits_are_set_by_the_cli_and_the_api(tmp_path, monkeypatch)
         store.close()
     finally:
         get_settings.cache_clear()
+
+
+def _unified_root() -> Path | None:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[fields.index("-") + 1] == "cgroup2":
+            return Path(fields[4])
+    return None
+
+
+def test_a_v2_cgroup_holding_the_worker_moves_it_into_a_leaf_to_delegate_controllers():
+    """The real kernel's v2 rule: the worker's own cgroup holds the worker (and a neighbour process), so it may not
+    enable a controller for its jobs until both moved into its leaf; the worker's base stays the cgroup above it.
+    (On these machines the unified hierarchy has only ``hugetlb``: the rule is the same for every controller.)"""
+    root = _unified_root()
+    if root is None or os.geteuid() != 0:
+        pytest.skip("needs root and a mounted cgroup2 hierarchy")
+    controller = next(iter(sorted(set(cgroups._read(root / "cgroup.controllers", "").split()))), None)
+    if controller is None:
+        pytest.skip("the cgroup2 hierarchy offers no controller here")
+    enabled_before = controller in cgroups._read(root / "cgroup.subtree_control", "").split()
+    (root / "cgroup.subtree_control").write_text(f"+{controller}\n")
+    own = root / f"ot-leaf-test-{uuid.uuid4().hex[:8]}"
+    own.mkdir()
+    join = f'echo $$ > {own}/cgroup.procs && exec "$@"'
+    neighbour = subprocess.Popen(["/bin/sh", "-c", join, "sh", "sleep", "60"])
+    worker_code = f"""
+from pathlib import Path
+from opentinker.infra import cgroups
+before = next(h.base for h in cgroups._hierarchies() if h.version == 2)
+cgroups._make(before / cgroups.PARENT / "job-1", enable=[{controller!r}])
+after = next(h.base for h in cgroups._hierarchies() if h.version == 2)
+print(before, after, Path("/proc/self/cgroup").read_text().splitlines()[-1], sep="|")
+"""
+    try:
+        out = subprocess.run(
+            ["/bin/sh", "-c", join, "sh", sys.executable, "-c", worker_code], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0, out.stderr
+        before, after, own_line = out.stdout.strip().split("|")
+        assert Path(before) == own and Path(after) == own  # the leaf is not a new base: no leaf inside a leaf
+        assert own_line.endswith(f"/{own.name}/{cgroups.LEAF}")
+        assert controller in cgroups._read(own / "cgroup.subtree_control", "").split()
+        assert controller in cgroups._read(own / cgroups.PARENT / "job-1" / "cgroup.controllers", "").split()
+        assert cgroups._read(own / "cgroup.procs", "x").split() == []
+        assert str(neighbour.pid) in cgroups._read(own / cgroups.LEAF / "cgroup.procs", "").split()
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+        assert cgroups._remove_tree(own, timeout=10.0)
+        if not enabled_before:
+            (root / "cgroup.subtree_control").write_text(f"-{controller}\n")
