@@ -1,8 +1,9 @@
 """The Tinker engine outlives the API process: ``opentinker server up`` killed with SIGKILL mid-loop and started again
 on the same data dir, and the same SDK client objects (``tinker`` 0.38, unmodified) go on, with the losses of a run
 that was never interrupted; two API processes on one data dir serve one client alternately; a killed engine fails
-its clients' requests with the SDK's error and a new one serves new clients. A server of its own (the shared one's
-short session timeout would reap the clients while the API is down), on the tiny Llama; the tests run in order."""
+its clients' requests with the SDK's error (a request it held answers 410, which the SDK sends again) and a new one
+serves new clients. A server of its own (the shared one's short session timeout would reap the clients while the API
+is down), on the tiny Llama; the tests run in order."""
 
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def test_the_same_clients_go_on_after_the_api_is_killed_and_restarted(server):
 
 
 def test_two_api_processes_on_one_data_dir_serve_one_client_alternately(server, tmp_path):
-    """Each call of one client goes to the other API (as behind a load balancer): both reach the same engine."""
+    """Each call of one client goes to the other API (as behind a load balancer): both reach the same engine; the
+    second stopping normally leaves the engine to the first."""
     from opentinker.server.launcher import start_server
 
     second = start_server(tmp_path / "second.log", jobs=False, env=server.handle.env)
@@ -110,8 +112,12 @@ def test_two_api_processes_on_one_data_dir_serve_one_client_alternately(server, 
         for api in apis:
             api.close()
     finally:
-        os.killpg(second.pid, signal.SIGKILL)  # a graceful stop would stop the shared engine's Ray with it
-        assert second.exit_code(timeout=30) is not None
+        os.kill(second.pid, signal.SIGTERM)  # a normal stop, as a service manager's: the API's own shutdown
+        assert second.exit_code(timeout=60) == 0
+    # It did not start the engine's Ray head, so it left the head, its record and the engine to the other API.
+    state = json.loads((server.handle.data_dir / "server" / "ray" / "state.json").read_text())
+    assert psutil.Process(state["nodes"]["head"]["pid"]).is_running()
+    assert server.http("alternating").get("/api/v1/sessions/" + session["session_id"]).status_code == 200
 
 
 def _engine_process(server: TinkerServer) -> psutil.Process:
@@ -128,14 +134,34 @@ def _engine_process(server: TinkerServer) -> psutil.Process:
     return found[0]
 
 
+def _past_the_dead_engine(http, path: str, body: dict):
+    """The first call that meets the dead engine answers 503 (the SDK retries) and the next one starts a new engine."""
+    for _ in range(3):
+        answer = http.post(path, json=body)
+        if answer.status_code != 503:
+            return answer
+    raise AssertionError(f"{path} still 503 after a new engine should have started: {answer.text}")
+
+
 def test_a_killed_engine_fails_its_clients_with_the_sdks_error_and_a_new_one_serves(server):
     doomed = server.service_client("doomed").create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
     batch = [_datum(doomed.get_tokenizer().encode(TEXT))]
     _step(doomed, batch)
     saved = doomed.save_state("kept").result().path
-    engine = _engine_process(server)
-    engine.kill()
-    engine.wait(30)
+    with server.http("doomed") as http:  # a request held by the engine: it waits for an earlier sequence number
+        step = {"model_id": doomed.model_id, "adam_params": {"learning_rate": 1e-3}, "seq_id": 1000}
+        held = http.post("/api/v1/optim_step", json=step).json()["request_id"]
+        assert http.post("/api/v1/retrieve_future", json={"request_id": held}).status_code == 408
+        engine = _engine_process(server)
+        engine.kill()
+        engine.wait(30)
+        # the engine took it along: 410, on which the SDK sends the request again (and meets the 404 below)
+        answer = _past_the_dead_engine(http, "/api/v1/retrieve_future", {"request_id": held})
+        assert answer.status_code == 410 and "engine that stopped" in answer.json()["detail"], answer.text
+        unknown = http.post("/api/v1/retrieve_future", json={"request_id": "req-" + "0" * 32})
+        assert unknown.status_code == 404
+    with server.http("other") as http:  # another tenant's request id stays unknown to it
+        assert http.post("/api/v1/retrieve_future", json={"request_id": held}).status_code == 404
     with pytest.raises(tinker.NotFoundError, match="no longer served") as lost:  # its model went with the engine
         doomed.forward_backward(batch, "cross_entropy").result()
     assert saved in str(lost.value)  # the error names what to resume from

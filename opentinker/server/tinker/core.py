@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +24,7 @@ from opentinker.infra.settings import Settings
 from opentinker.server import tenants
 from opentinker.server.db import Store
 
-from ..errors import NotFound, OverQuota, RateLimited
+from ..errors import Gone, NotFound, OverQuota, RateLimited
 from . import wire
 from .engine import Engine, TrainPart, Work
 from .futures import Future, FutureStore, Outcome
@@ -35,6 +37,7 @@ DISPLAY_NAMES = {"smollm2": "HuggingFaceTB/SmolLM2-135M-Instruct", "tiny": "open
 """How the API names the built-in base models (clients may also use the short names)."""
 STATE_FILE = "state.pt"
 """A training checkpoint's file: ``AdapterTrainer.state_dict()``."""
+log = logging.getLogger(__name__)
 USER_ERRORS = (LossInputError, SamplingError, CheckpointError, wire.WireError, ValueError, KeyError)
 """Raised by an operation because of what the request asked: its future fails with category ``user``."""
 
@@ -45,7 +48,9 @@ class Core:
     def __init__(self, settings: Settings, loop: asyncio.AbstractEventLoop, db: Store):
         """``db``: the server's database (sessions, training runs and checkpoints are recorded there)."""
         self.settings = settings
-        self.futures = FutureStore(loop)
+        self.engine_id = uuid.uuid4().hex
+        """This engine's identity in the database's request rows: another's rows are requests an engine took along."""
+        self.futures = FutureStore(loop, on_create=self._record)
         self.registry = Registry()
         self.records = Records(db)
         self.store = CheckpointStore(lambda tenant: tenants.data_dir(tenant, settings), db)
@@ -102,6 +107,25 @@ class Core:
         raise NotFound(
             f"model {model_id!r} is no longer served (its session ended, or the Tinker engine stopped and lost its "
             f"steps since its last checkpoint): {then}"
+        )
+
+    # -- requests --------------------------------------------------------------------------------------------------
+    def _record(self, future: Future) -> None:
+        """The request's row, written off the event loop (an engine that dies within that write leaves a request
+        that answers 404 instead of 410)."""
+        args = (future.request_id, future.tenant, future.kind, future.owner, self.engine_id)
+        done = self.futures.loop.run_in_executor(None, self.records.add_request, *args)
+        done.add_done_callback(_log_failure)
+
+    def lost_request(self, tenant: str, request_id: str) -> None:
+        """A request this engine does not hold: 410 if another engine held it (that engine stopped: the SDK sends the
+        request again, and a model that went along answers 404 naming its last checkpoint), else 404."""
+        row = self.records.request(tenant, request_id)
+        if row is None or row.engine == self.engine_id:
+            raise NotFound(f"request {request_id!r} not found")
+        raise Gone(
+            f"request {request_id!r} ({row.kind} for {row.owner}) was held by a Tinker engine that stopped before "
+            "its result was read: send it again"
         )
 
     # -- admission -------------------------------------------------------------------------------------------------
@@ -180,3 +204,8 @@ class Core:
                 work = self.work(future, checked)
             model.sequencer.offer(seq_id, future, lambda: self.engine.submit(work))
         return types.UntypedAPIFuture(request_id=future.request_id, model_id=model.model_id)
+
+
+def _log_failure(done: asyncio.Future) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("could not record a Tinker request: %s", done.exception())

@@ -2,7 +2,8 @@
 
 A future belongs to its tenant (another tenant's id is unknown, 404), is resolved from the worker thread with an
 ``Outcome`` (a result, encoded when the client retrieves it, in the format it asks for, or an error with its
-category), and is kept ``keep_s`` after it resolves so a client that lost a response can poll again.
+category), and is kept ``keep_s`` after it resolves so a client that lost a response can poll again. Each new
+future is also handed to ``on_create`` (the server records it in its database, off the event loop).
 """
 
 from __future__ import annotations
@@ -55,13 +56,20 @@ class Future:
 class FutureStore:
     """The server's futures, on its event loop; ``resolve`` may be called from any thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, keep_s: float = 600.0):
-        self.loop, self.keep_s = loop, keep_s
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        keep_s: float = 600.0,
+        on_create: Callable[[Future], None] | None = None,
+    ):
+        self.loop, self.keep_s, self.on_create = loop, keep_s, on_create
         self._futures: dict[str, Future] = {}
 
     def create(self, tenant: str, kind: str, owner: str, session: str) -> Future:
         future = Future(f"req-{uuid.uuid4().hex}", tenant, kind, owner, session)
         self._futures[future.request_id] = future
+        if self.on_create is not None:
+            self.on_create(future)
         return future
 
     def get(self, tenant: str, request_id: str) -> Future | None:

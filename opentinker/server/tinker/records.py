@@ -1,10 +1,11 @@
-"""The Tinker API's records in the server's database (``opentinker.server.db``): sessions, training runs and
-checkpoints, so what a client made stays readable after its session ends or the server restarts, and every API
-process on one database sees the same.
+"""The Tinker API's records in the server's database (``opentinker.server.db``): sessions, training runs,
+checkpoints and requests, so what a client made stays readable after its session ends or the server restarts, and
+every API process on one database sees the same.
 
-What lives here is history and metadata; the live objects (adapters, optimiser state, futures, sequence order) are
-still the process's own (``sessions.Registry``). A training run is readable while it is live or while it has a
-checkpoint that has not expired; ``prune`` forgets the rest.
+What lives here is history and metadata; the live objects (adapters, optimiser state, futures' results, sequence
+order) are still the engine's own (``sessions.Registry``): a request's row says which engine holds its future, so
+one that a stopped engine took along is answered as lost (410: the SDK sends it again), not as unknown. A training
+run is readable while it is live or while it has a checkpoint that has not expired; ``prune`` forgets the rest.
 """
 
 from __future__ import annotations
@@ -66,7 +67,25 @@ class TinkerCheckpoint(Base):
     user_metadata: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, default=None)
 
 
-TABLES = [TinkerSession.__table__, TinkerTrainingRun.__table__, TinkerCheckpoint.__table__]
+class TinkerRequest(Base):
+    """A request (a future's id): what it was for and which engine (``Core.engine_id``) holds its future."""
+
+    __tablename__ = "tinker_requests"
+    request_id: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(sa.String(64))
+    kind: Mapped[str] = mapped_column(sa.String(64))
+    owner: Mapped[str] = mapped_column(sa.String(200))
+    """The model or sampler it was for."""
+    engine: Mapped[str] = mapped_column(sa.String(32))
+    created_at: Mapped[float] = mapped_column(default=time.time, index=True)
+
+
+TABLES = [
+    TinkerSession.__table__,
+    TinkerTrainingRun.__table__,
+    TinkerCheckpoint.__table__,
+    TinkerRequest.__table__,
+]
 
 
 def ensure_tables(db: Store) -> None:
@@ -157,9 +176,18 @@ class Records:
         with self.db.session() as session:
             return list(session.scalars(query.order_by(TinkerTrainingRun.created_at)))
 
+    # -- requests --------------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, tenant: str, kind: str, owner: str, engine: str) -> None:
+        with self.db.session() as session:
+            session.add(TinkerRequest(request_id=request_id, tenant=tenant, kind=kind, owner=owner, engine=engine))
+
+    def request(self, tenant: str, request_id: str) -> TinkerRequest | None:
+        with self.db.session() as session:
+            return session.scalars(sa.select(TinkerRequest).filter_by(tenant=tenant, request_id=request_id)).first()
+
     def prune(self, keep_s: float) -> None:
-        """Forget ended training runs without a live checkpoint, and sessions ended ``keep_s`` ago whose runs are
-        all forgotten."""
+        """Forget ended training runs without a live checkpoint, sessions ended ``keep_s`` ago whose runs are all
+        forgotten, and requests made ``keep_s`` ago."""
         horizon = time.time() - keep_s
         has_checkpoint = (
             sa.select(TinkerCheckpoint.id)
@@ -180,3 +208,4 @@ class Records:
                 .where(TinkerSession.ended_at < horizon, ~has_run)
                 .execution_options(synchronize_session=False)
             )
+            session.execute(sa.delete(TinkerRequest).where(TinkerRequest.created_at < horizon))

@@ -250,11 +250,11 @@ class TinkerService:
 
     # -- futures and the registry ----------------------------------------------------------------------------------
     async def retrieve(self, tenant: str, request_id: str, timeout: float) -> tuple[Future, bool]:
-        """(the future, whether it resolved within ``timeout`` seconds); unknown: 404. A client polling its
-        results is alive: its session's reaping clock restarts."""
+        """(the future, whether it resolved within ``timeout`` seconds); unknown: 404, or 410 if an engine that
+        stopped held it. A client polling its results is alive: its session's reaping clock restarts."""
         future = self.core.futures.get(tenant, request_id)
         if future is None:
-            raise NotFound(f"request {request_id!r} not found")
+            await asyncio.to_thread(self.core.lost_request, tenant, request_id)  # raises 410 or 404
         self.core.registry.touch(future.owner)
         return future, await self.core.futures.wait(future, timeout)
 
