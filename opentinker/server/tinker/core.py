@@ -24,7 +24,7 @@ from opentinker.infra.settings import Settings
 from opentinker.server import tenants
 from opentinker.server.db import Store
 
-from ..errors import Gone, NotFound, OverQuota, RateLimited
+from ..errors import NotFound, OverQuota, RateLimited
 from . import wire
 from .engine import Engine, TrainPart, Work
 from .futures import Future, FutureStore, Outcome
@@ -98,34 +98,39 @@ class Core:
         except NotFound:
             if self.records.run(tenant, model_id) is None:
                 raise
-        saved = [m["tinker_path"] for m in self.store.list(tenant, model_id) if m["checkpoint_type"] == "training"]
-        then = (
-            f"resume from its last checkpoint {saved[-1]} (create_training_client_from_state_with_optimizer)"
-            if saved
-            else "it saved no checkpoint (save_state): start a new training client"
-        )
         raise NotFound(
             f"model {model_id!r} is no longer served (its session ended, or the Tinker engine stopped and lost its "
-            f"steps since its last checkpoint): {then}"
+            f"steps since its last checkpoint): {self._resume_hint(tenant, model_id)}"
         )
+
+    def _resume_hint(self, tenant: str, model_id: str) -> str:
+        saved = [m["tinker_path"] for m in self.store.list(tenant, model_id) if m["checkpoint_type"] == "training"]
+        if saved:
+            return f"resume from its last checkpoint {saved[-1]} (create_training_client_from_state_with_optimizer)"
+        return "it saved no checkpoint (save_state): start a new training client"
 
     # -- requests --------------------------------------------------------------------------------------------------
     def _record(self, future: Future) -> None:
-        """The request's row, written off the event loop (an engine that dies within that write leaves a request
-        that answers 404 instead of 410)."""
+        """The request's row, written off the event loop (a request whose engine died within that write is then
+        unknown: 404)."""
         args = (future.request_id, future.tenant, future.kind, future.owner, self.engine_id)
         done = self.futures.loop.run_in_executor(None, self.records.add_request, *args)
         done.add_done_callback(_log_failure)
 
-    def lost_request(self, tenant: str, request_id: str) -> None:
-        """A request this engine does not hold: 410 if another engine held it (that engine stopped: the SDK sends the
-        request again, and a model that went along answers 404 naming its last checkpoint), else 404."""
+    def lost_request(self, tenant: str, request_id: str) -> Outcome:
+        """A request this engine does not hold: if another engine held it (that engine stopped, taking its models,
+        samplers and results along), its failure naming what to do; else 404."""
         row = self.records.request(tenant, request_id)
         if row is None or row.engine == self.engine_id:
             raise NotFound(f"request {request_id!r} not found")
-        raise Gone(
-            f"request {request_id!r} ({row.kind} for {row.owner}) was held by a Tinker engine that stopped before "
-            "its result was read: send it again"
+        if self.records.run(tenant, row.owner) is not None:
+            then = self._resume_hint(tenant, row.owner)
+        else:
+            then = "create the sampling client again (from its checkpoint path or base model) and sample again"
+        return Outcome.failed(
+            f"{row.kind} request {request_id!r} for {row.owner!r} was lost: the Tinker engine holding it stopped "
+            f"before its result was read: {then}",
+            "server",
         )
 
     # -- admission -------------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ every API process on one database sees the same.
 
 What lives here is history and metadata; the live objects (adapters, optimiser state, futures' results, sequence
 order) are still the engine's own (``sessions.Registry``): a request's row says which engine holds its future, so
-one that a stopped engine took along is answered as lost (410: the SDK sends it again), not as unknown. A training
-run is readable while it is live or while it has a checkpoint that has not expired; ``prune`` forgets the rest.
+one that a stopped engine took along fails naming what to do, instead of being unknown. A training run is readable
+while it is live or while it has a checkpoint that has not expired; ``prune`` forgets the rest.
 """
 
 from __future__ import annotations

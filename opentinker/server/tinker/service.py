@@ -250,11 +250,14 @@ class TinkerService:
 
     # -- futures and the registry ----------------------------------------------------------------------------------
     async def retrieve(self, tenant: str, request_id: str, timeout: float) -> tuple[Future, bool]:
-        """(the future, whether it resolved within ``timeout`` seconds); unknown: 404, or 410 if an engine that
-        stopped held it. A client polling its results is alive: its session's reaping clock restarts."""
+        """(the future, whether it resolved within ``timeout`` seconds); unknown: 404. A client polling its
+        results is alive: its session's reaping clock restarts."""
         future = self.core.futures.get(tenant, request_id)
-        if future is None:
-            await asyncio.to_thread(self.core.lost_request, tenant, request_id)  # raises 410 or 404
+        if future is None:  # held by an engine that stopped (failed, naming what to do), else 404
+            outcome = await asyncio.to_thread(self.core.lost_request, tenant, request_id)
+            future = Future(request_id, tenant, "lost", "", outcome=outcome)
+            future.finished = future.created
+            return future, True
         self.core.registry.touch(future.owner)
         return future, await self.core.futures.wait(future, timeout)
 
