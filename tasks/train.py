@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from opentinker.agents.build import build_trainer, env_copies, run_loop
 from opentinker.infra.files import atomic_write
-from opentinker.infra.settings import get_settings
 from opentinker.tasks.spec import RunSpec
-from opentinker.tasks.training_process import TrainingProcess
+from opentinker.tasks.training_process import TrainingProcess, spec_dir
+from opentinker.tasks.training_process import run_dir as run_dir  # where the pipeline's callers look for it
 from opentinker.tasks.types import TrainOutcome
 from opentinker.tracking.runs import MetricsLogger, configure_mlflow
 
@@ -39,16 +39,6 @@ def run_log() -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger("opentinker")
-
-
-def run_dir(data_dir: Path, run_name: str) -> Path:
-    """Checkpoints, export, history and reports of one named training run (the resume key)."""
-    return data_dir / "runs" / run_name
-
-
-def spec_dir(spec: RunSpec) -> Path:
-    """The run directory of ``spec`` under the configured data dir."""
-    return run_dir(get_settings().resolved_data_dir, spec.resolved_run_name)
 
 
 @task(cache_policy=NO_CACHE)
@@ -190,11 +180,9 @@ class EarlyTraining(BaseModel):
     _adopted: bool = PrivateAttr(False)
 
     @classmethod
-    def start(cls, spec: RunSpec) -> EarlyTraining:
-        """Start training ``spec`` (resolved) in a child process; ``cancel()`` it if the flow never adopts it."""
-        root = spec_dir(spec)
-        root.mkdir(parents=True, exist_ok=True)
-        process = TrainingProcess(spec, root)
+    def attach(cls, spec: RunSpec, process: TrainingProcess) -> EarlyTraining:
+        """The handle on ``process``, the child training ``spec`` (``training_process.start_early``): its metrics
+        now go to the run's logger and the progress bar; ``cancel()`` it if the flow never adopts it."""
         early = cls(spec=spec, pid=process.pid)
         early._process = process
         early._logger = MetricsLogger.with_progress(None, spec.steps, learner_pid=process.pid)

@@ -1,5 +1,6 @@
 """Training in a child process that reports each iteration over a pipe: what ``opentinker train`` starts while
-Prefect's server and the MLflow run are still starting (``tasks.train.EarlyTraining``).
+Prefect's server and the MLflow run are still starting (``tasks.train.EarlyTraining``), and, from the CLI
+(``start_early``), before the flow's modules (Prefect, MLflow) are even imported: this module imports neither.
 
 Why a child process: the training loop is Python-bound, so as a thread beside a flow's start-up (Prefect's client, the
 MLflow run, the probe) it ran at 60–80 % of its speed for its first hundreds of iterations; a child has its own
@@ -24,9 +25,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from opentinker.infra.settings import get_settings
 from opentinker.tasks.spec import RunSpec
 
 Callback = Callable[[dict[str, float], int], "bool | None"]
+
+
+def run_dir(data_dir: Path, run_name: str) -> Path:
+    """Checkpoints, export, history and reports of one named training run (the resume key)."""
+    return data_dir / "runs" / run_name
+
+
+def spec_dir(spec: RunSpec) -> Path:
+    """The run directory of ``spec`` under the configured data dir."""
+    return run_dir(get_settings().resolved_data_dir, spec.resolved_run_name)
+
+
+def start_early(spec: RunSpec) -> TrainingProcess | None:
+    """A child training ``spec`` (resolved) under its run directory, started now, when the spec can train ahead of
+    its flow run (a policy algorithm, env copies in-process, CPU learner: no Ray resources to hold); else None.
+    Whoever starts it hands it to ``flows.train.run_train_flow``, which adopts or cancels it."""
+    from opentinker.agents.config import CONFIGS
+
+    if spec.algorithm not in CONFIGS or spec.engine.backend != "local" or spec.num_gpus != 0:
+        return None
+    root = spec_dir(spec)
+    root.mkdir(parents=True, exist_ok=True)
+    return TrainingProcess(spec, root)
 
 
 class TrainingProcess:

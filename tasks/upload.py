@@ -19,8 +19,8 @@ from opentinker.agents.evaluation import EvalResult
 from opentinker.infra.settings import get_settings
 from opentinker.tasks.retry import io_task
 from opentinker.tasks.types import TrainOutcome
-from opentinker.tracking import plots
 from opentinker.tracking.model_card import render_model_card
+from opentinker.tracking.plot_process import PlotProcess, draw_plots
 from opentinker.tracking.registry import ModelRef
 from opentinker.tracking.runs import configure_mlflow, load_history
 
@@ -41,11 +41,16 @@ def check_storage() -> str:
 
 @task(cache_policy=NO_CACHE)
 def render_reports(
-    params: dict[str, Any], trained: TrainOutcome, evaluation: EvalResult | None, model: ModelRef | None
+    params: dict[str, Any],
+    trained: TrainOutcome,
+    evaluation: EvalResult | None,
+    model: ModelRef | None,
+    drawing: PlotProcess | None = None,
 ) -> list[Artifact]:
-    """Learning curve, dashboard-metric and evaluation plots (PNG), the config (JSON) and the model card (markdown)."""
-    out = Path(trained.history_path).parent / "reports" / trained.run_id
-    history = load_history(Path(trained.history_path))
+    """Learning curve, dashboard-metric and evaluation plots (PNG), the config (JSON) and the model card (markdown).
+    ``drawing``: the plots already asked of a plotting process (``PlotProcess.draw``), collected here; else drawn
+    here."""
+    out = reports_dir(trained)
     config = out / "config.json"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps(params, indent=2, sort_keys=True, default=str))
@@ -59,19 +64,19 @@ def render_reports(
             trained.global_step,
         )
     )
-    reports = [
-        (
-            "plots",
-            str(plots.learning_curve(history, out / "learning_curve.png", evaluation.mean if evaluation else None)),
-        ),
-        ("plots", str(plots.perf_metrics(history, out / "perf_metrics.png"))),
-        ("config", str(config)),
-        ("", str(card)),
-    ]
-    if evaluation is not None:
-        path = plots.evaluation_returns(evaluation.returns, evaluation.seed, out / "evaluation_returns.png")
-        reports.append(("plots", str(path)))
-    return reports
+    if drawing is not None:
+        drawn = drawing.paths()
+    else:
+        returns = evaluation.returns if evaluation else None
+        eval_mean = evaluation.mean if evaluation else None
+        history = load_history(Path(trained.history_path))
+        drawn = draw_plots(history, out, eval_mean, returns, evaluation.seed if evaluation else None)
+    return [*(("plots", str(path)) for path in drawn), ("config", str(config)), ("", str(card))]
+
+
+def reports_dir(trained: TrainOutcome) -> Path:
+    """Where a run's reports are written before upload."""
+    return Path(trained.history_path).parent / "reports" / trained.run_id
 
 
 @io_task

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
@@ -93,6 +94,36 @@ def test_history_round_trip_and_plots(tmp_path):
     assert curve.stat().st_size > 10_000  # axes, a curve and a band were drawn, not an empty canvas
     episodes = evaluation_returns([500.0, 120.0, 480.0, 500.0], 10_000, tmp_path / "evaluation.png")
     assert _png_size(episodes) == (800, 450) and episodes.stat().st_size > 10_000
+
+
+def test_plots_drawn_in_their_own_process_and_its_failure_reported(tmp_path):
+    """The flow's plots come from a plotting child (``PlotProcess``) while it registers: the same three PNGs as drawn
+    in-process; a failure there comes back with its traceback; a child asked nothing (the flow failed first) exits."""
+    from types import SimpleNamespace
+
+    from opentinker.tracking.plot_process import PlotProcess
+
+    history = tmp_path / "history.jsonl"
+    rows = [{"step": 100.0 * i, "charts/episodic_return": float(i), "perf/cpu_percent": 50.0} for i in range(1, 9)]
+    history.write_text("".join(f"{json.dumps(row)}\n" for row in rows))
+    with PlotProcess() as drawing:
+        drawing.draw(history, tmp_path / "out", SimpleNamespace(mean=4.5, returns=[4.0, 5.0], seed=10_000))
+        paths = drawing.paths()
+    assert [os.path.basename(path) for path in paths] == [
+        "learning_curve.png",
+        "perf_metrics.png",
+        "evaluation_returns.png",
+    ]
+    assert _png_size(tmp_path / "out" / "learning_curve.png") == (800, 450)
+    with PlotProcess() as drawing:
+        (tmp_path / "taken").write_text("a file where the reports folder would go")
+        drawing.draw(history, tmp_path / "taken" / "out", None)
+        with pytest.raises(RuntimeError, match=r"plotting failed in its process \(pid \d+\)") as failed:
+            drawing.paths()
+    assert "Traceback" in str(failed.value) and "taken" in str(failed.value)
+    with PlotProcess() as drawing:
+        pass
+    assert drawing._process.returncode == 0
 
 
 def test_mlflow_system_metrics_are_logged_for_the_run_until_stopped(run_id, monkeypatch):

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
-from opentinker.tasks.training_process import TrainingProcess
+from opentinker.tasks.training_process import TrainingProcess, start_early
 
 
 def _spec(steps, env_id="CartPole-v1", checkpoint_every=None):
@@ -53,3 +55,23 @@ def test_a_failing_child_raises_with_its_traceback(tmp_path):
     process.report_to(lambda metrics, step: None)
     with pytest.raises(RuntimeError, match=rf"pid {process.pid}[\s\S]*NoSuchEnv-v9"):
         process.finish("run-123")
+
+
+def test_the_cli_starts_the_child_before_prefect_and_mlflow_are_imported(tmp_path):
+    """``opentinker train`` starts the child first (``start_early``), from a module that imports neither Prefect nor
+    MLflow (their imports are seconds of the command's start); a spec that cannot train ahead (Ray) gets none."""
+    code = (
+        "import sys\n"
+        "from opentinker.tasks.training_process import start_early\n"
+        "from opentinker.tasks.spec import RunSpec\n"
+        f"spec = RunSpec.model_validate_json({_spec(640).model_dump_json()!r})\n"
+        "process = start_early(spec)\n"
+        "print(sorted({'prefect', 'mlflow', 'torch'} & set(sys.modules)), process is not None)\n"
+        "process.cancel()\n"
+    )
+    env = {**os.environ, "OPENTINKER_DATA_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split("\n")[0] == "[] True", done.stdout + done.stderr
+    assert (tmp_path / "runs" / _spec(640).resolved_run_name).is_dir()
+    ray = _spec(640).model_copy(update={"engine": _spec(640).engine.model_copy(update={"backend": "ray"})})
+    assert start_early(ray) is None
