@@ -66,8 +66,13 @@ class Server:
         return time.perf_counter() - started
 
     def stop(self) -> None:
-        """Stop the API normally, which stops its local Ray head and so the engine."""
+        """Stop the API normally, then what ``opentinker server down`` stops: the engine's local Ray head (an API
+        started again after a kill did not start it, so its own stop leaves it)."""
+        from opentinker.infra.settings import Settings
+        from opentinker.server.launcher import stop_services
+
         self.service.stop()
+        stop_services(Settings(data_dir=self.root / "data"))
 
 
 class Loop:

@@ -92,7 +92,7 @@ def serve(
 
     def shut_down() -> None:
         stop.set()
-        stop_services(settings)
+        stop_services(settings, api_stopping=True)
 
     _around_uvicorn(server, after_startup=ready, after_shutdown=shut_down)
     server.run()
@@ -110,10 +110,11 @@ def _keep_up(
         services.ensure(name, start, config)
 
 
-def stop_services(settings: Settings | None = None) -> list[str]:
+def stop_services(settings: Settings | None = None, api_stopping: bool = False) -> list[str]:
     """Stop what ``up`` started and recorded: the embedded worker and Prefect server, the local Ray of the Tinker
     engine, and the policy services it started for tenants (``opentinker server down``, or ``up`` itself when it
-    stops)."""
+    stops: ``api_stopping``, then the local Ray only if this process started it, as other APIs on the data dir may
+    be using its engine)."""
     from .db import Store
     from .models import Services
     from .tinker.remote import stop_local_ray
@@ -125,7 +126,11 @@ def stop_services(settings: Settings | None = None) -> list[str]:
     finally:
         store.close()
     embedded = RecordedServices(server_dir(settings)).stop_all()
-    return [*(f"policy service {name}" for name in policies), *embedded, *stop_local_ray(settings)]
+    return [
+        *(f"policy service {name}" for name in policies),
+        *embedded,
+        *stop_local_ray(settings, started_here=api_stopping),
+    ]
 
 
 def start_worker(

@@ -4,7 +4,9 @@ The engine runs on ``ray_address`` when one is configured; otherwise on a local 
 needing it starts as a process of its own (``<data_dir>/server/ray``, one ``ray start --block`` process group), so a
 SIGKILL of the API leaves it, and the actor, running. The actor is named, detached, in a namespace of the data dir:
 an API started again on the same data dir (or a second API on it) finds the same actor and serves the same clients.
-``opentinker server down`` (or ``up`` stopping normally) stops the local head with the rest of the embedded stack.
+The head's record (``state.json``) has one writer: the API process that started the head removes it when it stops
+normally (``stop_local_ray``), and ``opentinker server down`` does; any other API that stops leaves head and engine
+to the APIs still using them (on this machine or, sharing the data dir, another).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 from opentinker.infra.cluster import LocalCluster
@@ -71,7 +74,18 @@ def ray_address(settings: Settings) -> str:
         if cluster.address:
             return cluster.address
         cpus = settings.ray_num_cpus or os.cpu_count()
-        return cluster.up(nodes=1, cpus_per_node=cpus, gpus=None, env=dict.fromkeys(OPERATOR_S3_VARIABLES))
+        address = cluster.up(nodes=1, cpus_per_node=cpus, gpus=None, env=dict.fromkeys(OPERATOR_S3_VARIABLES))
+        _started[cluster.root] = _head(cluster)
+        return address
+
+
+_started: dict[Path, tuple[int, float] | None] = {}
+"""The local Ray heads this process started (pid, start time), by folder: the only ones its own stop ends."""
+
+
+def _head(cluster: LocalCluster) -> tuple[int, float] | None:
+    head = cluster.nodes().get("head")
+    return (head.pid, head.create_time) if head else None
 
 
 def _keep_sigterm() -> None:
@@ -155,10 +169,13 @@ STOP_TIMEOUT_S = 5.0
 than the API's own stop allows, and the engine has nothing to save (its state goes with it either way)."""
 
 
-def stop_local_ray(settings: Settings) -> list[str]:
-    """Stop the local Ray head (and the engine on it), if this data dir's server started one."""
+def stop_local_ray(settings: Settings, started_here: bool = False) -> list[str]:
+    """Stop the local Ray head (and the engine on it), if this data dir's server started one; ``started_here`` (an
+    API stopping): only the head this process started, which another API on the data dir may not end."""
     cluster = local_ray(settings)
     if not cluster.state_path.exists():
+        return []
+    if started_here and (cluster.root not in _started or _started[cluster.root] != _head(cluster)):
         return []
     return [f"tinker ray {name}" for name in cluster.down(STOP_TIMEOUT_S)]
 
