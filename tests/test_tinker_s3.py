@@ -6,9 +6,6 @@ folder, nothing written to S3). A server of its own on the tiny Llama; SeaweedFS
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 from fixtures.server import start_test_server
-from fixtures.tinker import CACHE, TINY, TinkerServer
+from fixtures.tinker import CACHE, TINY, TinkerServer, engine_state, environments, ray_processes
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -51,29 +48,11 @@ def server(tmp_path_factory, s3_server) -> TinkerServer:
         handle.stop()
 
 
-def _ray_processes(server: TinkerServer) -> list[psutil.Process]:
-    """The local Ray head the server started for the engine, and every process under it (the engine's among them)."""
-    state = json.loads((server.handle.data_dir / "server" / "ray" / "state.json").read_text())
-    head = psutil.Process(state["nodes"]["head"]["pid"])
-    return [head, *head.children(recursive=True)]
-
-
-def _environments(processes: list[psutil.Process]) -> list[dict[str, str]]:
-    """These processes' environments as they were started (``/proc/<pid>/environ``)."""
-    found = []
-    for process in processes:
-        try:
-            found.append(process.environ())
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 def _holding(environments: list[dict[str, str]], secret: str) -> set[str]:
-    """The variables of these environments that hold ``secret``, or are named as the operator's S3 credentials."""
-    from opentinker.server.tinker.remote import OPERATOR_S3_VARIABLES
+    """The variables of these environments that hold ``secret``, or are named as the operator's credentials."""
+    from opentinker.server.tinker.remote import OPERATOR_VARIABLES
 
-    return {k for env in environments for k, v in env.items() if v == secret or k in OPERATOR_S3_VARIABLES}
+    return {k for env in environments for k, v in env.items() if v == secret or k in OPERATOR_VARIABLES}
 
 
 def test_the_engine_holds_no_operator_s3_key_and_a_tenants_run_logs_its_artifacts(server, s3_server, tmp_path):
@@ -84,11 +63,12 @@ def test_the_engine_holds_no_operator_s3_key_and_a_tenants_run_logs_its_artifact
     from opentinker.agents.lm_policy import ADAPTER_META
     from opentinker.infra.settings import Settings
     from opentinker.server import tenants
-    from opentinker.server.tinker.remote import OPERATOR_S3_SETTINGS, OPERATOR_S3_VARIABLES
+    from opentinker.server.tinker.remote import OPERATOR_SETTINGS
 
     secret = s3_server.secret_key
-    api = _environments([psutil.Process(server.handle.service.pid)])
-    assert _holding(api, secret) == set(OPERATOR_S3_VARIABLES) - {"AWS_SESSION_TOKEN"}  # what the API holds
+    api = environments([psutil.Process(server.handle.service.pid)])
+    held_by_api = {"OPENTINKER_S3_SECRET_KEY", "OPENTINKER_S3_ADMIN_SECRET_KEY", "AWS_SECRET_ACCESS_KEY"}
+    assert held_by_api <= _holding(api, secret)  # what the API holds
 
     service = server.service_client(TENANT)
     training = service.create_lora_training_client(base_model=TINY, rank=4, seed=5).result()
@@ -109,13 +89,13 @@ def test_the_engine_holds_no_operator_s3_key_and_a_tenants_run_logs_its_artifact
 
     # No process of the engine's Ray (the engine's included) inherited a key; inside the engine, neither its
     # environment now (after an MLflow write to the tenant's experiment) nor its settings hold one.
-    processes = _ray_processes(server)
+    processes = ray_processes(server)
     assert any("EngineActor" in " ".join(p.cmdline()) for p in processes)
-    assert _holding(_environments(processes), secret) == set()
+    assert _holding(environments(processes), secret) == set()
     settings = Settings(data_dir=server.handle.data_dir)
-    held, environ = _inside_the_engine(server, settings)
+    held, environ = engine_state(server)
     assert held["s3_endpoint_url"] == s3_server.endpoint_url  # the engine's real settings, less the keys
-    assert {name: held[name] for name in OPERATOR_S3_SETTINGS} == dict.fromkeys(OPERATOR_S3_SETTINGS, "")
+    assert {name: held[name] for name in OPERATOR_SETTINGS} == dict.fromkeys(OPERATOR_SETTINGS, "")
     assert secret not in {str(value) for value in held.values()}
     assert _holding([environ], secret) == set()
 
@@ -147,25 +127,3 @@ def test_the_engine_holds_no_operator_s3_key_and_a_tenants_run_logs_its_artifact
     listed = operator.list_objects_v2(Bucket=s3_server.bucket, Prefix=tenants.s3_prefix(TENANT))
     assert listed.get("KeyCount", 0) == 0  # nothing of the engine's went to S3
     service.close("success").result()
-
-
-def _inside_the_engine(server: TinkerServer, settings) -> tuple[dict, dict]:
-    """The engine actor's settings and environment, asked from a process of their own: a driver joins one Ray
-    cluster per process, and this test session's may already be joined to the suite's own Ray."""
-    from opentinker.server.tinker.remote import ACTOR_NAME, namespace
-
-    state = json.loads((server.handle.data_dir / "server" / "ray" / "state.json").read_text())
-    address = f"127.0.0.1:{state['nodes']['head']['ports']['gcs']}"
-    space = namespace(settings)
-    probe = (
-        "import json, ray\n"
-        f"ray.init(address={address!r}, namespace={space!r})\n"
-        f"engine = ray.get_actor({ACTOR_NAME!r}, namespace={space!r})\n"
-        "held = ray.get(engine.__ray_call__.remote(lambda actor: actor.settings.model_dump(mode='json')))\n"
-        "environ = ray.get(engine.__ray_call__.remote(lambda actor: dict(__import__('os').environ)))\n"
-        "print(json.dumps([held, environ]))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-2000:]
-    held, environ = json.loads(done.stdout.strip().splitlines()[-1])
-    return held, environ

@@ -24,6 +24,12 @@ class BadRequest(ServerError):
     status = 400
 
 
+class Forbidden(ServerError):
+    """The tenant may not write there (a name of its namespace that another MLflow user made first)."""
+
+    status = 403
+
+
 class NotFound(ServerError):
     """Unknown, or another tenant's: the same answer, so ids do not leak."""
 

@@ -28,7 +28,7 @@ from opentinker.tasks.train import run_dir
 
 from . import mlflow_users, s3_users, tenants
 from .db import Job, Store, Tenant, Upload
-from .models import prepare_store
+from .models import tenant_writer
 from .schemas import JobResult, LaunchInfo, PendingWork, ProgressReport
 
 PASSED_SETTINGS = ("ray_address", "ray_num_cpus", "rollout_resource", "rollout_node_timeout_s")
@@ -50,11 +50,10 @@ def launch(store: Store, settings: Settings, flow_run_id: str, host: str = "") -
         tenant, job_id, spec = job.tenant, job.id, job.spec
     named = tuple(mlflow_users.job_model_names(spec)) if mlflow_users.enabled(settings) else ()
     try:
-        prepare_store(tenant, settings, named)
+        mlflow_user = tenant_writer(tenant, settings, named)
     except mlflow_users.NameTaken as exc:  # made by another MLflow user first: the job ends here, naming it
         _fail(store, job_id, str(exc))
         return None
-    mlflow_user = mlflow_users.credentials(tenant, settings) if mlflow_users.enabled(settings) else None
     s3_env = s3_users.tenant_env(tenant, settings)
     env = {
         "OPENTINKER_SANDBOX": "none",  # the job is inside the sandbox already, which allows no nested one

@@ -51,12 +51,24 @@ def prepare_store(tenant: str, settings: Settings, model_names: tuple[str, ...] 
     with _mlflow_lock:
         if uri in _ready:
             return
+        if uri.startswith("sqlite:///"):
+            tenants.data_dir(tenant, settings).mkdir(parents=True, exist_ok=True)
         client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
         name = tenants.experiment(tenant)
         if client.get_experiment_by_name(name) is None:
             location = None if uri.startswith("http") else (tenants.data_dir(tenant, settings) / "artifacts").as_uri()
             client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
         _ready.add(uri)
+
+
+def tenant_writer(
+    tenant: str, settings: Settings, model_names: tuple[str, ...] = ()
+) -> mlflow_users.Credentials | None:
+    """What a process writing for ``tenant`` alone (a job's attempt, the Tinker engine) is handed, once this trusted
+    one has made the tenant's store, experiment and ``model_names`` (``prepare_store``): the tenant's own MLflow user,
+    or None without MLflow users. ``mlflow_users.NameTaken`` when one of them is another MLflow user's."""
+    prepare_store(tenant, settings, model_names)
+    return mlflow_users.credentials(tenant, settings) if mlflow_users.enabled(settings) else None
 
 
 def tenant_credentials(tenant: str, settings: Settings) -> dict[str, str]:

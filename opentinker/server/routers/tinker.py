@@ -23,6 +23,7 @@ from tinker import types
 
 from ..auth import Caller, require_scope
 from ..errors import BadRequest, NotFound, OverQuota, ServerError
+from ..tinker.publish import registered_name
 from ..tinker.remote import EngineClient
 
 M = TypeVar("M", bound=BaseModel)
@@ -154,6 +155,7 @@ async def list_sessions(service: Service, caller: TinkerCaller, limit: int = 20,
 @router.post("/create_model")
 async def create_model(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.CreateModelRequest)
+    await service.prepare(caller.tenant)  # a new training client: an MLflow run of the tenant's
     return _json(await service.service("training.create_model", caller.tenant, body))
 
 
@@ -191,6 +193,8 @@ async def save_weights_for_sampler(request: Request, service: Service, caller: T
 @router.post("/load_weights")
 async def load_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.LoadWeightsRequest)
+    if body.model_id is None:
+        await service.prepare(caller.tenant)  # a new training client: an MLflow run of the tenant's
     return _json(await service.service("training.load_weights", caller.tenant, body))
 
 
@@ -345,7 +349,9 @@ async def register_checkpoint(
 ) -> dict[str, Any]:
     """Needs the ``models`` scope too: it writes to the tenant's model registry."""
     body = await _parse(request, RegisterCheckpoint)
-    return await service.service("register_checkpoint", caller.tenant, body.path, body.model_name, body.alias)
+    registered = registered_name(caller.tenant, body.model_name)
+    await service.prepare(caller.tenant, (registered,))  # made and granted to the tenant first, as a job's model
+    return await service.service("register_checkpoint", caller.tenant, body.path, registered, body.alias)
 
 
 # -- tokenizers ---------------------------------------------------------------------------------------------------

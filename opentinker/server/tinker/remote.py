@@ -7,6 +7,13 @@ an API started again on the same data dir (or a second API on it) finds the same
 The head's record (``state.json``) has one writer: the API process that started the head removes it when it stops
 normally (``stop_local_ray``), and ``opentinker server down`` does; any other API that stops leaves head and engine
 to the APIs still using them (on this machine or, sharing the data dir, another).
+
+The engine gets least privilege: it runs no tenant code, but its state can be read by whoever reaches its Ray (any
+driver on a configured cluster), so it is handed none of the operator's credentials (``OPERATOR_SETTINGS``, withheld
+from the local head's environment too). What needs them is done here, in the API: before a call that writes to a
+tenant's MLflow (a training client's run, a registered checkpoint) ``EngineClient.prepare`` makes the tenant's
+store, experiment and model names as for a job (``models.tenant_writer``) and hands the engine that tenant's own
+MLflow user, with which every write of the engine for that tenant is made (and which MLflow confines to the tenant).
 """
 
 from __future__ import annotations
@@ -23,25 +30,33 @@ from typing import Any
 from opentinker.infra.cluster import LocalCluster
 from opentinker.infra.settings import Settings
 
-from ..errors import ServerError
+from ..errors import Forbidden, ServerError
 
 ACTOR_NAME = "tinker-engine"
-OPERATOR_S3_SETTINGS = (
+OPERATOR_SETTINGS = (
     "s3_access_key",
     "s3_secret_key",
     "s3_admin_access_key",
     "s3_admin_secret_key",
     "s3_tenant_secret",
+    "mlflow_admin_username",
+    "mlflow_admin_password",
+    "mlflow_tenant_secret",
 )
-"""The operator's S3 credentials (and what derives tenants' from them): the engine is never handed them. It writes no
-object to S3; its MLflow artifacts go where the tenant's experiment keeps them (``models.prepare_store``)."""
-OPERATOR_S3_VARIABLES = (
-    *(f"OPENTINKER_{name.upper()}" for name in OPERATOR_S3_SETTINGS),
+"""The operator's S3 and MLflow credentials (and the secrets tenants' are derived from): the engine is never handed
+them. It writes no object to S3 (its MLflow artifacts go where the tenant's experiment keeps them); the API makes
+each tenant's MLflow user, experiment and names, and hands the engine that user (``EngineClient.prepare``)."""
+OPERATOR_VARIABLES = (
+    *(f"OPENTINKER_{name.upper()}" for name in OPERATOR_SETTINGS),
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
 )
-"""The same in an environment (and boto3's own), withheld from the local Ray head the engine runs on."""
+"""The same in an environment (and boto3's and MLflow's own: MLflow's would override a tenant's user in the URI),
+withheld from the local Ray head the engine runs on."""
 MAX_CONCURRENCY = 1000
 """Calls the actor's event loop holds at once (long-polls of ``retrieve_future`` among them)."""
 
@@ -74,7 +89,7 @@ def ray_address(settings: Settings) -> str:
         if cluster.address:
             return cluster.address
         cpus = settings.ray_num_cpus or os.cpu_count()
-        address = cluster.up(nodes=1, cpus_per_node=cpus, gpus=None, env=dict.fromkeys(OPERATOR_S3_VARIABLES))
+        address = cluster.up(nodes=1, cpus_per_node=cpus, gpus=None, env=dict.fromkeys(OPERATOR_VARIABLES))
         _started[cluster.root] = _head(cluster)
         return address
 
@@ -122,7 +137,7 @@ class EngineClient:
             ray.init(address=ray_address(self.settings), namespace=namespace(self.settings), log_to_driver=False)
         device = self.settings.tinker_device
         gpu = device.startswith("cuda") or (device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1)
-        update = dict.fromkeys(OPERATOR_S3_SETTINGS, "")
+        update = dict.fromkeys(OPERATOR_SETTINGS, "")
         if gpu:  # Ray picks the GPU and makes it the actor's only visible one: "cuda:1" would name none there.
             update["tinker_device"] = "cuda"
         settings = self.settings.model_copy(update=update)
@@ -162,6 +177,19 @@ class EngineClient:
     async def service(self, method: str, *args: Any, blocking: bool = False) -> Any:
         """``TinkerService``'s ``method`` on the actor (``EngineActor.call``)."""
         return await self.call("call", method, *args, blocking=blocking)
+
+    async def prepare(self, tenant: str, model_names: tuple[str, ...] = ()) -> None:
+        """Before a call that writes to the tenant's MLflow: its store, experiment and ``model_names`` made here as
+        for a job (``models.tenant_writer``; a name another MLflow user made first: 403), and the tenant's own
+        MLflow user handed to the engine. Every time, not once: a new engine (the old one died) starts with none."""
+        from .. import mlflow_users
+        from ..models import tenant_writer
+
+        try:
+            user = await asyncio.to_thread(tenant_writer, tenant, self.settings, model_names)
+        except mlflow_users.NameTaken as error:
+            raise Forbidden(str(error)) from None
+        await self.service("core.tracking.set_user", tenant, user)
 
 
 STOP_TIMEOUT_S = 5.0

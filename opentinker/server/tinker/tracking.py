@@ -3,7 +3,9 @@
 Per optimiser step the run gets what the SDK sees (the summed loss of the step's ``forward_backward`` calls, the
 gradient norm, the learning rate) and what the service measures (tokens/s of the passes, seconds per step); per
 sampling request of its samplers, the latency and tokens/s. One writer thread owns every MLflow call, so tracking
-never holds up a request; runs go to the tenant's store (``server.tenants.tracking_uri``), never the process-wide one.
+never holds up a request; runs go to the tenant's store (``server.tenants.tracking_uri``), never the process-wide one,
+as the tenant's own MLflow user where there are MLflow users (made and handed over by the API: the engine holds no
+admin and derives no password).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from opentinker.infra.settings import Settings
 from opentinker.server import tenants
+from opentinker.server.mlflow_users import Credentials
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ class TrackingWriter:
         self.settings = settings
         self._queue: queue.Queue[tuple[Callable[[Any], None], ClientRun] | None] = queue.Queue()
         self._clients: dict[str, Any] = {}
+        self._users: dict[str, Credentials | None] = {}
         self._thread = threading.Thread(target=self._loop, name="tinker-tracking", daemon=True)
         self._thread.start()
 
@@ -119,23 +123,33 @@ class TrackingWriter:
             except Exception:
                 log.exception("tracking write failed")
 
+    def set_user(self, tenant: str, user: Credentials | None) -> None:
+        """The tenant's own MLflow user, handed by the API once it made the tenant's experiment and names
+        (``remote.EngineClient.prepare``; None: its store takes none, the embedded stack). Applied on the writer
+        thread, in order: a run started after it is written as that user."""
+
+        def use(_: Any) -> None:
+            if tenant not in self._users or self._users[tenant] != user:
+                self._users[tenant] = user
+                self._clients.pop(tenant, None)
+
+        self.submit(use, ClientRun(self, ""))
+
+    def uri(self, tenant: str) -> str:
+        """The tenant's tracking store, with its MLflow user where the API handed one (never print it)."""
+        from ..mlflow_users import uri_with
+
+        uri = tenants.tracking_uri(tenant, self.settings)
+        user = self._users.get(tenant)
+        return uri_with(uri, user) if user else uri
+
     def client(self, tenant: str) -> Any:
-        """The tenant's MLflow client: its own store with the embedded stack; on an MLflow server with its
-        authentication app, the tenant's own MLflow user, never the operator's. Its experiment is made first, as
-        for its jobs (``models.prepare_store``): on the embedded stack its artifacts in the tenant's folder, so the
-        engine needs no S3 credential (it holds none, ``remote.OPERATOR_S3_SETTINGS``)."""
+        """The tenant's MLflow client: its own store on the embedded stack; on an MLflow server with its
+        authentication app, the tenant's own MLflow user, never the operator's (the engine holds none)."""
         if tenant not in self._clients:
             from mlflow import MlflowClient
 
-            from .. import mlflow_users
-            from ..models import prepare_store
-
-            uri = tenants.tracking_uri(tenant, self.settings)
-            if uri.startswith("sqlite:///"):
-                tenants.data_dir(tenant, self.settings).mkdir(parents=True, exist_ok=True)
-            prepare_store(tenant, self.settings)
-            if mlflow_users.enabled(self.settings):
-                uri = mlflow_users.uri_with(uri, mlflow_users.credentials(tenant, self.settings))
+            uri = self.uri(tenant)
             self._clients[tenant] = MlflowClient(tracking_uri=uri, registry_uri=uri)
         return self._clients[tenant]
 
