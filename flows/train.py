@@ -55,8 +55,10 @@ def policy_run(spec: RunSpec, early: EarlyTraining | None = None) -> TrainFlowRe
         if spec.engine.backend == "ray":
             start_ray()  # its own step: Ray's start-up shows in the UI, not inside the probe
         probe_env(spec, run_id=run.run_id)
-        trained = train_policy(run.run_id, spec, early)
-        with PlotProcess() as drawing:  # the plots draw on the core training left while the model registers
+        # The plots draw in a process of their own while the model registers (on the core training leaves); it
+        # imports matplotlib while training ends.
+        with PlotProcess() as drawing:
+            trained = train_policy(run.run_id, spec, early)
             evaluated = evaluate_policy(
                 resolve_model(trained.export_dir), spec.env_id, spec.eval_episodes, spec.eval_seed
             )

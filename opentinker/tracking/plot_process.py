@@ -3,7 +3,7 @@
 
 Why a process: drawing is GIL-bound, so beside registration in a thread it gained nothing (3.1 s together against 3.2 s
 one after the other), while by then the training child has exited and left its core free. The flow's process also
-never imports matplotlib (0.4-0.7 s of a small run's start); the child does, while the model is evaluated.
+never imports matplotlib (0.4-0.7 s of a small run's start); the child does, while training ends.
 
 Protocol, JSON lines: one request on the child's stdin (``history``: the history file, ``out``: the reports folder,
 ``eval_mean``, ``returns``, ``seed``: the evaluation, returns null without one), one answer on its stdout: ``paths``
