@@ -311,12 +311,14 @@ class GRPOConfig:
         check_field(
             "GRPOConfig.loss_norm", self.loss_norm in ("token", "sequence"), "'token' or 'sequence'", self.loss_norm
         )
+        check_field("GRPOConfig.lora_rank", self.lora_rank <= 512, "<= 512 (AdapterShape's limit)", self.lora_rank)
 
     @property
     def lora(self):
-        from opentinker.agents.lm_policy import LoraSpec
+        """The adapter's ``AdapterShape``: attention and MLP projections (not the output layer)."""
+        from opentinker.agents.multi_lora import AdapterShape
 
-        return LoraSpec(rank=self.lora_rank, alpha=self.lora_alpha)
+        return AdapterShape(rank=self.lora_rank, alpha=self.lora_alpha, train_unembed=False)
 
 
 CONFIGS: dict[str, type[TrainerConfig]] = {"ppo": PPOConfig, "dqn": DQNConfig, "sac": SACConfig, "td3": TD3Config}

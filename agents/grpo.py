@@ -73,26 +73,17 @@ def reduce_loss(
 
 
 def completion_logprobs(
-    model: Any, prompts: list[list[int]], completions: list[list[int]], pad: int
+    model: Any, adapter: str | None, prompts: list[list[int]], completions: list[list[int]]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(completion token | everything before) for a batch: (batch, longest completion) and its mask.
-
-    Prompts are left-padded and completions right-padded, so all completions sit in the last columns and
-    only those columns' logits are computed (``logits_to_keep``)."""
-    width_p = max(len(p) for p in prompts)
-    width_c = max(len(c) for c in completions)
-    ids, attention, mask = [], [], []
-    for p, c in zip(prompts, completions):
-        ids.append([pad] * (width_p - len(p)) + p + c + [pad] * (width_c - len(c)))
-        attention.append([0] * (width_p - len(p)) + [1] * (len(p) + len(c)) + [0] * (width_c - len(c)))
-        mask.append([1.0] * len(c) + [0.0] * (width_c - len(c)))
-    ids_t, attention_t = torch.tensor(ids), torch.tensor(attention)
-    position_ids = (attention_t.cumsum(dim=1) - 1).clamp(min=0)
-    logits = (
-        model(input_ids=ids_t, attention_mask=attention_t, position_ids=position_ids, logits_to_keep=width_c + 1)
-        .logits[:, :-1]
-        .float()
+    """log p(completion token | everything before) for a batch, from ``MultiLoraModel.target_logprobs`` (the Tinker
+    engine's forward; ``adapter`` None: the base model): (batch, longest completion) and its mask. The output layer
+    runs on the completions' positions only."""
+    rows = model.target_logprobs(
+        adapter,
+        [p + c[:-1] for p, c in zip(prompts, completions)],
+        [torch.as_tensor(c, dtype=torch.long) for c in completions],
+        offsets=[len(p) - 1 for p in prompts],
     )
-    targets = ids_t[:, width_p:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return logp, torch.tensor(mask)
+    logp = torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+    lengths = torch.tensor([len(c) for c in completions], device=logp.device)
+    return logp, (torch.arange(logp.shape[1], device=logp.device) < lengths.unsqueeze(1)).float()

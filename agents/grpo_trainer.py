@@ -1,7 +1,7 @@
-"""The GRPO trainer: the learner (base model + LoRA, AdamW, in this process), the rollout workers (Ray actors or
-in-process), a step that samples groups, scores them and applies ``agents/grpo.py``'s loss, checkpoints with a
-bit-exact resume, and greedy evaluation on fixed prompts.
-"""
+"""The GRPO trainer: the learner (a ``MultiLoraModel`` with the policy's adapter, AdamW, in this process), the
+rollout workers (Ray actors or in-process, sampling with the Tinker engine's sampler), a step that samples groups,
+scores them and applies ``agents/grpo.py``'s loss, checkpoints with a bit-exact resume, and greedy evaluation on
+fixed prompts."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from opentinker.agents.checkpoint import (
     rng_state,
 )
 from opentinker.agents.grpo import GRPOConfig, completion_logprobs, group_advantages, reduce_loss, token_loss
+from opentinker.agents.lm_rollout import POLICY
 from opentinker.agents.trainer import check_train_args, train_loop
 
 
@@ -71,7 +72,7 @@ class GRPO:
 
     def __init__(self, config: GRPOConfig, seed: int = 0, workers: int = 1, backend: str = "ray", env: Any = None):
         """``env``: the text env when it is not ``config.task``'s name (a factory or an instance, in-process)."""
-        from opentinker.agents.lm_policy import add_lora, load_base_model
+        from opentinker.agents.multi_lora import MultiLoraModel
         from opentinker.envs.text_tasks import make_text_env
 
         if backend not in ("ray", "local"):
@@ -80,11 +81,11 @@ class GRPO:
             raise ValueError(f"workers: expected an integer >= 1, got {workers!r}")
         self.config, self.seed, self.workers, self.backend = config, seed, workers, backend
         self.env = config.task if env is None else env
-        model, self.tokenizer = load_base_model(config.base_model, config.cache_dir)
-        self.policy = add_lora(model, config.lora, seed)
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.policy.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0
-        )
+        self.model = MultiLoraModel(config.base_model, config.cache_dir)
+        self.model.add(POLICY, config.lora, seed)
+        self.params = [p for p in self.model.model.parameters() if p.requires_grad]
+        """The adapter's tensors in module order (the order of the optimiser state in GRPO's checkpoints)."""
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=0.0)
         self.sampler = PromptSampler(len(make_text_env(self.env, "train", config.task_seed).examples), seed)
         self.trainer_rng = np.random.default_rng(seed)
         self.iteration = 0
@@ -119,10 +120,8 @@ class GRPO:
 
     def rollout(self, iteration: int, indices: list[int]) -> tuple[list, int]:
         """The step's episodes (ordered by group) and the adapter bytes sent to each worker."""
-        from opentinker.agents.lm_policy import adapter_state, state_bytes
-
         c = self.config
-        adapter = adapter_state(self.policy)
+        adapter = self.model.state(POLICY)
         groups = list(enumerate(indices))
         shares = self._split(groups)
         results = self._pool().call(
@@ -130,7 +129,7 @@ class GRPO:
             [(iteration, self.seed, share, c.group_size, c.max_new_tokens, c.temperature) for share in shares],
             broadcast=(adapter,),
         )
-        return [e for part in results for e in part], state_bytes(adapter)
+        return [e for part in results for e in part], sum(t.numel() * t.element_size() for t in adapter.values())
 
     # -- learning ------------------------------------------------------------------------------------------------
     def _iterate(self) -> dict[str, float]:
@@ -165,7 +164,6 @@ class GRPO:
     def update(self, episodes: list, advantages: torch.Tensor) -> dict[str, float]:
         """``update_epochs`` optimiser steps on every generated turn of ``episodes``."""
         c = self.config
-        pad = self.tokenizer.pad_token_id
         samples = [
             (t.prompt_ids, t.completion_ids, float(a))
             for e, a in zip(episodes, advantages)
@@ -178,19 +176,14 @@ class GRPO:
         if not samples:
             return {"train/loss": 0.0, "train/kl": 0.0, "train/clip_fraction": 0.0, "train/grad_norm": 0.0}
         chunks = [samples[i : i + c.micro_batch] for i in range(0, len(samples), c.micro_batch)]
-        self.policy.train()
         with torch.no_grad():
-            ref = [self._ref_logprobs(ch, pad) if c.kl_coef > 0 else None for ch in chunks]
-            old = (
-                [completion_logprobs(self.policy, [s[0] for s in ch], [s[1] for s in ch], pad)[0] for ch in chunks]
-                if c.update_epochs > 1
-                else [None] * len(chunks)
-            )
+            ref = [self._logprobs(ch, None)[0] if c.kl_coef > 0 else None for ch in chunks]
+            old = [self._logprobs(ch)[0] if c.update_epochs > 1 else None for ch in chunks]
         totals = {"loss": 0.0, "kl": 0.0, "clipped": 0.0}
         for _ in range(c.update_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for chunk, ref_lp, old_lp in zip(chunks, ref, old):
-                logp, mask = completion_logprobs(self.policy, [s[0] for s in chunk], [s[1] for s in chunk], pad)
+                logp, mask = self._logprobs(chunk)
                 adv = torch.tensor([s[2] for s in chunk]).unsqueeze(1)
                 old_lp = logp.detach() if old_lp is None else old_lp
                 per_token, kl = token_loss(logp, old_lp, ref_lp, adv, c.clip_range, c.kl_coef)
@@ -201,11 +194,8 @@ class GRPO:
                 ratio = torch.exp(logp.detach() - old_lp)
                 clipped = ((ratio - 1).abs() > c.clip_range) * mask
                 totals["clipped"] += float(clipped.sum()) / n_tokens / c.update_epochs
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in self.policy.parameters() if p.requires_grad], c.max_grad_norm
-            )
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.max_grad_norm)
             self.optimizer.step()
-        self.policy.eval()
         return {
             "train/loss": totals["loss"],
             "train/kl": totals["kl"],
@@ -213,9 +203,10 @@ class GRPO:
             "train/grad_norm": float(grad_norm),
         }
 
-    def _ref_logprobs(self, chunk: list, pad: int) -> torch.Tensor:
-        with self.policy.disable_adapter():
-            return completion_logprobs(self.policy, [s[0] for s in chunk], [s[1] for s in chunk], pad)[0]
+    def _logprobs(self, chunk: list, adapter: str | None = POLICY) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's completion log-probabilities and mask under ``adapter`` (None: the base model, the KL's
+        reference)."""
+        return completion_logprobs(self.model, adapter, [s[0] for s in chunk], [s[1] for s in chunk])
 
     def train(
         self,
@@ -233,12 +224,10 @@ class GRPO:
 
     def evaluate(self, split: str = "heldout", prompts: int | None = None, base: bool = False) -> LLMEvalResult:
         """Greedy episodes on the first ``prompts`` examples of ``split`` (``base``: adapter disabled)."""
-        from opentinker.agents.lm_policy import adapter_state
-
         c = self.config
         indices = list(range(prompts or c.eval_prompts))
         shares = self._split(indices)
-        adapter = None if base else adapter_state(self.policy)
+        adapter = None if base else self.model.state(POLICY)
         parts = self._pool().call(
             "evaluate", [(split, share, c.max_new_tokens, c.eval_batch) for share in shares], broadcast=(adapter,)
         )
@@ -246,15 +235,13 @@ class GRPO:
 
     # -- persistence ---------------------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> Path:
-        from opentinker.agents.lm_policy import adapter_state
-
         return atomic_save(
             {
                 "config": dataclasses.asdict(self.config),
                 "seed": self.seed,
                 "iteration": self.iteration,
                 "completions": self.completions,
-                "adapter": adapter_state(self.policy),
+                "adapter": self.model.state(POLICY),
                 "optimizer": self.optimizer.state_dict(),
                 "sampler": self.sampler.state(),
                 "rng": rng_state(self.trainer_rng),
@@ -265,11 +252,9 @@ class GRPO:
     @classmethod
     def load(cls, path: str | os.PathLike, workers: int = 1, backend: str = "ray", env: Any = None) -> GRPO:
         """Rebuild from ``save`` (``env``: as given to the constructor, when not the config's task name)."""
-        from opentinker.agents.lm_policy import load_adapter_state
-
         state = load_checkpoint(path)
         trainer = cls(GRPOConfig(**state["config"]), seed=state["seed"], workers=workers, backend=backend, env=env)
-        load_adapter_state(trainer.policy, state["adapter"])
+        trainer.model.load_state(POLICY, state["adapter"])
         trainer.optimizer.load_state_dict(state["optimizer"])
         trainer.sampler = PromptSampler(trainer.sampler.n, trainer.seed, **state["sampler"])
         trainer.iteration, trainer.completions = state["iteration"], state["completions"]
@@ -277,13 +262,10 @@ class GRPO:
         return trainer
 
     def save_adapter(self, directory: str | os.PathLike, **meta: Any) -> Path:
-        from opentinker.agents.lm_policy import save_adapter
-
-        return save_adapter(
-            self.policy,
-            self.tokenizer,
+        """The adapter as a peft folder (``MultiLoraModel.save``): what the registry and the agent service load."""
+        return self.model.save(
+            POLICY,
             directory,
-            self.config.base_model,
             task=self.config.task,
             task_seed=self.config.task_seed,
             max_new_tokens=self.config.max_new_tokens,

@@ -1,4 +1,5 @@
-"""The trainable language-model policy: a transformers causal LM with a peft LoRA adapter.
+"""The language models' base weights and the adapter folders they are saved as (the LoRA model itself, with its
+adapters, is ``agents.multi_lora.MultiLoraModel``).
 
 Base models: ``"smollm2"`` (the bundled SmolLM2-135M-Instruct, read from its GGUF by transformers and cached as a
 plain checkpoint), ``"tiny"`` (a randomly initialised 2-layer Llama with SmolLM2's tokenizer, built in code from a
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +23,6 @@ TINY_SEED = 1234
 INIT_RANGE = 0.5
 """Wide initial weights give the tiny model a peaked next-token distribution, as a trained LM has, so sampling
 explores a few tokens per context and a reward can move it within seconds (near-uniform over 49k tokens, it cannot)."""
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """LoRA shape (peft ``LoraConfig``)."""
-
-    rank: int = 16
-    alpha: int = 32
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def load_tokenizer(cache_dir: str | Path | None = None) -> Any:
@@ -99,56 +90,14 @@ def base_config(base: str, tokenizer: Any, cache_dir: str | Path | None = None) 
     raise ValueError(f"base_model: expected one of {BASE_MODELS} or a transformers checkpoint folder, got {base!r}")
 
 
-def lora_config(spec: LoraSpec) -> Any:
-    """peft's ``LoraConfig`` for ``spec`` (no dropout, no bias): ours, and the TRL reference's in the bench."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=spec.rank,
-        lora_alpha=spec.alpha,
-        target_modules=list(spec.targets),
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-
-
-def add_lora(model: Any, spec: LoraSpec, seed: int) -> Any:
-    """Wrap ``model`` in a peft LoRA adapter; A is drawn from ``seed``, B starts at zero (policy = base at first)."""
-    from peft import get_peft_model
-
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return get_peft_model(model, lora_config(spec))
-
-
-def adapter_state(model: Any) -> dict[str, torch.Tensor]:
-    """The adapter's tensors only (what crosses to rollout workers and into checkpoints)."""
-    from peft import get_peft_model_state_dict
-
-    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
-
-
-def load_adapter_state(model: Any, state: dict[str, torch.Tensor]) -> None:
-    from peft import set_peft_model_state_dict
-
-    result = set_peft_model_state_dict(model, state)
-    unexpected = getattr(result, "unexpected_keys", [])
-    if unexpected:
-        raise ValueError(f"adapter state: unexpected keys {unexpected[:3]}")
-
-
-def state_bytes(state: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())
-
-
-def save_adapter(model: Any, tokenizer: Any, directory: str | Path, base: str, **meta: Any) -> Path:
-    """peft's adapter files, the tokenizer, and ``opentinker_llm.json`` naming the base model."""
-    directory = Path(directory)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    (directory / ADAPTER_META).write_text(json.dumps({"base_model": base, **meta}, indent=2))
-    return directory
+def adapter_meta(directory: str | Path) -> dict:
+    """An adapter folder's ``opentinker_llm.json`` (its base model, and its task when GRPO trained it)."""
+    meta_path = Path(directory) / ADAPTER_META
+    if not meta_path.is_file():
+        raise FileNotFoundError(
+            f"{directory}: expected an adapter folder with {ADAPTER_META} (agents.multi_lora.MultiLoraModel.save)"
+        )
+    return json.loads(meta_path.read_text())
 
 
 def load_adapted_model(
@@ -156,16 +105,10 @@ def load_adapted_model(
 ) -> tuple[Any, Any, dict]:
     """(model, tokenizer, meta) for a saved adapter: its base model rebuilt, the adapter loaded (and merged)."""
     from peft import PeftModel
-
-    directory = Path(directory)
-    meta_path = directory / ADAPTER_META
-    if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"{directory}: expected an adapter folder with {ADAPTER_META} (agents.lm_policy.save_adapter)"
-        )
     from transformers import AutoTokenizer
 
-    meta = json.loads(meta_path.read_text())
+    directory = Path(directory)
+    meta = adapter_meta(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory)
     tokenizer.padding_side = "left"
     base, tokenizer = load_base_model(meta["base_model"], cache_dir, tokenizer)

@@ -1,20 +1,25 @@
 """Text-env episodes played by a language model, batched turn by turn, and the worker that plays them.
 
-Sampling is seeded per group of episodes by (seed, iteration, group): a group is always generated as one batch
-with its own seed, so a retried rollout — or the same step on 1 or 2 workers — gives the same completions.
-Workers receive only the LoRA adapter's tensors each iteration; the base model is rebuilt from its name.
+Sampling goes through the Tinker engine's sampler (``agents.lm_sampler.HFSampler``) on a ``MultiLoraModel``, and is
+seeded per group of episodes by (seed, iteration, group): a group is always generated as one batch with its own
+seed, so a retried rollout — or the same step on 1 or 2 workers — gives the same completions. Workers receive only
+the LoRA adapter's tensors each iteration; the base model is rebuilt from its name.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
+
+from opentinker.agents.lm_sampler import HFSampler, SampleJob, SamplingSpec, sample_seed
+from opentinker.agents.multi_lora import AdapterShape, MultiLoraModel
+
+POLICY = "policy"
+"""The adapter's name on the learner's and the workers' ``MultiLoraModel``."""
 
 
 @dataclass
@@ -41,46 +46,34 @@ class Episode:
     answer: str = ""
 
 
-def sample_seed(*keys: int) -> int:
-    """A 63-bit seed from (seed, iteration, group, ...)."""
-    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0] >> np.uint64(1))
-
-
-def stop_token_ids(tokenizer: Any) -> list[int]:
-    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    return sorted(i for i in ids if i is not None and i >= 0)
-
-
-@torch.no_grad()
-def generate(
-    model: Any, tokenizer: Any, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float, seed: int | None
+def sample_turn(
+    sampler: HFSampler,
+    adapter: str | None,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    seed: int | None,
 ) -> list[list[int]]:
-    """Completions for a batch of token-id prompts (left-padded, KV-cached ``generate``); greedy when
-    ``temperature`` is 0. Each completion ends at its first stop token (kept) or at ``max_new_tokens``."""
-    pad = tokenizer.pad_token_id
-    width = max(len(p) for p in prompts)
-    input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
-    attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    stops = stop_token_ids(tokenizer)
-    sampling = (
-        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-        if temperature > 0
-        else {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
-    )
-    if seed is not None:
-        torch.manual_seed(seed)
-    out = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=stops,
-        pad_token_id=pad,
-        **sampling,
-    )
-    completions = []
-    for row in out[:, width:].tolist():
-        end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
-        completions.append(row[:end])
+    """One completion per prompt through ``sampler`` (``agents.lm_sampler``, the Tinker engine's), greedy when
+    ``temperature`` is 0; each ends at its first end-of-text token (kept) or at ``max_new_tokens``. Equal prompts
+    (a group's first turn) are one request with a sample per row: prefilled once, then each row on its own seeded
+    stream (``seed`` and the request's place)."""
+    requests: dict[tuple[int, ...], list[int]] = {}
+    for row, prompt in enumerate(prompts):
+        requests.setdefault(tuple(prompt), []).append(row)
+    jobs = [
+        SampleJob(
+            prompt,
+            len(rows),
+            SamplingSpec(max_new_tokens, temperature, seed=None if seed is None else sample_seed(seed, k)),
+            adapter,
+        )
+        for k, (prompt, rows) in enumerate(requests.items())
+    ]
+    completions: list[list[int]] = [[] for _ in prompts]
+    for result, rows in zip(sampler.sample(jobs), requests.values()):
+        for row, completion in zip(rows, result.completions):
+            completions[row] = completion.tokens
     return completions
 
 
@@ -115,8 +108,8 @@ def take_turn(
 
 
 def play(
-    model: Any,
-    tokenizer: Any,
+    sampler: HFSampler,
+    adapter: str | None,
     envs: Sequence[Any],
     indices: Sequence[int],
     group: int,
@@ -124,7 +117,9 @@ def play(
     temperature: float,
     seed: int | None,
 ) -> list[Episode]:
-    """Play one episode per env (``reset(options={"index": i})``), all rows sampled together each turn."""
+    """Play one episode per env (``reset(options={"index": i})``), all rows sampled together each turn, through
+    ``sampler``'s adapter ``adapter`` (None: the base model)."""
+    tokenizer = sampler.model.tokenizer
     episodes, chats = [], []
     for env, index in zip(envs, indices):
         episode, chat = open_episode(env, index, group)
@@ -135,7 +130,7 @@ def play(
     while active:
         prompts = [chat_prompt_ids(tokenizer, chats[i]) for i in active]
         turn_seed = None if seed is None else sample_seed(seed, turn)
-        completions = generate(model, tokenizer, prompts, max_new_tokens, temperature, turn_seed)
+        completions = sample_turn(sampler, adapter, prompts, max_new_tokens, temperature, turn_seed)
         still = []
         for i, prompt, completion in zip(active, prompts, completions):
             if take_turn(envs[i], episodes[i], chats[i], tokenizer, prompt, completion):
@@ -147,8 +142,8 @@ def play(
 
 
 def evaluate_model(
-    model: Any,
-    tokenizer: Any,
+    sampler: HFSampler,
+    adapter: str | None,
     task: Any,
     task_seed: int,
     indices: list[int],
@@ -165,18 +160,29 @@ def evaluate_model(
     episodes = []
     for start in range(0, len(indices), batch):
         chunk = indices[start : start + batch]
-        episodes += play(model, tokenizer, envs[: len(chunk)], chunk, -1, max_new_tokens, 0.0, None)
+        episodes += play(sampler, adapter, envs[: len(chunk)], chunk, -1, max_new_tokens, 0.0, None)
     return episodes
 
 
+def adapter_sampler(directory: str, cache_dir: str | None = None) -> tuple[HFSampler, dict]:
+    """(a sampler holding a saved adapter folder as ``POLICY`` on its base model, the folder's metadata)."""
+    from opentinker.agents.lm_policy import adapter_meta
+
+    meta = adapter_meta(directory)
+    model = MultiLoraModel(meta["base_model"], cache_dir)
+    model.load(POLICY, directory)
+    return HFSampler(model), meta
+
+
 class LLMRolloutWorker:
-    """A rollout actor: the base model + LoRA adapter, env copies of a text env's splits (``task``: a shipped task,
-    ``module:factory``, a factory or an instance), one torch thread."""
+    """A rollout actor: the base model with the policy's adapter (``lora``: its ``AdapterShape``) sampled by the
+    Tinker engine's sampler, env copies of a text env's splits (``task``: a shipped task, ``module:factory``, a
+    factory or an instance), one torch thread."""
 
-    def __init__(self, task: Any, task_seed: int, base_model: str, lora: Any, cache_dir: str | None, threads: int = 1):
+    def __init__(
+        self, task: Any, task_seed: int, base_model: str, lora: AdapterShape, cache_dir: str | None, threads: int = 1
+    ):
         from opentinker.envs.text_tasks import make_text_env
-
-        from .lm_policy import add_lora, load_base_model
 
         if threads:
             torch.set_num_threads(threads)
@@ -187,9 +193,9 @@ class LLMRolloutWorker:
         self.task, self.task_seed = task, task_seed
         self._make_env = lambda s: make_text_env(task, s, task_seed)
         self.envs: dict[str, list[Any]] = {}
-        model, self.tokenizer = load_base_model(base_model, cache_dir)
-        self.model = add_lora(model, lora, seed=0)  # its A/B are replaced by set_adapter before any rollout
-        self.model.eval()
+        self.model = MultiLoraModel(base_model, cache_dir)
+        self.model.add(POLICY, lora, seed=0)  # its tensors are replaced by the learner's before any rollout
+        self.sampler = HFSampler(self.model)
 
     def pid(self) -> int:
         return os.getpid()
@@ -211,15 +217,13 @@ class LLMRolloutWorker:
         temperature: float,
     ) -> list[Episode]:
         """``group_size`` sampled episodes of each (group id, prompt index), each group seeded on its own."""
-        from .lm_policy import load_adapter_state
-
-        load_adapter_state(self.model, adapter)
+        self.model.load_state(POLICY, adapter)
         envs = self._envs("train", group_size)
         episodes = []
         for group, index in groups:
             episodes += play(
-                self.model,
-                self.tokenizer,
+                self.sampler,
+                POLICY,
                 envs,
                 [index] * group_size,
                 group,
@@ -233,15 +237,13 @@ class LLMRolloutWorker:
         self, adapter: dict | None, split: str, indices: list[int], max_new_tokens: int, batch: int
     ) -> list[Episode]:
         """Greedy episodes on ``indices`` of ``split`` (adapter None: the base model alone)."""
-        from .lm_policy import load_adapter_state
-
         envs = self._envs(split, batch)
         if adapter is not None:
-            load_adapter_state(self.model, adapter)
-        with self.model.disable_adapter() if adapter is None else contextlib.nullcontext():
-            return evaluate_model(
-                self.model, self.tokenizer, self.task, self.task_seed, indices, max_new_tokens, batch, split, envs
-            )
+            self.model.load_state(POLICY, adapter)
+        name = None if adapter is None else POLICY
+        return evaluate_model(
+            self.sampler, name, self.task, self.task_seed, indices, max_new_tokens, batch, split, envs
+        )
 
     def close(self) -> None:
         pass

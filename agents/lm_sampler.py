@@ -21,12 +21,22 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from opentinker.agents.lm_rollout import sample_seed, stop_token_ids
 from opentinker.agents.multi_lora import BASE, MultiLoraModel
 
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256
 MAX_TOPK = 20
+
+
+def sample_seed(*keys: int) -> int:
+    """A 63-bit seed from (seed, iteration, group, ...)."""
+    return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """The tokens that end a reply (end of text, the chat template's end of turn)."""
+    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    return sorted(i for i in ids if i is not None and i >= 0)
 
 
 class SamplingError(ValueError):

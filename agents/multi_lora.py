@@ -5,8 +5,8 @@ adapter at a time (``activate`` makes only its tensors trainable); sampling can 
 (peft's ``adapter_names``, ``"__base__"`` for the bare model). The peft wrapper is created with the first adapter
 and unwrapped when the last one goes, so an idle model holds no LoRA layers at all.
 
-Adapters are saved as peft's own files plus ``opentinker_llm.json`` (``agents.lm_policy.save_adapter``'s layout),
-so a saved adapter is also what the registry serves (``tracking.llm_store``).
+Adapters are saved as peft's own files plus ``opentinker_llm.json`` (``save``), so a saved adapter is also what the
+registry serves (``tracking.llm_store``). The Tinker engine and the built-in GRPO both train on this model.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 from opentinker.agents.lm_policy import ADAPTER_META, load_base_model
 
 LORA_ALPHA = 32
-"""LoRA's alpha, fixed whatever the rank (scale alpha / rank), as the hosted Tinker service fixes it."""
+"""LoRA's alpha unless the shape names another (scale alpha / rank): the Tinker API fixes it whatever the rank, as
+the hosted service does; a GRPO config may set its own (``GRPOConfig.lora_alpha``)."""
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 UNEMBED = ("lm_head",)
@@ -33,16 +34,20 @@ BASE = "__base__"
 
 @dataclass(frozen=True)
 class AdapterShape:
-    """What a client's ``create_model`` asks for: the LoRA rank and which parts of the network train."""
+    """The one LoRA shape of both trainers (a Tinker client's ``create_model``, the built-in GRPO's config): the
+    rank, alpha and which parts of the network train."""
 
     rank: int = 32
     train_attn: bool = True
     train_mlp: bool = True
     train_unembed: bool = True
+    alpha: int = LORA_ALPHA
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or not 1 <= self.rank <= 512:
             raise ValueError(f"lora_config.rank must be an int in [1, 512], got {self.rank!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int) or self.alpha < 1:
+            raise ValueError(f"lora_config.alpha must be an int >= 1, got {self.alpha!r}")
         if not (self.train_attn or self.train_mlp or self.train_unembed):
             raise ValueError("lora_config: at least one of train_attn, train_mlp, train_unembed must be true")
 
@@ -58,7 +63,7 @@ class AdapterShape:
         from peft import LoraConfig
 
         return LoraConfig(
-            r=self.rank, lora_alpha=LORA_ALPHA, target_modules=list(self.targets), lora_dropout=0.0, bias="none"
+            r=self.rank, lora_alpha=self.alpha, target_modules=list(self.targets), lora_dropout=0.0, bias="none"
         )
 
 
@@ -179,6 +184,7 @@ class MultiLoraModel:
             train_attn=bool(targets & set(ATTENTION)),
             train_mlp=bool(targets & set(MLP)),
             train_unembed=bool(targets & set(UNEMBED)),
+            alpha=int(config.lora_alpha),
         )
         config.inference_mode = False
         self.add(name, shape, seed=0, config=config)
@@ -196,15 +202,19 @@ class MultiLoraModel:
         inputs: Sequence[Sequence[int]],
         targets: Sequence[torch.Tensor],
         active: Sequence[torch.Tensor | None] | None = None,
+        offsets: Sequence[int] | None = None,
     ) -> list[torch.Tensor]:
-        """log p(targets[i][t] | inputs[i][: t + 1]) for a batch (right-padded, one pass of the decoder), with the
-        graph when gradients are enabled. ``targets[i]`` is (T_i,) or (T_i, K); the result has its shape. ``name``
-        None: the base model alone; a list: each row's adapter (several clients' rows in one pass, peft's mixed
-        batch; each adapter's tensors get the gradient of its own rows only).
+        """log p(targets[i][t] | inputs[i][: offsets[i] + t + 1]) for a batch (right-padded, one pass of the
+        decoder), with the graph when gradients are enabled. ``targets[i]`` is (T_i,) or (T_i, K); the result has its
+        shape. ``name`` None: the base model alone; a list: each row's adapter (several clients' rows in one pass,
+        peft's mixed batch; each adapter's tensors get the gradient of its own rows only).
 
         ``active[i]``: a (T_i,) mask of the positions whose log-probabilities need a gradient (None: all). The
         output projection, a vocabulary-wide matmul per position, runs with the graph only there and under no_grad
-        elsewhere: a prompt's positions cost their forward, not their backward and their activations."""
+        elsewhere: a prompt's positions cost their forward, not their backward and their activations.
+
+        ``offsets[i]``: the position of ``targets[i][0]``'s prediction (None: 0), so that positions before it (a
+        prompt whose log-probabilities nobody asks for, as in GRPO) skip the output projection altogether."""
         width = max(len(x) for x in inputs)
         ids = torch.zeros((len(inputs), width), dtype=torch.long)
         attention = torch.zeros((len(inputs), width), dtype=torch.long)
@@ -215,16 +225,18 @@ class MultiLoraModel:
         names = None if name is None or isinstance(name, str) else list(name)
         if names is not None and len(set(names)) == 1:
             name, names = names[0], None
+        offsets = offsets or [0] * len(inputs)
         if names is not None:
-            return self._mixed_logprobs(names, ids, attention, targets, active)
+            return self._mixed_logprobs(names, ids, attention, targets, active, offsets)
         with self.using(name):
             causal_lm = self._peft.get_base_model() if self._peft is not None else self._base_model
             hidden = causal_lm.get_decoder()(input_ids=ids, attention_mask=attention).last_hidden_state
             head = causal_lm.get_output_embeddings()
             out = []
-            for row, target in enumerate(targets):
+            for row, (target, start) in enumerate(zip(targets, offsets)):
                 mask = None if active is None else active[row]
-                out.append(_head_logprobs(head, hidden[row, : target.shape[0]], target.to(self.device), mask))
+                rows = hidden[row, start : start + target.shape[0]]
+                out.append(_head_logprobs(head, rows, target.to(self.device), mask))
         return out
 
     def _mixed_logprobs(
@@ -234,6 +246,7 @@ class MultiLoraModel:
         attention: torch.Tensor,
         targets: Sequence[torch.Tensor],
         active: Sequence[torch.Tensor | None] | None,
+        offsets: Sequence[int],
     ) -> list[torch.Tensor]:
         """``target_logprobs`` with an adapter per row: the decoder runs once with peft's ``adapter_names`` (the
         model stays in eval mode, as always here: no dropout), the output projection per row with its adapter."""
@@ -247,14 +260,15 @@ class MultiLoraModel:
         head = causal_lm.get_output_embeddings()
         lora_head = hasattr(head, "lora_A")
         out = []
-        for row, target in enumerate(targets):
+        for row, (target, start) in enumerate(zip(targets, offsets)):
             mask = None if active is None else active[row]
             adapter = names[row]
 
             def row_head(h: torch.Tensor, adapter: str = adapter) -> torch.Tensor:
                 return head(h, adapter_names=[adapter] * h.shape[0]) if lora_head else head(h)
 
-            out.append(_head_logprobs(row_head, hidden[row, : target.shape[0]], target.to(self.device), mask))
+            rows = hidden[row, start : start + target.shape[0]]
+            out.append(_head_logprobs(row_head, rows, target.to(self.device), mask))
         return out
 
     def using(self, name: str | None) -> Any:

@@ -33,10 +33,13 @@ def trl_run(args) -> dict:
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from opentinker.agents.config import GRPOConfig as BuiltinConfig
     from opentinker.agents.grpo_trainer import summarise
-    from opentinker.agents.lm_policy import LoraSpec, load_tokenizer, lora_config
-    from opentinker.agents.lm_rollout import evaluate_model
+    from opentinker.agents.lm_policy import load_tokenizer
+    from opentinker.agents.lm_rollout import POLICY, evaluate_model
+    from opentinker.agents.lm_sampler import HFSampler
     from opentinker.agents.lm_weights import converted_checkpoint
+    from opentinker.agents.multi_lora import MultiLoraModel
     from opentinker.envs.text import TextExample, exact_integer
     from opentinker.envs.text_tasks import make_text_env, task_examples
 
@@ -55,7 +58,8 @@ def trl_run(args) -> dict:
     def reward(prompts, completions, answer, **_):
         return [exact_integer(c[-1]["content"], TextExample("", a)) for c, a in zip(completions, answer)]
 
-    spec = LoraSpec()
+    peft_config = BuiltinConfig().lora.peft_config()  # the built-in GRPO's adapter
+    peft_config.task_type = "CAUSAL_LM"
     tokenizer = load_tokenizer(args.cache_dir)
     model = AutoModelForCausalLM.from_pretrained(converted_checkpoint(None, args.cache_dir), dtype=torch.float32)
     config = GRPOConfig(
@@ -103,14 +107,18 @@ def trl_run(args) -> dict:
         train_dataset=data,
         processing_class=tokenizer,
         callbacks=[Curve()],
-        peft_config=lora_config(spec),
+        peft_config=peft_config,
     )
     began = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - (started[0] if started else began)
-    merged = trainer.model.merge_and_unload().eval()
+    adapter_dir = os.path.join(args.out_dir, "trl", "adapter")
+    trainer.model.save_pretrained(adapter_dir)
+    policy = MultiLoraModel("smollm2", args.cache_dir)
+    policy.load(POLICY, adapter_dir)
     indices = list(range(args.eval_prompts))
-    after = summarise(evaluate_model(merged, tokenizer, "arithmetic", 0, indices, args.max_new_tokens, 16)).success
+    episodes = evaluate_model(HFSampler(policy), POLICY, "arithmetic", 0, indices, args.max_new_tokens, 16)
+    after = summarise(episodes).success
     return half_figures(args, seconds, curve, after)
 
 

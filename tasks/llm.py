@@ -167,15 +167,14 @@ def evaluate_adapter(
     run_id: str | None = None,
     step: int = 0,
 ) -> LLMEvaluation:
-    """Base + merged adapter, greedy, on the first ``prompts`` held-out examples of the adapter's own task —
-    the model and decoding the agent service runs. Logged (metrics + episode table) when ``run_id`` is given."""
+    """The saved adapter on its base model, greedy, on the first ``prompts`` held-out examples of the adapter's own
+    task, through the sampler GRPO's workers use. Logged (metrics + episode table) when ``run_id`` is given."""
     from opentinker.agents.grpo_trainer import summarise
-    from opentinker.agents.lm_policy import load_adapted_model
-    from opentinker.agents.lm_rollout import evaluate_model
+    from opentinker.agents.lm_rollout import POLICY, adapter_sampler, evaluate_model
 
-    model, tokenizer, meta = load_adapted_model(adapter_dir, cache_dir)
+    sampler, meta = adapter_sampler(adapter_dir, cache_dir)
     episodes = evaluate_model(
-        model, tokenizer, meta["task"], meta["task_seed"], list(range(prompts)), meta["max_new_tokens"], eval_batch
+        sampler, POLICY, meta["task"], meta["task_seed"], list(range(prompts)), meta["max_new_tokens"], eval_batch
     )
     result = summarise(episodes)
     if run_id:

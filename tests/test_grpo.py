@@ -69,6 +69,14 @@ def test_equal_rewards_give_no_gradient_and_clipping_stops_it_outside_the_range(
     assert logp.grad[0, 0] != 0
 
 
+def test_the_config_maps_onto_the_engines_adapter_shape():
+    peft = GRPOConfig(lora_rank=8, lora_alpha=16).lora.peft_config()
+    assert (peft.r, peft.lora_alpha) == (8, 16)
+    assert "lm_head" not in peft.target_modules and {"q_proj", "down_proj"} <= set(peft.target_modules)
+    with pytest.raises(ValueError, match=r"GRPOConfig\.lora_rank"):
+        GRPOConfig(lora_rank=600)
+
+
 @pytest.fixture(scope="module")
 def tiny_trainer():
     trainer = GRPO(GRPOConfig(**TINY, learning_rate=1e-2), seed=3, workers=1, backend="local")
@@ -79,18 +87,19 @@ def tiny_trainer():
 def test_kl_is_zero_with_the_adapter_off_and_positive_once_it_differs(tiny_trainer):
     from opentinker.agents.grpo import completion_logprobs
 
-    policy = tiny_trainer.policy
+    model = tiny_trainer.model
     prompts, completions = [[1, 2, 3, 4], [5, 6]], [[7, 8, 9], [10, 11]]
-    pad = tiny_trainer.tokenizer.pad_token_id
+    chunk = list(zip(prompts, completions, [0.0, 0.0]))
     with torch.no_grad():
-        for name, param in policy.named_parameters():
+        for name, param in model.model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.5)
-        ref = tiny_trainer._ref_logprobs(list(zip(prompts, completions, [0.0, 0.0])), pad)
-        with policy.disable_adapter():
-            off, mask = completion_logprobs(policy, prompts, completions, pad)
-        on, _ = completion_logprobs(policy, prompts, completions, pad)
-        for name, param in policy.named_parameters():
+        ref = tiny_trainer._logprobs(chunk, None)[0]
+        off, mask = completion_logprobs(model, None, prompts, completions)
+        on, _ = tiny_trainer._logprobs(chunk)
+        # the same numbers as the Tinker engine's forward over whole sequences
+        whole = model.target_logprobs("policy", [[1, 2, 3, 4, 7, 8]], [torch.tensor([2, 3, 4, 7, 8, 9])])
+        for name, param in model.model.named_parameters():
             if "lora_B" in name:
                 param.zero_()
     _, kl_off = token_loss(off, off, ref, torch.ones(2, 1), 0.2, 0.1)
@@ -98,6 +107,7 @@ def test_kl_is_zero_with_the_adapter_off_and_positive_once_it_differs(tiny_train
     assert torch.equal((kl_off * mask).sum(), torch.tensor(0.0))
     assert float((kl_on * mask).sum()) > 1e-3
     assert mask.tolist() == [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
+    assert torch.allclose(on[0], whole[0][3:], atol=1e-5)
 
 
 def _upper_share(answer: str, example: TextExample) -> float:
@@ -146,8 +156,6 @@ def test_tiny_model_learns_a_target_behaviour_from_a_verifier_reward(shout_task)
 
 
 def test_resume_is_bit_exact(tmp_path, shout_task):
-    from opentinker.agents.lm_policy import adapter_state
-
     config = GRPOConfig(**{**TINY, "task": "shout"}, learning_rate=1e-2, temperature=1.0)
     straight = GRPO(config, seed=5, workers=1, backend="local")
     straight.train(2, checkpoint_dir=tmp_path)
@@ -155,7 +163,7 @@ def test_resume_is_bit_exact(tmp_path, shout_task):
     resumed = GRPO.load(tmp_path / "checkpoint.pt", workers=1, backend="local")
     assert resumed.updates == 2 and resumed.sampler.state() != {"epoch": 0, "position": 0}
     resumed.train(4)
-    a, b = adapter_state(straight.policy), adapter_state(resumed.policy)
+    a, b = straight.model.state("policy"), resumed.model.state("policy")
     assert any(float(v.abs().sum()) > 0 for k, v in a.items() if "lora_B" in k)  # it did learn something
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     sa, sb = straight.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]

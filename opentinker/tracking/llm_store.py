@@ -77,12 +77,13 @@ class _AdapterPyfunc:
     """``predict(list of prompts) -> list of replies`` (greedy, the chat template, no tools)."""
 
     def __init__(self, folder: str):
-        from opentinker.agents.lm_policy import load_adapted_model
+        from opentinker.agents.lm_rollout import adapter_sampler
 
-        self.model, self.tokenizer, self.meta = load_adapted_model(folder)
+        self.sampler, self.meta = adapter_sampler(folder)
+        self.tokenizer = self.sampler.model.tokenizer
 
     def predict(self, model_input: Any, params: dict | None = None) -> list[str]:
-        from opentinker.agents.lm_rollout import generate
+        from opentinker.agents.lm_rollout import POLICY, sample_turn
 
         prompts = [
             self.tokenizer.apply_chat_template(
@@ -90,7 +91,7 @@ class _AdapterPyfunc:
             )["input_ids"]
             for p in list(model_input)
         ]
-        out = generate(self.model, self.tokenizer, prompts, int(self.meta.get("max_new_tokens", 64)), 0.0, None)
+        out = sample_turn(self.sampler, POLICY, prompts, int(self.meta.get("max_new_tokens", 64)), 0.0, None)
         return [self.tokenizer.decode(c, skip_special_tokens=True).strip() for c in out]
 
 
