@@ -129,6 +129,11 @@ class Settings(BaseSettings):
         description="Base models the server's Tinker API (/api/v1) trains and samples: 'smollm2' (the bundled "
         "SmolLM2-135M-Instruct), 'tiny' (the test model) or transformers checkpoint folders.",
     )
+    tinker_ray_address: str = Field(
+        "",
+        description="The Ray cluster the Tinker engine runs on: the operator's, never handed to jobs (they run "
+        "their own); empty: ray_address if set, else a local head the server starts.",
+    )
     tinker_device: str = Field(
         "auto",
         description="Where the Tinker API's models run: 'auto' (CUDA when present), 'cpu', 'cuda', 'cuda:1', ...",

@@ -3,12 +3,14 @@
 PostgreSQL (the server's database and Prefect's), a Prefect server on it, MLflow with its authentication app (one
 user per tenant, ``mlflow_users``) over SeaweedFS S3 (one identity per tenant, ``s3_users``), ``api_count``
 ``opentinker server up --no-worker --config production.toml`` API processes on the one database behind HAProxy
-(Debian's ``haproxy``), and one ``opentinker server worker`` with an environment of its own (Prefect's URL and its
+(Debian's ``haproxy``), one ``opentinker server worker`` with an environment of its own (Prefect's URL and its
 key file: no database, no MLflow admin, no S3 credentials: each attempt gets its tenant's from the server) that
-reaches the API through the load balancer. The API processes and the worker share a data dir, as machines would on
-shared storage. With ``worker_user`` (started as root) the worker is that Unix user, with its own home, ``/tmp`` and
-a cgroup handed to it: of the shared data dir it can reach the tenants' folders (a group of its own, setgid) and
-nothing of the server's. On real machines each part is the same command on its own host (docs/deploy.md).
+reaches the API through the load balancer, and the operator's Ray cluster (``ray_nodes`` nodes) on which the API
+processes share one Tinker engine (``tinker_ray_address``; jobs never get it: each runs a Ray of its own). The API
+processes and the worker share a data dir, as machines would on shared storage. With ``worker_user`` (started as
+root) the worker is that Unix user, with its own home, ``/tmp`` and a cgroup handed to it: of the shared data dir it
+can reach the tenants' folders (a group of its own, setgid) and nothing of the server's. On real machines each part
+is the same command on its own host (docs/deploy.md).
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ import httpx
 import psutil
 
 from opentinker.infra.cgroups import JobCgroup, JobLimits
+from opentinker.infra.cluster import LocalCluster
 from opentinker.infra.files import atomic_write
 from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, port_open, start, start_http, venv_bin
 from opentinker.infra.services import S3Endpoint
+
+from .tinker.remote import OPERATOR_VARIABLES, STOP_TIMEOUT_S
 
 STARTUP_S = 300.0
 """Each service's start-up bound: a 2-core machine shared with other work starts them slowly."""
@@ -98,6 +103,8 @@ class Topology:
     worker_user: str = ""
     """The worker's own Unix user ('': ours)."""
     worker_cgroup: JobCgroup | None = field(default=None, repr=False)
+    ray: LocalCluster | None = field(default=None, repr=False)
+    """The operator's Ray cluster, where the Tinker engine runs."""
     api: list[ServiceProcess | None] = field(default_factory=list)
     api_ports: list[int] = field(default_factory=list)
     started: list[ServiceProcess] = field(default_factory=list, repr=False)
@@ -116,10 +123,12 @@ class Topology:
         api_count: int = 2,
         pool_limit: int = 2,
         worker_user: str = "",
+        ray_nodes: int = 2,
+        extra_settings: dict | None = None,
     ) -> Topology:
         """Start it all under ``root`` (``mlflow``: an MLflow server with users already running, over ``s3``; else
-        both are started here; ``worker_user``: the worker's own Unix user, ``root`` then reachable by it); stops what
-        it started if a part fails."""
+        both are started here; ``worker_user``: the worker's own Unix user, ``root`` then reachable by it;
+        ``extra_settings``: more of ``production.toml``); stops what it started if a part fails."""
         from opentinker.infra.postgres import database_url, start_postgres
         from opentinker.infra.services import start_prefect
 
@@ -136,8 +145,9 @@ class Topology:
             topology.started.append(postgres)
             topology.database = database_url(root / "postgres", postgres, "opentinker")
             prefect_db = database_url(root / "postgres", postgres, "prefect", driver="asyncpg")
-            with ThreadPoolExecutor(1) as pool:  # MLflow starts while Prefect does
+            with ThreadPoolExecutor(2) as pool:  # MLflow and Ray start while Prefect does
                 own_mlflow = pool.submit(topology._start_mlflow) if mlflow is None else None
+                ray = pool.submit(topology._start_ray, ray_nodes)
                 prefect = start_prefect(
                     root / "prefect",
                     root / "prefect.log",
@@ -147,6 +157,7 @@ class Topology:
                 )
                 topology.started.append(prefect)
                 topology.mlflow = mlflow or own_mlflow.result()
+                ray_address = ray.result()
             topology.prefect_url = f"{prefect.url}/api"
             topology.config = root / "production.toml"
             settings = {
@@ -159,6 +170,8 @@ class Topology:
                 "mlflow_tenant_secret": secrets.token_urlsafe(24),
                 **topology._s3_settings(),
                 "server_pool_limit": pool_limit,
+                "tinker_ray_address": ray_address,
+                **(extra_settings or {}),
             }
             atomic_write(topology.config, "".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()), mode=0o600)
             lb_port, *topology.api_ports = free_ports(1 + api_count)
@@ -187,6 +200,11 @@ class Topology:
         mlflow = start_mlflow(self.root / "mlflow", self.root / "mlflow.log", self.s3, auth=auth, timeout=STARTUP_S)
         self.started.append(mlflow)
         return MlflowEndpoint(mlflow.url, auth.admin_username, auth.admin_password)
+
+    def _start_ray(self, nodes: int) -> str:
+        """The operator's Ray cluster; no node inherits an operator credential (as the embedded engine's head)."""
+        self.ray = LocalCluster(self.root / "ray")
+        return self.ray.up(nodes=nodes, cpus_per_node=1, env=dict.fromkeys(OPERATOR_VARIABLES), timeout=STARTUP_S)
 
     def _share_data_dir(self) -> None:
         """The data dir as the worker user may see it: ``tenants/`` of the worker's group (setgid, so every tenant's
@@ -332,13 +350,15 @@ class Topology:
         raise ServiceError(f"the balancer did not take API process {index} in within {timeout:.0f} s")
 
     def down(self) -> None:
-        """The worker and the balancer first, then the API processes, MLflow, Prefect, PostgreSQL."""
+        """The worker and the balancer first, then the API processes, MLflow, Prefect, PostgreSQL, Ray."""
         ahead = [s for s in self.started if s.name in ("worker", "haproxy")]
         rest = [s for s in self.started if s not in ahead]
         try:
             for service in [*ahead[::-1], *(api for api in self.api if api is not None), *rest[::-1]]:
                 service.stop()
         finally:
+            if self.ray is not None:
+                self.ray.down(STOP_TIMEOUT_S)
             if self.worker_cgroup is not None:
                 self.worker_cgroup.close()
 

@@ -1,8 +1,9 @@
 """The API's side of the Tinker engine: where its Ray is, and the named actor (``actor.EngineActor``) calls go to.
 
-The engine runs on ``ray_address`` when one is configured; otherwise on a local Ray head that the first API process
-needing it starts as a process of its own (``<data_dir>/server/ray``, one ``ray start --block`` process group), so a
-SIGKILL of the API leaves it, and the actor, running. The actor is named, detached, in a namespace of the data dir:
+The engine runs on ``tinker_ray_address`` (the operator's cluster, which jobs never get), else ``ray_address``, when
+one is configured; otherwise on a local Ray head that the first API process needing it starts as a process of its own
+(``<data_dir>/server/ray``, one ``ray start --block`` process group), so a SIGKILL of the API leaves it, and the
+actor, running. The actor is named, detached, in a namespace of the data dir:
 an API started again on the same data dir (or a second API on it) finds the same actor and serves the same clients.
 The head's record (``state.json``) has one writer: the API process that started the head removes it when it stops
 normally (``stop_local_ray``), and ``opentinker server down`` does; any other API that stops leaves head and engine
@@ -79,7 +80,7 @@ def local_ray(settings: Settings) -> LocalCluster:
 
 def ray_address(settings: Settings) -> str:
     """The configured Ray address, else the local head's (started, under a file lock, when none runs)."""
-    configured = settings.ray_address or os.environ.get("RAY_ADDRESS")
+    configured = settings.tinker_ray_address or settings.ray_address or os.environ.get("RAY_ADDRESS")
     if configured:
         return configured
     cluster = local_ray(settings)
