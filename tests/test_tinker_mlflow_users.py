@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 from fixtures.server import start_test_server
-from fixtures.tinker import CACHE, TINY, TinkerServer, engine_state, environments, ray_processes
+from fixtures.tinker import TINY, TINY_ENV, TinkerServer, engine_state, environments, ray_processes
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -28,11 +28,7 @@ TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the 
 def server(tmp_path_factory, mlflow_auth_server) -> TinkerServer:
     settings = mlflow_auth_server.settings()
     env = {
-        "OPENTINKER_TINKER_BASE_MODELS": '["tiny"]',
-        "OPENTINKER_TINKER_CACHE_DIR": CACHE,
-        "OPENTINKER_TINKER_THREADS": "1",
-        "OPENTINKER_TINKER_POLL_S": "1",
-        "HF_HUB_OFFLINE": "1",
+        **TINY_ENV,
         "OPENTINKER_MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
         "OPENTINKER_MLFLOW_ADMIN_USERNAME": settings.mlflow_admin_username,
         "OPENTINKER_MLFLOW_ADMIN_PASSWORD": settings.mlflow_admin_password,

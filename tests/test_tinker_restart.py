@@ -16,7 +16,7 @@ import psutil
 import pytest
 import tinker
 from fixtures.server import start_test_server
-from fixtures.tinker import CACHE, TINY, TinkerServer, wait_for
+from fixtures.tinker import TINY, TINY_ENV, TinkerServer, wait_for
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -28,12 +28,8 @@ PARAMS = types.AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> TinkerServer:
     env = {
-        "OPENTINKER_TINKER_BASE_MODELS": '["tiny"]',
-        "OPENTINKER_TINKER_CACHE_DIR": CACHE,
-        "OPENTINKER_TINKER_THREADS": "1",
-        "OPENTINKER_TINKER_POLL_S": "1",
+        **TINY_ENV,
         "OPENTINKER_TINKER_SESSION_TIMEOUT_S": "600",  # no heartbeat reaches the engine while the API is down
-        "HF_HUB_OFFLINE": "1",
     }
     handle = start_test_server(tmp_path_factory.mktemp("tinker-restart"), jobs=False, extra_env=env)
     try:

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 from fixtures.server import start_test_server
-from fixtures.tinker import CACHE, TINY, TinkerServer, engine_state, environments, ray_processes
+from fixtures.tinker import TINY, TINY_ENV, TinkerServer, engine_state, environments, ray_processes
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -25,11 +25,7 @@ TENANT = "artist"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, s3_server) -> TinkerServer:
     env = {
-        "OPENTINKER_TINKER_BASE_MODELS": '["tiny"]',
-        "OPENTINKER_TINKER_CACHE_DIR": CACHE,
-        "OPENTINKER_TINKER_THREADS": "1",
-        "OPENTINKER_TINKER_POLL_S": "1",
-        "HF_HUB_OFFLINE": "1",
+        **TINY_ENV,
         "OPENTINKER_S3_ENDPOINT_URL": s3_server.endpoint_url,
         "OPENTINKER_S3_BUCKET": s3_server.bucket,
         "OPENTINKER_S3_REGION": s3_server.region,
