@@ -1,20 +1,22 @@
 """Batched sampling with a KV cache: many requests at once, each with its own adapter, seed and stop rules.
 
 The requests' prompts are prefilled together (left-padded, one forward), each prompt's cache is repeated for its
-``num_samples`` rows, then all rows decode token by token; a row leaves the batch (and the cache) when it stops.
+``num_samples`` rows, then all rows decode token by token; a row leaves the batch (and the cache) when it stops, and
+requests that arrive meanwhile join it between two steps (``join``: prefilled, their cache left-padded and merged).
 Per row: temperature (0: greedy), top-k, top-p, a ``torch.Generator`` seeded from (seed, sample index), stop token
 ids and stop strings. Reported logprobs are the model's own (temperature 1, before top-k/top-p): the numbers the
 trainer's forward gives for the same tokens, so an importance ratio starts at 1.
 
 ``Sampler`` is the seam for other engines. ``HFSampler`` runs transformers + peft (CPU or CUDA). A vLLM sampler
 (the field's standard on GPUs, multi-LoRA serving with a ``LoRARequest`` per adapter folder written by
-``MultiLoraModel.save``) would implement the same ``sample`` and ``add``/``remove`` of sampler adapters.
+``MultiLoraModel.save``) would implement the same ``sample`` (its own continuous batching behind ``join`` and
+``done``) and ``add``/``remove`` of sampler adapters.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -93,7 +95,12 @@ class SampleResult:
 
 
 class Sampler(Protocol):
-    def sample(self, jobs: Sequence[SampleJob]) -> list[SampleResult]: ...
+    def sample(
+        self,
+        jobs: Sequence[SampleJob],
+        join: Callable[[int], Sequence[SampleJob]] | None = None,
+        done: Callable[[int, SampleResult], None] | None = None,
+    ) -> list[SampleResult]: ...
 
 
 def check_job(job: SampleJob, vocab_size: int, max_context: int) -> None:
@@ -140,21 +147,28 @@ class HFSampler:
         self.default_stops = tuple(stop_token_ids(model.tokenizer))
 
     @torch.no_grad()
-    def sample(self, jobs: Sequence[SampleJob]) -> list[SampleResult]:
+    def sample(
+        self,
+        jobs: Sequence[SampleJob],
+        join: Callable[[int], Sequence[SampleJob]] | None = None,
+        done: Callable[[int, SampleResult], None] | None = None,
+    ) -> list[SampleResult]:
+        """Every job's result, in order (joined jobs after ``jobs``). ``join(live_rows)``, called between decode
+        steps, returns more jobs to enter the running batch (continuous batching: a request that arrives while a
+        batch decodes shares its next steps instead of waiting for its end); ``done(index, result)`` is called as
+        soon as that job's rows have all stopped."""
+        jobs = list(jobs)
         for job in jobs:
             check_job(job, self.model.vocab_size, self.model.max_context)
-        results = [SampleResult([Completion() for _ in range(job.num_samples)]) for job in jobs]
-        logits, cache, attention = self._prefill(jobs, results)
-        rows = [(j, i) for j, job in enumerate(jobs) for i in range(job.num_samples)]
-        index = torch.tensor([j for j, _ in rows], device=self.model.device)
-        cache.reorder_cache(index)
-        attention, logits = attention[index], logits[index]
-        generators = [_generator(jobs[j].spec.seed, i) for j, i in rows]
-        while rows:
+        results: list[SampleResult] = []
+        live = self._admit(jobs, results)
+        left = [job.num_samples for job in jobs]
+        joinable = join is not None and _mergeable(live.cache)
+        while live.rows:
+            logp = torch.log_softmax(live.logits.float(), dim=-1)
+            drawn = _draw(live.logits, [jobs[j].spec for j, _ in live.rows], live.generators)
             tokens, keep = [], []
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            drawn = _draw(logits, [jobs[j].spec for j, _ in rows], generators)
-            for r, (j, i) in enumerate(rows):
+            for r, (j, i) in enumerate(live.rows):
                 job, completion = jobs[j], results[j].completions[i]
                 token = drawn[r]
                 completion.tokens.append(token)
@@ -167,25 +181,37 @@ class HFSampler:
                 elif len(completion.tokens) < job.spec.max_tokens:
                     keep.append(r)
                     tokens.append(token)
-            if not keep:
+                    continue
+                left[j] -= 1
+                if not left[j] and done is not None:
+                    done(j, results[j])
+            if keep:
+                live.select(keep, self.model.device)
+                live.step(self, tokens)
+            arrived = list(join(len(keep))) if joinable else []
+            if arrived:
+                for job in arrived:
+                    check_job(job, self.model.vocab_size, self.model.max_context)
+                first = len(jobs)
+                jobs += arrived
+                left += [job.num_samples for job in arrived]
+                entering = self._admit(arrived, results, first)
+                live = live.merge(entering) if keep else entering
+            elif not keep:
                 break
-            if len(keep) < len(rows):
-                selected = torch.tensor(keep, device=self.model.device)
-                cache.reorder_cache(selected)
-                attention = attention[selected]
-                rows, generators = [rows[r] for r in keep], [generators[r] for r in keep]
-            attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
-            positions = attention.sum(dim=1, keepdim=True) - 1
-            out = self._forward(
-                [jobs[j].adapter for j, _ in rows],
-                input_ids=torch.tensor(tokens, device=self.model.device).unsqueeze(1),
-                attention_mask=attention,
-                position_ids=positions,
-                cache=cache,
-                use_cache=True,
-            )
-            logits, cache = out.logits[:, -1], out.cache
         return results
+
+    def _admit(self, jobs: Sequence[SampleJob], results: list[SampleResult], first: int = 0) -> _Rows:
+        """Prefill ``jobs`` (numbered from ``first``) and repeat each prompt's cache for its ``num_samples`` rows."""
+        results += [SampleResult([Completion() for _ in range(job.num_samples)]) for job in jobs]
+        logits, cache, attention = self._prefill(jobs, results[first:])
+        rows = [(first + j, i) for j, job in enumerate(jobs) for i in range(job.num_samples)]
+        index = torch.tensor([j - first for j, _ in rows], device=self.model.device)
+        cache.reorder_cache(index)
+        generators = [_generator(jobs[j - first].spec.seed, i) for j, i in rows]
+        return _Rows(
+            rows, generators, cache, attention[index], logits[index], [jobs[j - first].adapter for j, _ in rows]
+        )
 
     def _prefill(
         self, jobs: Sequence[SampleJob], results: list[SampleResult]
@@ -235,6 +261,74 @@ class HFSampler:
             text = self.model.tokenizer.decode(completion.tokens, skip_special_tokens=False)
             return any(s in text for s in job.spec.stop_strings)
         return False
+
+
+@dataclass
+class _Rows:
+    """The decoding rows of a batch: (job, sample) per row, its generator and adapter, and their shared KV cache,
+    attention mask (left-padded) and next-token logits."""
+
+    rows: list[tuple[int, int]]
+    generators: list[torch.Generator]
+    cache: Any
+    attention: torch.Tensor
+    logits: torch.Tensor
+    adapters: list[str | None]
+
+    def select(self, keep: list[int], device: torch.device) -> None:
+        """Keep only rows ``keep`` (the others stopped)."""
+        if len(keep) == len(self.rows):
+            return
+        selected = torch.tensor(keep, device=device)
+        self.cache.reorder_cache(selected)
+        self.attention = self.attention[selected]
+        self.rows = [self.rows[r] for r in keep]
+        self.generators = [self.generators[r] for r in keep]
+        self.adapters = [self.adapters[r] for r in keep]
+
+    def step(self, sampler: HFSampler, tokens: list[int]) -> None:
+        """Feed each row its drawn token: the next logits."""
+        self.attention = torch.cat([self.attention, self.attention.new_ones((len(self.rows), 1))], dim=1)
+        out = sampler._forward(
+            self.adapters,
+            input_ids=torch.tensor(tokens, device=self.attention.device).unsqueeze(1),
+            attention_mask=self.attention,
+            position_ids=self.attention.sum(dim=1, keepdim=True) - 1,
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.logits, self.cache = out.logits[:, -1], out.cache
+
+    def merge(self, other: _Rows) -> _Rows:
+        """These rows and ``other``'s in one batch: the shorter cache and mask left-padded to the longer (masked
+        positions, so each row attends to what it did alone)."""
+        width = max(self.attention.shape[1], other.attention.shape[1])
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)])
+            mine.values = torch.cat([_pad_left(mine.values, width, 2), _pad_left(theirs.values, width, 2)])
+        self.attention = torch.cat([_pad_left(self.attention, width, 1), _pad_left(other.attention, width, 1)])
+        self.logits = torch.cat([self.logits, other.logits])
+        self.rows += other.rows
+        self.generators += other.generators
+        self.adapters += other.adapters
+        return self
+
+
+def _mergeable(cache: Any) -> bool:
+    """Whether rows can join this cache: transformers' plain dynamic layers (a sliding window's cannot)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if not missing:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
 
 def _generator(seed: int | None, index: int) -> torch.Generator:

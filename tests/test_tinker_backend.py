@@ -210,6 +210,42 @@ def test_sampler_logprobs_equal_the_trainers_and_seeds_reproduce(model):
         trainer.close()
 
 
+def test_requests_joining_a_running_batch_share_its_steps_and_sample_as_they_would_alone(model):
+    """Continuous batching: jobs that arrive between decode steps (other adapters, shorter prompts) enter the running
+    batch; each job is done as its rows stop, before the batch ends. The running rows draw exactly the tokens they
+    draw alone (nothing in their computation changes); a joined row is left-padded, like a shorter prompt in any
+    batch: its logprobs are the trainer's for its tokens and greedy decoding gives the tokens it gives alone."""
+    trainer = AdapterTrainer(model, "joiner", AdapterShape(rank=4), seed=8)
+    try:
+        trainer.forward_backward([_datum()], "cross_entropy")
+        trainer.optim_step(AdamStep(learning_rate=1e-2))
+        sampler = HFSampler(model)
+        first = SampleJob(SEQUENCE[:12], 2, SamplingSpec(max_tokens=10, temperature=1.0, seed=1, stop_at_eos=False))
+        sampled = SampleJob(SEQUENCE[5:9], 3, SamplingSpec(max_tokens=4, seed=2, stop_at_eos=False), "joiner")
+        greedy = SampleJob(SEQUENCE[20:22], 1, SamplingSpec(max_tokens=12, temperature=0.0, stop_at_eos=False))
+        arrivals = {2: [sampled], 3: [greedy]}  # after the 2nd and 3rd decode steps
+        steps, events = [], []
+
+        def join(live_rows: int) -> list[SampleJob]:
+            steps.append(live_rows)
+            return arrivals.get(len(steps), [])
+
+        results = sampler.sample([first], join=join, done=lambda index, result: events.append((len(steps), index)))
+        assert steps[:3] == [2, 2, 5]  # the rows in flight when each join was asked
+        assert [index for _, index in events] == [1, 0, 2] and events[1][0] < len(steps)  # done as they stop
+        alone = sampler.sample([first])[0].completions
+        assert [c.tokens for c in results[0].completions] == [c.tokens for c in alone]
+        for mine, theirs in zip(results[0].completions, alone):
+            assert np.allclose(mine.logprobs, theirs.logprobs, atol=1e-5)
+        for completion in results[1].completions:
+            full = list(sampled.prompt) + completion.tokens
+            want = _logprobs(model, "joiner", full)[-len(completion.tokens) :]
+            assert len(completion.tokens) == 4 and np.allclose(completion.logprobs, want.numpy(), atol=1e-4)
+        assert results[2].completions[0].tokens == sampler.sample([greedy])[0].completions[0].tokens
+    finally:
+        trainer.close()
+
+
 def test_sampler_stops_on_tokens_and_strings_and_refuses_bad_stops(model):
     sampler = HFSampler(model)
     prompt = SEQUENCE[:5]

@@ -280,3 +280,113 @@ def test_the_worker_batches_clients_forward_backward_keeping_each_ones_order(mon
     # a1 takes b1 and e1 (A's second is its own, C's waits behind C's step, D's is a forward); then a2 takes b2
     # (c1 still waits: C's step is queued after a2); then C's step, c1 and d1, each alone.
     assert batches == [["a1", "b1", "e1"], ["a2", "b2"], ["c1"], ["d1"]] and ran == ["c-optim"]
+
+
+def _engine(monkeypatch, **options):
+    """A worker on a stand-in model; ``forward_backward_many`` records each pass and takes 50 ms (its compute)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from opentinker.server.tinker import engine as engine_module
+    from opentinker.server.tinker.engine import Engine
+    from opentinker.server.tinker.futures import FutureStore
+
+    passes: list[list[str]] = []
+
+    def fake_many(parts, forward_only):
+        passes.append(list(parts))
+        time.sleep(0.05)
+        return [ForwardResult([], 0.0, 0) for _ in parts]
+
+    monkeypatch.setattr(engine_module, "forward_backward_many", fake_many)
+    futures = FutureStore(asyncio.new_event_loop())
+    model = SimpleNamespace(base="tiny", vocab_size=100, max_context=64)
+    return Engine(futures, loader=lambda base: model, **options), futures, passes
+
+
+def _until(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_a_forward_backward_waits_a_moment_for_the_clients_that_trained_on_its_model(monkeypatch):
+    """A client whose forward_backward reaches the worker just after another's shares its pass: the first waits
+    for each client that trained recently, until its request is queued (here long before the 2 s bound); a client
+    that does not come costs one wait, then is no longer waited for."""
+    from opentinker.server.tinker.engine import TrainPart, Work
+    from opentinker.server.tinker.futures import Outcome
+
+    worker, futures, passes = _engine(monkeypatch, gather_s=30.0, gather_share=40.0)  # 40 x a 50 ms pass: 2 s
+
+    def train(owner: str, tag: str) -> Work:
+        part = TrainPart(prepare=lambda: tag, finish=lambda result, s: Outcome.of({}))
+        return Work(futures.create("t", "ForwardBackward", owner, "s"), base="tiny", train=part)
+
+    try:
+        for work in (train("A", "a1"), train("B", "b1")):
+            worker.submit(work)
+        _until(lambda: len(passes) == 1 and not worker.depth())
+        early = train("A", "a2")
+        started = time.monotonic()
+        worker.submit(early)
+        _until(lambda: worker.busy is early.future)  # the worker holds it: B's arrives after its pass would start
+        worker.submit(train("B", "b2"))
+        _until(lambda: len(passes) == 2 and not worker.depth())
+        assert passes == [["a1", "b1"], ["a2", "b2"]] and time.monotonic() - started < 1.5
+        worker.submit(train("A", "a3"))  # B stopped: one wait, about 2 s
+        _until(lambda: len(passes) == 3 and not worker.depth())
+        started = time.monotonic()
+        worker.submit(train("A", "a4"))
+        _until(lambda: len(passes) == 4 and not worker.depth())
+        assert passes[2:] == [["a3"], ["a4"]] and time.monotonic() - started < 1.0
+    finally:
+        worker.close()
+
+
+def test_sampling_requests_join_the_running_pass_from_the_head_of_the_queue(monkeypatch):
+    """While a sampling pass decodes, sampling requests at the head of the queue join it (up to ``max_rows``); one
+    that arrives behind another kind of request waits for the next pass."""
+    import threading
+
+    from opentinker.agents.lm_sampler import SampleJob, SamplingSpec
+    from opentinker.server.tinker.engine import Work
+    from opentinker.server.tinker.futures import Outcome
+
+    passes: list[list[str]] = []
+
+    def sample(owner: str, rows: int = 1) -> Work:
+        job = SampleJob([1, 2], rows, SamplingSpec(max_tokens=2), adapter=owner)
+        return Work(futures.create("t", "Sample", owner, "s"), job=job, base="tiny", encode=lambda r: Outcome.of({}))
+
+    class Sampler:
+        def __init__(self, model):
+            pass
+
+        def sample(self, jobs, join=None, done=None):
+            jobs = list(jobs)
+            for arriving in arrivals.pop(jobs[0].adapter, []):  # requests that arrive while this pass decodes
+                worker.submit(arriving)
+            jobs += join(sum(job.num_samples for job in jobs))
+            passes.append([job.adapter for job in jobs])
+            for index in range(len(jobs)):
+                done(index, SampleResult([Completion()]))
+            return [SampleResult([Completion()]) for _ in jobs]
+
+    worker, futures, _ = _engine(monkeypatch, sampler=Sampler, max_rows=4)
+    arrivals = {"A": [sample("B"), sample("C", 4)], "E": [sample("G")]}  # C does not fit beside A and B
+    try:
+        worker.submit(sample("A"))
+        _until(lambda: len(passes) == 2 and not worker.depth())
+        assert passes == [["A", "B"], ["C"]]
+        gate = threading.Event()
+        worker.call(gate.wait)
+        worker.submit(sample("E"))
+        worker.call(lambda: None)  # another kind of request: G, arriving behind it, does not join E's pass
+        worker.submit(sample("F"))  # queued before the pass starts: in its batch
+        gate.set()
+        _until(lambda: len(passes) == 4 and not worker.depth())
+        assert passes[2:] == [["E", "F"], ["G"]]
+    finally:
+        worker.close()

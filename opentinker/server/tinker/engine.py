@@ -4,11 +4,15 @@ Why one thread: a base model's LoRA adapters share one set of weights and one pe
 global state; torch releases the GIL inside its kernels, so the event loop keeps answering while it works; and one
 runner per device is how a GPU is used best anyway. Training requests of one model reach the queue already in
 sequence order (``sessions.Sequencer``). When a sampling request reaches the head of the queue, every queued
-sampling request on the same base model joins its batch (up to ``max_rows`` completions): they share the decode steps.
-When a ``forward_backward`` reaches it, the queued ``forward_backward`` of other clients on the same base model join
-it (up to ``max_train_parts``), each client's first queued request only and only when nothing of that client is
-queued before it, so every model's requests still run in its sequence order: their rows share the decoder passes
-(``adapter_trainer.forward_backward_many``) and each adapter gets the gradient it would get alone.
+sampling request on the same base model joins its batch (up to ``max_rows`` completions): they share the decode steps;
+and while it decodes, sampling requests that reach the head of the queue join it between two steps (continuous
+batching), so a request sent a few milliseconds after another's does not wait for its whole pass. When a
+``forward_backward`` reaches it, the queued ``forward_backward`` of other clients on the same base model join it (up
+to ``max_train_parts``), each client's first queued request only and only when nothing of that client is queued
+before it, so every model's requests still run in its sequence order: their rows share the decoder passes
+(``adapter_trainer.forward_backward_many``) and each adapter gets the gradient it would get alone. A training pass
+cannot be joined once it runs, so it first waits a moment (bounded) for the clients that trained on the same model
+recently (``_gather``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from opentinker.agents.multi_lora import MultiLoraModel
 from .futures import Future, FutureStore, Outcome
 
 log = logging.getLogger(__name__)
+ACTIVE_S = 60.0
+"""A client that trained on a base model this recently is expected to train again (``Engine._gather``)."""
 
 
 @dataclass(eq=False)
@@ -77,12 +83,19 @@ class Engine:
         sampler: Callable[[MultiLoraModel], Sampler] = HFSampler,
         fail: Callable[[Exception], Outcome] | None = None,
         max_train_parts: int = 8,
+        gather_s: float = 0.25,
+        gather_share: float = 0.1,
     ):
         """``sampler``: what samples a base model's requests (the seam for another engine, e.g. vLLM on a GPU);
-        ``fail``: the outcome of a request whose preparation raised (default: a server error)."""
+        ``fail``: the outcome of a request whose preparation raised (default: a server error); ``gather_s`` and
+        ``gather_share``: the longest a ``forward_backward`` waits for other active clients' (``_gather``), in
+        seconds and as a share of the base model's last pass."""
         self.futures, self.loader, self.max_rows, self.make_sampler = futures, loader, max_rows, sampler
         self.fail = fail or _internal_error
-        self.max_train_parts = max_train_parts
+        self.max_train_parts, self.gather_s, self.gather_share = max_train_parts, gather_s, gather_share
+        self._trained: dict[str, dict[str, float]] = {}
+        """Per base model: each client (model) that trained on it, and when its last pass ended."""
+        self._pass_s: dict[str, float] = {}
         self.train_passes = self.train_requests = 0
         """``forward_backward`` batches run and the requests they held (requests / passes: the batching)."""
         self._models: dict[str, MultiLoraModel] = {}
@@ -158,6 +171,7 @@ class Engine:
                 if isinstance(head, Work) and head.job is not None:
                     batch = self._take_batch(head)
                 elif isinstance(head, Work) and head.train is not None:
+                    self._gather(head)
                     batch = self._take_train_batch(head)
             if isinstance(head, _Call):
                 self._run_call(head)
@@ -185,6 +199,33 @@ class Engine:
                 rows += item.job.num_samples
                 self._queue.remove(item)
         return batch
+
+    def _gather(self, head: Work) -> None:
+        """Before ``head``'s pass, wait (lock released) for the ``forward_backward`` of the other clients that trained
+        on its base model in the last ``ACTIVE_S``: clients sending together reach the queue some milliseconds
+        apart, and one that just missed a pass would wait all of it. The wait ends when each of them has one
+        queued, or after ``gather_share`` of the last pass (at most ``gather_s``); a client that did not come is no
+        longer waited for until it trains again, so one that stopped costs its peers one wait."""
+        if head.train.forward_only:  # clients train with forward_backward: they are not waited for with a forward
+            return
+        self.busy = head.future
+        trained = self._trained.setdefault(head.base, {})
+        now = time.monotonic()
+        expected = {o for o, t in trained.items() if o != head.future.owner and now - t <= ACTIVE_S}
+        deadline = now + min(self.gather_s, self.gather_share * self._pass_s.get(head.base, 0.0))
+
+        def missing() -> set[str]:
+            queued = {
+                item.future.owner
+                for item in self._queue
+                if isinstance(item, Work) and item.train is not None and item.base == head.base
+            }
+            return expected - queued
+
+        while missing() and not self._closed and (left := deadline - time.monotonic()) > 0:
+            self._wake.wait(left)
+        for owner in missing():
+            del trained[owner]
 
     def _take_train_batch(self, head: Work) -> list[Work]:
         """``head`` and, of each other client with a ``forward_backward`` of the same kind queued on the same base
@@ -232,6 +273,10 @@ class Engine:
                 self._finish(work, _internal_error(error))
             return
         seconds = time.perf_counter() - started
+        if not batch[0].train.forward_only:  # what _gather waits for, and how long
+            base = batch[0].base
+            self._pass_s[base] = seconds
+            self._trained.setdefault(base, {}).update((work.future.owner, time.monotonic()) for work, _ in prepared)
         for (work, _), result in zip(prepared, results):
             try:
                 outcome = work.train.finish(result, seconds)
@@ -255,43 +300,80 @@ class Engine:
         self._finish(work, outcome)
 
     def _run_samples(self, batch: list[Work]) -> None:
+        """One sampling pass: ``batch`` and the requests that join it between its decode steps (``_join``), each
+        resolved as soon as its rows have stopped."""
         for work in batch:
             self._start(work)
-        started = time.perf_counter()
-        runnable = []
+        base = batch[0].base
         try:
-            model = self.model(batch[0].base)
+            model = self.model(base)
         except Exception as error:
-            log.exception("loading %s failed", batch[0].base)
+            log.exception("loading %s failed", base)
             for work in batch:
                 self._finish(work, Outcome.failed(f"internal error loading the model: {error}", "server"))
             return
-        for work in batch:
+        running = self._checked(batch, model)
+        if not running:
+            return
+        started = {id(work): time.perf_counter() for work in running}
+        open_works = dict(enumerate(running))
+
+        def join(live_rows: int) -> list[SampleJob]:
+            joined = self._checked(self._join(base, live_rows), model)
+            for work in joined:
+                started[id(work)] = time.perf_counter()
+                open_works[len(running)] = work
+                running.append(work)
+            return [work.job for work in joined]
+
+        def done(index: int, result: Any) -> None:
+            work = open_works.pop(index)
+            self._finish(work, work.encode(result))
+            if work.after is not None:
+                try:
+                    work.after(result, time.perf_counter() - started[id(work)])
+                except Exception:
+                    log.exception("tracking hook failed for %s", work.future.request_id)
+
+        try:
+            if model.base not in self._samplers:
+                self._samplers[model.base] = self.make_sampler(model)
+            self._samplers[model.base].sample([work.job for work in running], join=join, done=done)
+        except Exception as error:
+            log.exception("sampling batch failed")
+            for work in open_works.values():
+                self._finish(work, Outcome.failed(f"internal error: {type(error).__name__}: {error}", "server"))
+
+    def _join(self, base: str, live_rows: int) -> list[Work]:
+        """The sampling requests on ``base`` at the head of the queue that fit beside ``live_rows`` running rows:
+        they join the running pass. Only from the head, so a request of another kind (or a management call) queued
+        first ends the joining and the pass drains: nothing waits behind a pass that keeps growing."""
+        joined, rows = [], live_rows
+        with self._wake:
+            while self._queue:
+                item = self._queue[0]
+                if not (isinstance(item, Work) and item.job is not None and item.base == base):
+                    break
+                if item.future.outcome is None:
+                    if rows + item.job.num_samples > self.max_rows:
+                        break
+                    rows += item.job.num_samples
+                    joined.append(item)
+                self._queue.popleft()
+        for work in joined:
+            self._start(work)
+        return joined
+
+    def _checked(self, works: list[Work], model: MultiLoraModel) -> list[Work]:
+        """The works whose job the model can run; the others fail, naming why."""
+        runnable = []
+        for work in works:
             try:
                 check_job(work.job, model.vocab_size, model.max_context)
                 runnable.append(work)
             except SamplingError as error:
                 self._finish(work, Outcome.failed(str(error)))
-        if not runnable:
-            return
-        try:
-            if model.base not in self._samplers:
-                self._samplers[model.base] = self.make_sampler(model)
-            sampler = self._samplers[model.base]
-            results = sampler.sample([work.job for work in runnable])
-        except Exception as error:
-            log.exception("sampling batch failed")
-            for work in runnable:
-                self._finish(work, Outcome.failed(f"internal error: {type(error).__name__}: {error}", "server"))
-            return
-        seconds = time.perf_counter() - started
-        for work, result in zip(runnable, results):
-            self._finish(work, work.encode(result))
-            if work.after is not None:
-                try:
-                    work.after(result, seconds)
-                except Exception:
-                    log.exception("tracking hook failed for %s", work.future.request_id)
+        return runnable
 
     def _start(self, work: Work) -> None:
         self.busy = work.future
