@@ -102,6 +102,9 @@ class MultiLoraModel:
         ``config``: a peft ``LoraConfig`` to use instead of ``shape``'s (an adapter read from disk keeps its own)."""
         from peft import get_peft_model
 
+        from opentinker.agents.lora_rows import install
+
+        install()  # mixed batches at the cost of one batch (agents/lora_rows.py)
         if name in self.shapes or name == BASE or "." in name:
             raise ValueError(f"adapter name {name!r} is taken or invalid")
         config = config or shape.peft_config()

@@ -396,3 +396,39 @@ def test_a_batch_of_several_clients_gives_each_the_gradients_it_would_get_alone(
     finally:
         for trainer in alone + mixed:
             trainer.close()
+
+
+def test_grouped_mixed_batches_equal_pefts_own(model):
+    """``agents/lora_rows.py``: a mixed batch whose adapters' rows are consecutive runs each adapter on its own rows;
+    its log-probabilities and each adapter's gradient equal those of peft's gather and scatter, which an interleaved
+    order of the same rows still takes."""
+    from peft.tuners.lora import layer
+
+    trainers = [AdapterTrainer(model, f"rows{i}", AdapterShape(rank=4), seed=20 + i) for i in range(2)]
+    try:
+        generator = torch.Generator().manual_seed(1)
+        for t in trainers:  # B non-zero: the adapters change the logits
+            state = {k: v + 0.05 * torch.randn(v.shape, generator=generator) for k, v in model.state(t.name).items()}
+            model.load_state(t.name, state)
+        rows = [SEQUENCE[i : i + 12] for i in range(4)]
+        grouped = ["rows0", "rows0", "rows1", "rows1"]
+        interleaved = [0, 2, 1, 3]  # rows0, rows1, rows0, rows1: not consecutive
+
+        def run(order: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            logps = model.target_logprobs(
+                [grouped[i] for i in order], [rows[i][:-1] for i in order], [torch.tensor(rows[i][1:]) for i in order]
+            )
+            torch.stack([lp.sum() for lp in logps]).sum().backward()
+            grads = [p.grad.clone() for t in trainers for p in model.parameters(t.name)]
+            for t in trainers:
+                for p in model.parameters(t.name):
+                    p.grad = None
+            return [logps[order.index(i)].detach() for i in range(len(rows))], grads
+
+        assert getattr(layer.Linear._mixed_batch_forward, "grouped", False)
+        fast, slow = run([0, 1, 2, 3]), run(interleaved)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fast[0], slow[0]))
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(fast[1], slow[1]))
+    finally:
+        for t in trainers:
+            t.close()
