@@ -163,15 +163,19 @@ def test_validation_rejects_a_broken_manifest():
     typo["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         _validate(typo)
-    raycluster = next(doc for doc in _all_documents() if doc["kind"] == "RayCluster")
+    raycluster = _raycluster("opentinker")
     bad_group = copy.deepcopy(raycluster)
     bad_group["spec"]["workerGroupSpecs"][0]["maxReplicas"] = "many"
     with pytest.raises(jsonschema.ValidationError):
         _validate(bad_group)
 
 
+def _raycluster(name: str) -> dict:
+    return next(doc for doc in _all_documents() if doc["kind"] == "RayCluster" and doc["metadata"]["name"] == name)
+
+
 def test_raycluster_has_autoscaling_cpu_rollout_group_and_gpu_group():
-    raycluster = next(doc for doc in _all_documents() if doc["kind"] == "RayCluster")
+    raycluster = _raycluster("opentinker")
     spec = raycluster["spec"]
     assert spec["enableInTreeAutoscaling"] is True
     # v2, as `cluster up --autoscale`: it reports infeasible requests, which runs fail on (infra/autoscale.py)
@@ -431,7 +435,7 @@ def test_server_pods_keep_off_the_shared_ray_cluster_and_workers_hold_only_their
     """Neither the API nor the workers join the shared RayCluster (a server hands ray_address on to every job); the
     workers mount no server settings and set no credential; their pods are user-namespaced with no API token."""
     workloads = {doc["metadata"]["name"]: doc for doc in _kinds(_all_documents(), "Deployment")}
-    for name in ("opentinker-api", "opentinker-tinker", "opentinker-worker"):
+    for name in ("opentinker-api", "opentinker-worker"):
         refs = {(kind, ref) for kind, ref, _ in _refs(workloads[name])}
         assert ("ConfigMap", "opentinker-config") not in refs and ("Secret", "opentinker-s3") not in refs, name
         assert "OPENTINKER_RAY_ADDRESS" not in {v for v, _ in _opentinker_variables(workloads[name])}, name
@@ -461,7 +465,7 @@ def test_the_per_job_rayjob_is_a_cluster_of_its_own_that_reaches_only_mlflow_and
     (policy,) = _kinds(docs, "NetworkPolicy")
     (config,) = _kinds(docs, "ConfigMap")
     (secret,) = _kinds(docs, "Secret")
-    raycluster = next(doc for doc in _all_documents() if doc["kind"] == "RayCluster")
+    raycluster = _raycluster("opentinker")
     assert rayjob["spec"]["rayClusterSpec"]["rayVersion"] == raycluster["spec"]["rayVersion"] == ray.__version__
     assert rayjob["spec"]["shutdownAfterJobFinishes"] is True  # the cluster goes with the job
     # The tenant's own names and credentials, as the server derives them.
@@ -494,3 +498,34 @@ def test_the_per_job_rayjob_is_a_cluster_of_its_own_that_reaches_only_mlflow_and
     assert spec.engine.backend == "ray" and spec.engine.workers == rollout["replicas"]  # one actor per rollout pod
     cpus = float(rollout["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"])
     assert spec.rollout_num_cpus <= cpus
+
+
+def test_the_tinker_engines_own_raycluster_holds_no_credential_and_the_api_pods_reach_it():
+    """Every API replica serves /api/v1 through the one engine on its own RayCluster, named by the servers'
+    settings (``tinker_ray_address``: its head service); its pods take no Secret, ConfigMap or credential variable,
+    and mount the data volume where the API pods do (the engine writes tenants' checkpoints under data_dir)."""
+    import ray
+
+    engine = _raycluster("opentinker-tinker")
+    assert engine["spec"]["rayVersion"] == ray.__version__
+    settings = Settings(**_server_settings())
+    assert settings.tinker_ray_address == f"{engine['metadata']['name']}-head-svc:6379"
+    assert not {kind for kind, _, _ in _refs(engine)} & {"Secret", "ConfigMap"}
+    spec = engine["spec"]
+    (gpu,) = spec["workerGroupSpecs"]
+    assert gpu["maxReplicas"] == 1 and gpu["rayStartParams"]["num-gpus"] == "1"  # one engine, placed on a GPU
+    assert settings.tinker_device == "cuda"
+    api = next(doc for doc in _kinds(_all_documents(), "Deployment") if doc["metadata"]["name"] == "opentinker-api")
+    api_data = next(m for m in api["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] if m["name"] == "data")
+    for group in [spec["headGroupSpec"], gpu]:
+        for container in group["template"]["spec"]["containers"]:
+            names = {env["name"] for env in container.get("env", [])}
+            assert not any(word in n for n in names for word in ("KEY", "PASSWORD", "SECRET", "TOKEN")), names
+    (worker,) = gpu["template"]["spec"]["containers"]
+    (data,) = [m for m in worker["volumeMounts"] if m["name"] == "data"]
+    assert data["mountPath"] == api_data["mountPath"]
+    ingress = next(doc for doc in _kinds(_all_documents(), "Ingress"))
+    backends = {
+        path["backend"]["service"]["name"] for rule in ingress["spec"]["rules"] for path in rule["http"]["paths"]
+    }
+    assert backends == {"opentinker-api"}
