@@ -16,8 +16,6 @@ from typing import Any
 
 import torch
 
-from opentinker.agents.multi_lora import BASE
-
 
 def install() -> None:
     """Make peft's LoRA ``Linear`` layers use ``grouped_forward`` for mixed batches (idempotent)."""
@@ -47,11 +45,11 @@ def install() -> None:
 def grouped_forward(module: Any, x: torch.Tensor, runs: list[tuple[str, int]], *args: Any, **kwargs: Any):
     """The base layer on all rows, plus each run's LoRA delta on its own rows (``runs``: (adapter, rows) in order)."""
     result = module.base_layer(x, *args, **kwargs)
-    if all(name == BASE or name not in module.lora_A for name, _ in runs):
+    if all(name not in module.lora_A for name, _ in runs):  # the base model's rows (multi_lora.BASE) have none
         return result
     deltas = []
     for (name, _), rows in zip(runs, x.split([n for _, n in runs])):
-        if name == BASE or name not in module.lora_A:
+        if name not in module.lora_A:
             deltas.append(result.new_zeros(rows.shape[:-1] + result.shape[-1:]))
             continue
         lora_a, lora_b = module.lora_A[name], module.lora_B[name]
