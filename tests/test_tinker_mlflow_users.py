@@ -14,8 +14,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
-from fixtures.server import start_test_server
-from fixtures.tinker import TINY, TINY_ENV, TinkerServer, engine_state, environments, ray_processes
+from fixtures.tinker import TINY, TinkerServer, engine_state, environments, own_tinker_server, ray_processes
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -28,17 +27,13 @@ TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps in the 
 def server(tmp_path_factory, mlflow_auth_server) -> TinkerServer:
     settings = mlflow_auth_server.settings()
     env = {
-        **TINY_ENV,
         "OPENTINKER_MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
         "OPENTINKER_MLFLOW_ADMIN_USERNAME": settings.mlflow_admin_username,
         "OPENTINKER_MLFLOW_ADMIN_PASSWORD": settings.mlflow_admin_password,
         "OPENTINKER_MLFLOW_TENANT_SECRET": settings.mlflow_tenant_secret,
     }
-    handle = start_test_server(tmp_path_factory.mktemp("tinker-mlflow-users"), jobs=False, extra_env=env)
-    try:
-        yield TinkerServer(handle)
-    finally:
-        handle.stop()
+    with own_tinker_server(tmp_path_factory.mktemp("tinker-mlflow-users"), env) as server:
+        yield server
 
 
 def _as(tenant: str, settings) -> httpx.Client:

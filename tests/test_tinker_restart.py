@@ -15,8 +15,7 @@ import numpy as np
 import psutil
 import pytest
 import tinker
-from fixtures.server import start_test_server
-from fixtures.tinker import TINY, TINY_ENV, TinkerServer, wait_for
+from fixtures.tinker import TINY, TinkerServer, own_tinker_server, wait_for
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -28,14 +27,10 @@ PARAMS = types.AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> TinkerServer:
     env = {
-        **TINY_ENV,
         "OPENTINKER_TINKER_SESSION_TIMEOUT_S": "600",  # no heartbeat reaches the engine while the API is down
     }
-    handle = start_test_server(tmp_path_factory.mktemp("tinker-restart"), jobs=False, extra_env=env)
-    try:
-        yield TinkerServer(handle)
-    finally:
-        handle.stop()
+    with own_tinker_server(tmp_path_factory.mktemp("tinker-restart"), env) as server:
+        yield server
 
 
 def _datum(tokens: list[int]) -> types.Datum:

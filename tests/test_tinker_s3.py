@@ -12,8 +12,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from fixtures.server import start_test_server
-from fixtures.tinker import TINY, TINY_ENV, TinkerServer, engine_state, environments, ray_processes
+from fixtures.tinker import TINY, TinkerServer, engine_state, environments, own_tinker_server, ray_processes
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -25,7 +24,6 @@ TENANT = "artist"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, s3_server) -> TinkerServer:
     env = {
-        **TINY_ENV,
         "OPENTINKER_S3_ENDPOINT_URL": s3_server.endpoint_url,
         "OPENTINKER_S3_BUCKET": s3_server.bucket,
         "OPENTINKER_S3_REGION": s3_server.region,
@@ -37,11 +35,8 @@ def server(tmp_path_factory, s3_server) -> TinkerServer:
         "AWS_ACCESS_KEY_ID": s3_server.access_key,
         "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
     }
-    handle = start_test_server(tmp_path_factory.mktemp("tinker-s3"), jobs=False, extra_env=env)
-    try:
-        yield TinkerServer(handle)
-    finally:
-        handle.stop()
+    with own_tinker_server(tmp_path_factory.mktemp("tinker-s3"), env) as server:
+        yield server
 
 
 def _holding(environments: list[dict[str, str]], secret: str) -> set[str]:
