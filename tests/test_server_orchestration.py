@@ -14,6 +14,8 @@ from datetime import datetime
 import httpx
 import pytest
 from fixtures.server import wait_for_job
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.actions import DeploymentUpdate
 
 from opentinker.server.orchestration import POOL, PREFECT_PAGE, Orchestrator
 from opentinker.server.worker import PREFECT_POLL_S, SandboxWorker
@@ -147,32 +149,33 @@ def test_a_flow_run_made_behind_the_servers_back_and_an_edited_deployment_run_no
     refuses the run (no job of the server has it) and its attempts run code fixed in the worker, not the
     deployment's: nothing of the attacker's runs, and the next job of a tenant trains as before."""
     server = job_server
-    api = f"{server.prefect_url}/api"
     marker = tmp_path / "attacker-ran"
-    deployment = httpx.get(f"{api}/deployments/name/train/jobs", timeout=30).json()
-    original = {"pull_steps": deployment["pull_steps"], "job_variables": deployment["job_variables"]}
     script = f"touch {marker}"
-    edited = {
-        "pull_steps": [{"prefect.deployments.steps.run_shell_script": {"script": script}}],
-        "job_variables": {"command": script},
-    }
-    assert httpx.patch(f"{api}/deployments/{deployment['id']}", json=edited, timeout=30).status_code == 204
-    try:
-        create = f"{api}/deployments/{deployment['id']}/create_flow_run"
-        made = httpx.post(create, json={"parameters": {"job_id": "job-x"}}, timeout=30).json()
-        deadline, run = time.monotonic() + 120, made
-        while run["state"]["type"] not in FINAL and time.monotonic() < deadline:
-            time.sleep(0.5)
-            run = httpx.get(f"{api}/flow_runs/{made['id']}", timeout=30).json()
-        assert run["state"]["type"] == "CANCELLED", run["state"]
-        assert "no unfinished OpenTinker job" in run["state"]["message"]
+    edited = DeploymentUpdate(
+        pull_steps=[{"prefect.deployments.steps.run_shell_script": {"script": script}}],
+        job_variables={"command": script},
+    )
+    # Prefect's own client: on the embedded SQLite a write can meet another's snapshot and answer 503, which
+    # Prefect's API documents as retryable and its client retries.
+    with SyncPrefectClient(f"{server.prefect_url}/api") as prefect:
+        deployment = prefect.read_deployment_by_name("train/jobs")
+        original = DeploymentUpdate(pull_steps=deployment.pull_steps, job_variables=deployment.job_variables)
+        prefect.update_deployment(deployment.id, edited)
+        try:
+            made = prefect.create_flow_run_from_deployment(deployment.id, parameters={"job_id": "job-x"})
+            deadline, run = time.monotonic() + 120, made
+            while run.state.type.value not in FINAL and time.monotonic() < deadline:
+                time.sleep(0.5)
+                run = prefect.read_flow_run(made.id)
+            assert run.state.type.value == "CANCELLED", run.state
+            assert "no unfinished OpenTinker job" in run.state.message
 
-        key = server.make_key("behind-the-back")
-        headers = server.headers(key)
-        spec = {"env_id": "CartPole-v1", "steps": 2048}
-        job = httpx.post(f"{server.url}/v1/jobs", headers=headers, json={"spec": spec}, timeout=120)
-        assert job.status_code == 201, job.text
-        wait_for_job(server, key, job.json()["id"], lambda status: status["state"] == "SUCCEEDED")
-    finally:
-        httpx.patch(f"{api}/deployments/{deployment['id']}", json=original, timeout=30)
+            key = server.make_key("behind-the-back")
+            headers = server.headers(key)
+            spec = {"env_id": "CartPole-v1", "steps": 2048}
+            job = httpx.post(f"{server.url}/v1/jobs", headers=headers, json={"spec": spec}, timeout=120)
+            assert job.status_code == 201, job.text
+            wait_for_job(server, key, job.json()["id"], lambda status: status["state"] == "SUCCEEDED")
+        finally:
+            prefect.update_deployment(deployment.id, original)
     assert not marker.exists(), "the attacker's pull step or command ran"

@@ -103,7 +103,10 @@ def test_supervised_steps_lower_the_loss_and_each_client_is_an_mlflow_run(tinker
 
 
 def test_an_rl_loop_raises_a_verifier_reward(sdk):
-    """sample -> reward -> importance_sampling: the reward is the share of capital letters in a 4-token reply."""
+    """sample -> reward -> importance_sampling: the reward is the share of capital letters in a 4-token reply.
+
+    At 5e-2 one seed in six collapsed within 10 steps onto one reply per prompt (every advantage 0, no more data);
+    at 2e-2 fourteen seeds rose by 0.19 or more (first five steps' mean to last five's)."""
     training = sdk("rl").create_lora_training_client(base_model=TINY, rank=8, seed=0).result()
     tokenizer = training.get_tokenizer()
     prompts = [tokenizer.encode(f"Shout {i}.") for i in range(4)]
@@ -140,9 +143,9 @@ def test_an_rl_loop_raises_a_verifier_reward(sdk):
         history.append(float(np.mean(rewards)))
         if data:
             step_future = training.forward_backward(data, "importance_sampling")
-            training.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+            training.optim_step(types.AdamParams(learning_rate=2e-2)).result()
             assert step_future.result().loss_fn_outputs[0]["logprobs"].shape[0] == len(data[0].model_input.to_ints())
-    assert np.mean(history[-5:]) > np.mean(history[:5]) + 0.15, history
+    assert np.mean(history[-5:]) > np.mean(history[:5]) + 0.1, history
 
 
 def test_stable_reinforce_trains_on_what_the_sampler_recorded(sdk):
