@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from opentinker.infra.files import atomic_write
-from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, start, venv_bin
+from opentinker.infra.processes import ServiceError, ServiceProcess, free_ports, log_tail, start, venv_bin
 from opentinker.infra.settings import Settings, get_settings
 
 WORKER_RESOURCE = "rollout_node"
@@ -103,11 +103,12 @@ class LocalCluster:
                     )
                 )
         except BaseException as exc:
+            report = _head_report(started[0], temp_dir) if started and isinstance(exc, ServiceError) else ""
             for node in reversed(started):
                 node.stop()
             shutil.rmtree(temp_dir, ignore_errors=True)
             if isinstance(exc, ServiceError):
-                raise ClusterError(str(exc)) from exc
+                raise ClusterError(f"{exc}{report}") from exc
             raise
         state["nodes"] = {node.name: node.to_dict() for node in started}
         state["next_worker"] = nodes
@@ -120,9 +121,12 @@ class LocalCluster:
         if not self.address:
             raise ClusterError("no running cluster to join; run `opentinker cluster up` first.")
         index = state.get("next_worker", len(state["nodes"]))  # never reuse a name (or its log) within a cluster
-        node = self._start_node(
-            f"worker-{index}", self.address, cpus_per_node, object_store_mb, state["temp_dir"], timeout
-        )
+        try:
+            node = self._start_node(
+                f"worker-{index}", self.address, cpus_per_node, object_store_mb, state["temp_dir"], timeout
+            )
+        except ServiceError as exc:
+            raise ClusterError(f"{exc}{_head_report(self.nodes()['head'], state['temp_dir'])}") from exc
         state["nodes"][node.name] = node.to_dict()
         state["next_worker"] = index + 1
         self._write_state(state)
@@ -252,3 +256,13 @@ class LocalCluster:
             stop_timeout=20.0,
             startup_nice=STARTUP_NICE,
         )
+
+
+def _head_report(head: ServiceProcess, temp_dir: str) -> str:
+    """Whether the head a worker failed to join is alive, and its GCS's last words (the worker's log shows only
+    that it could not connect)."""
+    state = "running" if head.alive() else "not running"
+    logs = sorted(Path(temp_dir).glob("session_*/logs/gcs_server.out"), key=lambda path: path.stat().st_mtime)
+    if not logs:
+        return f" The head is {state}; it wrote no GCS log under {temp_dir}."
+    return f" The head is {state}; last lines of {logs[-1]}:\n{log_tail(logs[-1], lines=15)}"
