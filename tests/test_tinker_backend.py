@@ -143,6 +143,26 @@ def test_adapters_on_one_base_model_train_independently(model):
     assert torch.equal(_logprobs(model, None), base)  # the last adapter gone: the bare base model again
 
 
+def test_a_copy_is_the_adapter_as_it_was_and_stays_so_while_the_source_trains(model):
+    """``copy``: a sampler's snapshot of a training adapter (its shape, scaling and tensors), not a view of it."""
+    trainer = AdapterTrainer(model, "source", AdapterShape(rank=4, alpha=8, train_mlp=False), seed=3)
+    try:
+        for _ in range(2):
+            trainer.forward_backward([_datum()], "cross_entropy")
+            trainer.optim_step(AdamStep(learning_rate=1e-2))
+        model.copy("source", "snapshot")
+        assert model.shapes["snapshot"] == model.shapes["source"]
+        assert torch.equal(_logprobs(model, "snapshot"), _logprobs(model, "source"))
+        frozen = _logprobs(model, "snapshot")
+        trainer.forward_backward([_datum()], "cross_entropy")
+        trainer.optim_step(AdamStep(learning_rate=1e-2))
+        assert not torch.equal(_logprobs(model, "source"), frozen)
+        assert torch.equal(_logprobs(model, "snapshot"), frozen)
+    finally:
+        model.remove("snapshot")
+        trainer.close()
+
+
 def test_saved_state_resumes_bit_exact_and_optimizer_state_matters(model):
     batch = [_datum(), _datum(SEQUENCE[3:20])]
     step = AdamStep(learning_rate=5e-3, weight_decay=0.01, grad_clip_norm=5.0)

@@ -55,9 +55,7 @@ class SamplerAdapters:
         sampler.adapter = self._loaded[key][0]
 
     def snapshot(self, sampler: Sampler, source: TrainingModel) -> None:
-        model = self.engine.model(source.base)
-        model.add(sampler.adapter, source.shape, seed=0)
-        model.load_state(sampler.adapter, model.state(source.adapter))
+        self.engine.model(source.base).copy(source.adapter, sampler.adapter)
         self._loaded[(sampler.base, sampler.adapter)] = [sampler.adapter, 1]
 
     def release(self, sampler: Sampler) -> None:
