@@ -7,9 +7,10 @@ import argparse
 import time
 
 
-def point(curve: list, name: str, step: int, reward: float, seconds: float) -> None:
-    """One learning-curve point, kept and printed as it happens (a long run shows progress)."""
-    curve.append({"step": step, "reward": float(reward), "seconds": seconds})
+def point(curve: list, name: str, step: int, reward: float, seconds: float, tokens: int | None = None) -> None:
+    """One learning-curve point, kept and printed as it happens (a long run shows progress); ``tokens``: the
+    completion tokens the step sampled."""
+    curve.append({"step": step, "reward": float(reward), "seconds": seconds, "tokens": tokens})
     print(f"{name} step {step}: train reward {float(reward):.3f} at {seconds:.0f} s", flush=True)
 
 
@@ -17,9 +18,14 @@ def half_figures(
     args: argparse.Namespace, seconds: float, curve: list, after: float, before: float | None = None
 ) -> dict:
     """A half's figures over ``args.steps`` steps of ``group_size x prompts_per_step`` completions in ``seconds``:
-    throughput, held-out success (``before`` only where that half measured it) and the learning curve."""
+    throughput, held-out success (``before`` only where that half measured it) and the learning curve.
+
+    Completions/s depends on what the policy learned to write (a longer reply, another turn); completion tokens/s,
+    where the curve has them, is the same work whatever the policy does."""
     completions = args.steps * args.group_size * args.prompts_per_step
     figures = {"completions_per_s": completions / seconds, "s_per_step": seconds / args.steps}
+    if curve and all(p.get("tokens") is not None for p in curve):
+        figures["completion_tokens_per_s"] = sum(p["tokens"] for p in curve) / seconds
     if before is not None:
         figures["heldout_before"] = before
     return {**figures, "heldout_after": after, "curve": curve}
@@ -52,7 +58,12 @@ def builtin_grpo(args: argparse.Namespace, base_model: str, backend: str, name: 
         trainer.train(
             args.steps,
             callback=lambda metrics, step: point(
-                curve, name, step, metrics["train/reward_mean"], time.perf_counter() - started
+                curve,
+                name,
+                step,
+                metrics["train/reward_mean"],
+                time.perf_counter() - started,
+                round(metrics["train/response_tokens"] * args.group_size * args.prompts_per_step),
             ),
         )
         seconds = time.perf_counter() - started

@@ -13,7 +13,12 @@ sampling through the server (a group's first turn is one ``num_samples`` request
 first ``--eval-prompts`` held-out prompts, before and after. Then p50/p99 latencies of ``forward_backward``,
 ``optim_step`` and ``sample`` futures (submit to result, one at a time) on the tiny model. Floors: the SDK loop's
 completions/s >= 0.8x the built-in's; held-out success after equal within noise (|difference| <= 2 standard errors).
-That is the part ``ratio``; two more run on the same ``opentinker server up`` (``--parts`` picks; default all three):
+That is the part ``ratio``. A step's cost depends on what the policy learned: a half that learned to call the tool
+plays two turns, the second on a longer prompt, in sampling and in the backward (SmolLM2, 30 steps at 5e-4: the SDK
+half's steps cost 2x the built-in's after it learned, the built-in not), so the learning run's completions/s ratio
+compares different work. The part ``throughput`` compares the same work: both halves for ``--throughput-steps`` at
+learning rate 0 (the base policy throughout, every optimiser step still taken); its ratio is the floor's
+(``ratio_ok``). Two more run on the same ``opentinker server up`` (``--parts`` picks; default all):
 
 ``clients``: 1, 2 and 4 (``--clients``) official-SDK clients at once, each a tenant of its own (its own key) with its
 own rank-16 LoRA training client on ``--base``, each running ``--client-steps`` steps (after one warm-up step) of: save
@@ -52,6 +57,7 @@ from tinker_clients import Server, clients_part, restart_part
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RATIO_FLOOR = 0.8
+PARTS = {"ratio", "throughput", "clients", "restart"}
 
 
 # -- the SDK loop -----------------------------------------------------------------------------------------------------
@@ -149,10 +155,12 @@ def sdk_run(args, url: str, key: str) -> dict:
         envs = [make_text_env("arithmetic", "train", 0) for _ in range(args.group_size * args.prompts_per_step)]
         prompts = PromptSampler(len(task_examples("arithmetic", "train", 0)), args.seed)
         adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.999, eps=1e-8, grad_clip_norm=1.0)
-        curve, seconds = [], 0.0
+        curve, seconds, phases = [], 0.0, dict.fromkeys(("save_weights", "sample", "train"), 0.0)
         for step in range(args.steps):
             started = time.perf_counter()
             sampler = training.save_weights_and_get_sampling_client().result()
+            saved = time.perf_counter()
+            phases["save_weights"] += saved - started
             episodes, logprobs = play(
                 sampler,
                 tokenizer,
@@ -163,18 +171,23 @@ def sdk_run(args, url: str, key: str) -> dict:
                 args.temperature,
                 args.seed * 100_000 + step,
             )
+            sampled = time.perf_counter()
+            phases["sample"] += sampled - saved
             data = grpo_datums(episodes, logprobs, args.group_size)
             if data:
                 fwd_bwd = training.forward_backward(data, "importance_sampling")
                 training.optim_step(adam).result()
                 fwd_bwd.result()
+            phases["train"] += time.perf_counter() - sampled
             seconds += time.perf_counter() - started
-            point(curve, "sdk", step + 1, sum(e.reward for e in episodes) / len(episodes), seconds)
+            tokens = sum(len(turn.completion_ids) for episode in episodes for turn in episode.turns)
+            point(curve, "sdk", step + 1, sum(e.reward for e in episodes) / len(episodes), seconds, tokens)
         final = training.save_weights_for_sampler("final").result().path
         after = heldout(service.create_sampling_client(model_path=final).result(), tokenizer, args)
     finally:
         service.close("success").result()
-    return half_figures(args, seconds, curve, after, before)
+    per_step = {f"{name}_s_per_step": total / args.steps for name, total in phases.items()}
+    return {**half_figures(args, seconds, curve, after, before), **per_step}
 
 
 def builtin_run(args) -> dict:
@@ -252,7 +265,10 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "opentinker-test-llm-cache"))
     parser.add_argument("--out-dir", default="/tmp/opentinker-bench-tinker-api")
     parser.add_argument("--only", choices=("sdk", "builtin"), default=None, help="Run one half (no ratio then).")
-    parser.add_argument("--parts", default="ratio,clients,restart", help="Which parts to run (comma-separated).")
+    parser.add_argument(
+        "--parts", default="ratio,throughput,clients,restart", help="Which parts to run (comma-separated)."
+    )
+    parser.add_argument("--throughput-steps", type=int, default=10)
     parser.add_argument("--clients", default="1,2,4", help="The client counts of the part 'clients'.")
     parser.add_argument("--client-steps", type=int, default=6)
     parser.add_argument("--client-group", type=int, default=8)
@@ -261,8 +277,8 @@ def main() -> None:
     parser.add_argument("--restart-after", type=int, default=3)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
-    if parts - {"ratio", "clients", "restart"}:
-        parser.error(f"unknown parts: {sorted(parts - {'ratio', 'clients', 'restart'})}")
+    if parts - PARTS:
+        parser.error(f"unknown parts: {sorted(parts - PARTS)}")
     if "restart" in parts and not 1 <= args.restart_after < args.restart_steps - 1:
         parser.error("--restart-after must leave at least two steps after the restart")
     out = Path(args.out_dir)
@@ -271,7 +287,9 @@ def main() -> None:
     sdk = builtin = latency = None
     extra = {}
     base = DISPLAY_NAMES[args.base]
-    if parts - {"ratio"} or args.only != "builtin":
+    same_work = argparse.Namespace(**{**vars(args), "lr": 0.0, "steps": args.throughput_steps, "eval_prompts": 8})
+    throughput = {}
+    if parts - {"ratio", "throughput"} or args.only != "builtin":
         server = Server(
             Path(tempfile.mkdtemp(prefix="server-", dir=out)), args.base, args.cache_dir, args.server_threads
         )
@@ -282,6 +300,8 @@ def main() -> None:
                 print("latency (tiny model):", json.dumps(latency), flush=True)
                 sdk = sdk_run(args, server.url, key)
                 print("sdk:", json.dumps({k: v for k, v in sdk.items() if k != "curve"}), flush=True)
+            if "throughput" in parts and args.only != "builtin":
+                throughput["sdk"] = sdk_run(same_work, server.url, server.key("throughput"))
             if "clients" in parts:
                 extra.update(clients_part(server, base, args))
             if "restart" in parts:  # last: it kills the API
@@ -292,6 +312,8 @@ def main() -> None:
     if "ratio" in parts and args.only != "sdk":
         builtin = builtin_run(args)
         print("built-in:", json.dumps({k: v for k, v in builtin.items() if k != "curve"}), flush=True)
+    if "throughput" in parts and args.only != "sdk":
+        throughput["builtin"] = builtin_run(same_work)
     (out / "curves.json").write_text(json.dumps({"sdk": sdk, "builtin": builtin}, indent=1))
     halves = {"sdk": sdk, "builtin": builtin}
     line = {
@@ -309,14 +331,20 @@ def main() -> None:
         **{f"{name}_{k}": v for name, half in halves.items() if half for k, v in half.items() if k != "curve"},
         **extra,
     }
+    for name, half in throughput.items():
+        line[f"throughput_{name}_completions_per_s"] = half["completions_per_s"]
+        line[f"throughput_{name}_completion_tokens_per_s"] = half["completion_tokens_per_s"]
     if sdk and builtin:
-        ratio = sdk["completions_per_s"] / builtin["completions_per_s"]
-        line["completions_per_s_ratio"] = ratio
-        line["ratio_floor"] = RATIO_FLOOR
-        line["ratio_ok"] = ratio >= RATIO_FLOOR
+        line["completions_per_s_ratio"] = sdk["completions_per_s"] / builtin["completions_per_s"]
+        line["completion_tokens_per_s_ratio"] = sdk["completion_tokens_per_s"] / builtin["completion_tokens_per_s"]
         line["heldout_equal_within_noise"] = within_noise(
             sdk["heldout_after"], builtin["heldout_after"], args.eval_prompts
         )
+    if len(throughput) == 2:
+        ratio = throughput["sdk"]["completions_per_s"] / throughput["builtin"]["completions_per_s"]
+        line["throughput_ratio"] = ratio
+        line["ratio_floor"] = RATIO_FLOOR
+        line["ratio_ok"] = ratio >= RATIO_FLOOR
     if latency:
         line["latency_tiny_ms"] = latency
     line["rerun"] = rerun_command("tinker_api.py", args)
