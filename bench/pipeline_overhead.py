@@ -12,8 +12,10 @@ run, the probe rollout, evaluation, registration, gate, plots, uploads). ``ratio
 sides. ``plain_flow_s``: the same spec through ``train_flow`` alone (training starts inside the flow run);
 ``early_gain_s = plain_flow_s - flow_s``. Every flow runs in a fresh process, as each ``opentinker train`` does, on
 one data dir, as a user's later runs do: a first small ``opentinker train`` there (``first_run_s``, its whole
-command: the MLflow store made, the data dir's Prefect server started) comes before the timed flows, and the server
-it left is stopped at the end. ``--pairs`` plain/early pairs run alternately (medians reported), so neither side
+command: the MLflow store made, the data dir's Prefect server started, its warm training process started as it
+ends) comes before the timed flows, which start once that process listens (``warm_training``: a user's next run
+comes seconds later; their training children fork from it, ``tasks.fork_server``), and what it left is stopped at
+the end. ``--pairs`` plain/early pairs run alternately (medians reported), so neither side
 always runs first. The last line is JSON.
 """
 
@@ -96,9 +98,12 @@ def main() -> None:
         return
 
     data = os.environ.setdefault("OPENTINKER_DATA_DIR", tempfile.mkdtemp(prefix="opentinker-bench-"))
+    from pathlib import Path
+
     from opentinker.agents import PPO
     from opentinker.infra.local_prefect import stop_local_prefect
     from opentinker.infra.settings import Settings
+    from opentinker.tasks import fork_server
 
     resolved = spec(args.steps, args.seed)
 
@@ -120,11 +125,13 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"plain": [], "early": []}
     try:
         first_s = first_run(data)
+        warm = fork_server.wait_ready(Path(data), timeout=120)
         for pair in range(args.pairs):
             for variant in ("plain", "early") if pair % 2 == 0 else ("early", "plain"):
                 runs[variant].append(run_flow(variant, args.steps, args.seed, data))
     finally:
         stop_local_prefect(Settings(data_dir=data))
+        fork_server.stop_servers(Path(data))
     early = {key: statistics.median(run[key] for run in runs["early"]) for key in runs["early"][0]}
     plain = {key: statistics.median(run[key] for run in runs["plain"]) for key in runs["plain"][0]}
     after_s, _ = bare()
@@ -146,6 +153,7 @@ def main() -> None:
                 "plain_flow_s": round(plain["flow_s"], 2),
                 "early_gain_s": round(plain["flow_s"] - early["flow_s"], 2),
                 "first_run_s": round(first_s, 2),
+                "warm_training": warm,
                 "bare_eval_mean": bare_eval,
                 "flow_eval_mean": early["eval_mean"],
                 "load_avg_1m": round(os.getloadavg()[0], 2),

@@ -54,6 +54,7 @@ def train_policy(run_id: str, spec: RunSpec, early: EarlyTraining | None = None)
     ``num_gpus`` (``learner_device``).
     """
     import mlflow
+    from mlflow.entities import RunTag
 
     from opentinker.infra.ray_runtime import failing_without_rollout_nodes, learner_device, rollout_actor_options
     from opentinker.tracking.runs import log_capacity_wait
@@ -62,7 +63,9 @@ def train_policy(run_id: str, spec: RunSpec, early: EarlyTraining | None = None)
     configure_mlflow()
     client = mlflow.MlflowClient()
     if early is not None and early.spec == spec and early.unadopted():
-        client.set_tag(run_id, "opentinker.rollout_nodes", "local")
+        start = "warm" if early.forked() else "fresh"  # forked from the data dir's warm process, or an interpreter
+        tags = {"opentinker.rollout_nodes": "local", "opentinker.training_start": start}
+        client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
         _write_json(root / "workers.json", {"pids": [early.pid], "nodes": ["local"]})
         return early.adopt(run_id)
     if early is not None:  # another run's: stop it, train this one
@@ -188,6 +191,10 @@ class EarlyTraining(BaseModel):
         early._logger = MetricsLogger.with_progress(None, spec.steps, learner_pid=process.pid)
         process.report_to(early._logger)
         return early
+
+    def forked(self) -> bool:
+        """Whether the child is a fork of the data dir's warm process (``tasks.fork_server``)."""
+        return self._process.forked
 
     def unadopted(self) -> bool:
         """Whether no training task has adopted it yet: a flow retry (Prefect's, after a failure) trains anew from the

@@ -22,8 +22,10 @@ CONFIG = "num_envs = 4\neval_episodes = 2\nchampion_threshold = 0.0\n[ppo]\nn_st
 
 
 def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
-    """``opentinker ARGS`` as a user runs it: the data dir under ``root``, no Prefect API configured."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "OPENTINKER_PREFECT_API_URL")}
+    """``opentinker ARGS`` as a user runs it: the data dir under ``root``, no Prefect API configured, the warm training
+    process on (the default)."""
+    unset = ("PREFECT_API_URL", "OPENTINKER_PREFECT_API_URL", "OPENTINKER_TRAINING_FORK_SERVER_IDLE_S")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(OPENTINKER_DATA_DIR=str(root / "data"), PREFECT_HOME=str(root / "prefect-client"), COLUMNS="200")
     done = subprocess.run(
         [str(Path(sys.executable).parent / "opentinker"), *args],
@@ -42,8 +44,9 @@ def _recorded(root: Path) -> ServiceProcess:
     return ServiceProcess.from_dict(state["prefect"])
 
 
-def _train(root: Path, name: str) -> tuple[str, str]:
-    """One small ``opentinker train``: the flow run id its MLflow run names, and what it printed."""
+def _train(root: Path, name: str) -> tuple[str, str, str]:
+    """One small ``opentinker train``: the flow run id its MLflow run names, what it printed, and how its training
+    child started (``warm``: forked from the data dir's warm process; ``fresh``)."""
     import mlflow
 
     done = _cli(["train", "CartPole-v1", "--steps", "512", "--config", str(root / "train.toml"), "--seed", name], root)
@@ -51,17 +54,22 @@ def _train(root: Path, name: str) -> tuple[str, str]:
     (run,) = client.search_runs(
         [client.get_experiment_by_name("opentinker").experiment_id], f"attributes.run_name = 'cartpole-v1-seed{name}'"
     )
-    return run.data.tags["prefect.flow_run_id"], done.stdout
+    return run.data.tags["prefect.flow_run_id"], done.stdout, run.data.tags["opentinker.training_start"]
 
 
 def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_path):
+    """...and its warm training process: the first run starts it as it ends, the next run's child forks from it."""
+    from opentinker.tasks import fork_server
+
     (tmp_path / "train.toml").write_text(CONFIG)
     try:
-        first_run, printed = _train(tmp_path, "1")
+        first_run, printed, start = _train(tmp_path, "1")
         first = _recorded(tmp_path)
-        assert first.alive()
+        assert first.alive() and start == "fresh"
         assert f"Prefect UI: {first.url}/runs  (this data dir's server; `opentinker down` stops it)" in printed
-        second_run, _ = _train(tmp_path, "2")
+        assert fork_server.wait_ready(tmp_path / "data", timeout=120)
+        second_run, _, start = _train(tmp_path, "2")
+        assert start == "warm"
         assert (_recorded(tmp_path).pid, _recorded(tmp_path).url) == (first.pid, first.url)  # adopted, not restarted
         # Both flow runs are in the one server's history (its own database, under the data dir).
         answer = httpx.post(f"{first.url}/api/flow_runs/filter", json={}).raise_for_status().json()
@@ -69,17 +77,20 @@ def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_pat
 
         os.kill(first.pid, signal.SIGKILL)  # a server that died (or was killed) is replaced by the next run
         psutil.Process(first.pid).wait(10)
-        third_run, _ = _train(tmp_path, "3")
+        third_run, _, _ = _train(tmp_path, "3")
         third = _recorded(tmp_path)
         assert third.pid != first.pid and third.alive()
         answer = httpx.post(f"{third.url}/api/flow_runs/filter", json={}).raise_for_status().json()
         assert third_run in {run["id"] for run in answer}
 
-        assert "stopped the local Prefect server" in _cli(["down"], tmp_path).stdout
+        stopped = _cli(["down"], tmp_path).stdout
+        assert "stopped the local Prefect server" in stopped and "stopped the warm training process" in stopped
         assert not third.alive() and not third.family()
+        assert not list((tmp_path / "data" / "training").glob("*.sock"))
         assert "no local Prefect server" in _cli(["down"], tmp_path).stdout
     finally:
         from opentinker.infra.local_prefect import stop_local_prefect
         from opentinker.infra.settings import Settings
 
         stop_local_prefect(Settings(data_dir=tmp_path / "data"))
+        fork_server.stop_servers(tmp_path / "data")

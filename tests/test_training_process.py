@@ -75,3 +75,111 @@ def test_the_cli_starts_the_child_before_prefect_and_mlflow_are_imported(tmp_pat
     assert (tmp_path / "runs" / _spec(640).resolved_run_name).is_dir()
     ray = _spec(640).model_copy(update={"engine": _spec(640).engine.model_copy(update={"backend": "ray"})})
     assert start_early(ray) is None
+
+
+@pytest.fixture
+def warm(tmp_path, monkeypatch):
+    """A data dir whose runs use the warm training process (``tasks.fork_server``), stopped at the end."""
+    from opentinker.infra.settings import get_settings
+    from opentinker.tasks import fork_server
+
+    data = tmp_path / "data"
+    monkeypatch.setenv("OPENTINKER_DATA_DIR", str(data))
+    monkeypatch.setenv("OPENTINKER_TRAINING_FORK_SERVER_IDLE_S", "120")
+    get_settings.cache_clear()
+    yield data
+    fork_server.stop_servers(data)
+    get_settings.cache_clear()
+
+
+def _trained(directory):
+    """A child's whole run: its per-iteration losses, returns and exported weights (no timings)."""
+    import numpy as np
+
+    process = TrainingProcess(_spec(640), directory)
+    seen = []
+    process.report_to(
+        lambda metrics, step: seen.append(
+            {k: v for k, v in metrics.items() if "/" in k and "sps" not in k and not k.startswith("perf/")}
+        )
+    )
+    process.finish("run-1")
+    weights = np.load(directory / "export" / "weights.npz")
+    return process, seen, {name: weights[name] for name in weights.files}
+
+
+def test_a_later_child_forks_from_the_warm_process_and_trains_bit_for_bit_alike(warm, tmp_path):
+    """The first run starts the data dir's warm process as it ends; the next run's child is a fork of it (not of
+    this process), and trains exactly as the fresh child did: same losses at every iteration, same weights."""
+    import numpy as np
+
+    from opentinker.tasks import fork_server
+
+    fresh, fresh_seen, fresh_weights = _trained(tmp_path / "fresh")
+    assert not fresh.forked
+    assert fork_server.wait_ready(warm, timeout=120), (warm / "training" / "fork-server.log").read_text()
+    forked, forked_seen, forked_weights = _trained(tmp_path / "forked")
+    assert forked.forked and forked.pid != fresh.pid
+    assert forked_seen == fresh_seen and len(forked_seen) == 10 and any("losses/" in k for k in forked_seen[0])
+    assert forked_weights.keys() == fresh_weights.keys()
+    assert all(np.array_equal(forked_weights[name], fresh_weights[name]) for name in fresh_weights)
+    assert forked._process.returncode == 0  # reaped by the warm process, which reported its status
+
+
+def test_the_fork_runs_with_the_callers_environment_directory_and_code(warm, tmp_path, monkeypatch):
+    """What differs between callers crosses with the request: environment, working directory, import path (a user's
+    module is imported in the child, never in the warm process), stdin/stdout; the exit status comes back, a signal's
+    as its negative number. A request that finds no server (a stale socket of a killed one) gets None."""
+    from opentinker.tasks import fork_server
+
+    fork_server.start_server(warm, 120)
+    assert fork_server.wait_ready(warm, timeout=120)
+    code = tmp_path / "user_code"
+    code.mkdir()
+    (code / "echo_child.py").write_text(
+        "import json, os, sys, time\n"
+        "if sys.argv[1] == 'sleep':\n    time.sleep(600)\n"
+        "line = sys.stdin.readline().strip()\n"
+        "print(json.dumps({'line': line, 'mark': os.environ.get('MARK'), 'cwd': os.getcwd(), 'argv': sys.argv[1:]}))\n"
+        "sys.exit(3)\n"
+    )
+    monkeypatch.setenv("MARK", "from the caller")
+    monkeypatch.chdir(code)
+    monkeypatch.syspath_prepend(str(code))
+    child = fork_server.fork_child(warm, ["echo_child", "talk"])
+    assert child is not None
+    child.stdin.write("hello\n")
+    child.stdin.close()
+    answer = json.loads(child.stdout.readline())
+    assert answer == {"line": "hello", "mark": "from the caller", "cwd": str(code), "argv": ["talk"]}
+    assert child.wait() == 3
+    sleeper = fork_server.fork_child(warm, ["echo_child", "sleep"])
+    os.kill(sleeper.pid, 9)
+    assert sleeper.wait() == -9
+
+    import psutil
+
+    started = [
+        p for p in psutil.process_iter(["cmdline", "create_time"]) if str(warm) in " ".join(p.info["cmdline"] or [])
+    ]
+    server = min(started, key=lambda p: p.info["create_time"])  # its forks share its command line
+    server.kill()
+    server.wait(10)
+    assert fork_server.socket_path(warm).exists()  # a killed server leaves its socket behind
+    assert fork_server.fork_child(warm, ["echo_child", "talk"]) is None
+
+
+def test_the_warm_process_leaves_when_idle_and_a_changed_thread_setting_gets_its_own(tmp_path, monkeypatch):
+    """Idle for its time, it exits and removes its socket; a caller whose import-time environment differs (torch's
+    thread count) is never served by it."""
+    from opentinker.tasks import fork_server
+
+    fork_server.start_server(tmp_path, 1.0)
+    assert fork_server.wait_ready(tmp_path, timeout=120)
+    deadline = time.monotonic() + 30
+    while fork_server.socket_path(tmp_path).exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not fork_server.socket_path(tmp_path).exists(), "the idle warm process did not exit"
+    before = fork_server.socket_path(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert fork_server.socket_path(tmp_path) != before

@@ -234,8 +234,13 @@ app.command("deploy", hidden=True)(publish)  # the earlier name, as scripts type
 @app.command()
 @cli_errors
 def down() -> None:
-    """Stop the Prefect server that `opentinker train` keeps running for this data dir (the next run starts it)."""
+    """Stop what `opentinker train` keeps running for this data dir: its Prefect server and its warm training
+    process (the next run starts them)."""
     from opentinker.infra.local_prefect import stop_local_prefect
+    from opentinker.infra.settings import get_settings
+    from opentinker.tasks.fork_server import stop_servers
 
     stopped = stop_local_prefect()
     console.print("stopped the local Prefect server" if stopped else "no local Prefect server was running")
+    if stop_servers(get_settings().resolved_data_dir):
+        console.print("stopped the warm training process")
