@@ -40,17 +40,17 @@ def register_model(
     configure_mlflow()
     client = mlflow.MlflowClient()
     existing = client.search_model_versions(f"name='{model_name}' and run_id='{run_id}'")
+    tags = {} if evaluation is None else _eval_tags(evaluation)
     if existing:
         registered = existing[0]
+        for key, value in tags.items():  # a retry: the first attempt may have failed before they were all set
+            client.set_model_version_tag(model_name, str(registered.version), key, value)
     else:
         model_uri = log_policy_model(export_dir, run_id=run_id, step=step)
-        registered = register_policy(model_uri, model_name)
+        registered = register_policy(model_uri, model_name, tags=tags)  # one write, not one per tag
     version = str(registered.version)
     model_id = registered.model_id or _logged_model_id(registered.source)
     set_alias(model_name, CANDIDATE, version)
-    if evaluation is not None:
-        for key, value in _eval_tags(evaluation).items():
-            client.set_model_version_tag(model_name, version, key, value)
     return ModelRef(
         uri=f"models:/{model_name}/{version}",
         name=model_name,
@@ -119,6 +119,7 @@ def promote_if_better(
     """Apply ``decide`` to what each model serves (each evaluation's ``action``); move ``champion`` only on a win;
     record decision, rule and numbers as tags."""
     import mlflow
+    from mlflow.entities import RunTag
 
     if champion_eval is not None and (champion_eval.seed, len(champion_eval.returns)) != (
         candidate_eval.seed,
@@ -153,8 +154,8 @@ def promote_if_better(
     }
     for key, value in tags.items():
         client.set_model_version_tag(candidate.name, candidate.version, key, value)
-        if candidate.run_id:
-            client.set_tag(candidate.run_id, key, value)
+    if candidate.run_id:  # the run's copy in one write
+        client.log_batch(candidate.run_id, tags=[RunTag(key, value) for key, value in tags.items()])
     client.update_model_version(candidate.name, candidate.version, description=f"Release gate: {decision}")
     aliases = list(candidate.aliases)
     if promote:
