@@ -38,7 +38,14 @@ from typing import IO, Any
 
 log = logging.getLogger("opentinker")
 
-PRELOAD = ("torch", "torch._dynamo", "gymnasium", "opentinker.agents.build", "opentinker.agents.export")
+PRELOAD = (
+    "torch",
+    "torch._dynamo",
+    "gymnasium",
+    "opentinker.agents.build",
+    "opentinker.agents.export",
+    "opentinker.tasks.training_process",
+)
 """What a training child imports before its first env step (torch._dynamo: the first optimiser's import)."""
 KEY_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "CUDA_", "TORCH", "PYTORCH_", "LD_", "PYTHON")
 """Environment read at import time by what ``PRELOAD`` loads: a server started with other values serves no one."""
@@ -92,8 +99,9 @@ class ForkedChild:
 
 
 def fork_child(data_dir: Path, argv: list[str]) -> ForkedChild | None:
-    """``argv`` (a ``python -m module args...`` command line's ``[module, *args]``) run by a child the data dir's
-    server forks; None when no server listens (none started, still starting, idle-exited, another key)."""
+    """``module.main(argv)`` run by a child the data dir's server forks, for ``argv = [module, *args]`` (what
+    ``python -m module args...`` runs, for a module whose ``__main__`` block calls ``main(sys.argv)``); None when no
+    server listens (none started, still starting, idle-exited, another key)."""
     path = socket_path(data_dir)
     try:
         request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "path": sys.path}
@@ -210,12 +218,20 @@ def serve(path: Path, idle_s: float) -> None:
     os.chmod(path, 0o600)
     listener.listen(16)
     children: dict[int, socket.socket] = {}
+    exited, wakeup = socket.socketpair()  # a child's exit wakes the loop (SIGCHLD), so its caller hears at once
+    wakeup.setblocking(False)
+    signal.set_wakeup_fd(wakeup.fileno())
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
+    selector.register(exited, selectors.EVENT_READ)
     last_request = time.monotonic()
     try:
         while children or time.monotonic() - last_request < idle_s:
-            if selector.select(timeout=0.5):
+            for key, _ in selector.select(timeout=1.0):
+                if key.fileobj is exited:
+                    exited.recv(4096)
+                    continue
                 connection, _ = listener.accept()
                 if not _handle(connection, children):
                     return
@@ -258,8 +274,8 @@ def _handle(connection: socket.socket, children: dict[int, socket.socket]) -> bo
 
 def _child(request: dict[str, Any], fds: list[int]) -> None:
     """In the fork: become the caller's process (descriptors, environment, directory, import path, fresh random
-    state, default signal handling), then run ``python -m <module> args...``'s module main."""
-    import runpy
+    state, default signal handling), then run the module's ``main(argv)``."""
+    import importlib
 
     code = 1
     try:
@@ -281,9 +297,8 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         from opentinker.infra.settings import get_settings
 
         get_settings.cache_clear()
-        module, *args = request["argv"]
-        sys.argv = [module, *args]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        sys.argv = list(request["argv"])
+        importlib.import_module(sys.argv[0]).main(sys.argv)  # preloaded, or the caller's module imported here
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1

@@ -138,10 +138,11 @@ def test_the_fork_runs_with_the_callers_environment_directory_and_code(warm, tmp
     code.mkdir()
     (code / "echo_child.py").write_text(
         "import json, os, sys, time\n"
-        "if sys.argv[1] == 'sleep':\n    time.sleep(600)\n"
-        "line = sys.stdin.readline().strip()\n"
-        "print(json.dumps({'line': line, 'mark': os.environ.get('MARK'), 'cwd': os.getcwd(), 'argv': sys.argv[1:]}))\n"
-        "sys.exit(3)\n"
+        "def main(argv):\n"
+        "    if argv[1] == 'sleep':\n        time.sleep(600)\n"
+        "    line = sys.stdin.readline().strip()\n"
+        "    print(json.dumps({'line': line, 'mark': os.environ.get('MARK'), 'cwd': os.getcwd(), 'argv': argv[1:]}))\n"
+        "    sys.exit(3)\n"
     )
     monkeypatch.setenv("MARK", "from the caller")
     monkeypatch.chdir(code)
