@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import logging
 import os
 import random
 import selectors
@@ -35,8 +34,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
-
-log = logging.getLogger("opentinker")
 
 PRELOAD = (
     "torch",
@@ -274,7 +271,7 @@ def _handle(connection: socket.socket, children: dict[int, socket.socket]) -> bo
 
 def _child(request: dict[str, Any], fds: list[int]) -> None:
     """In the fork: become the caller's process (descriptors, environment, directory, import path, fresh random
-    state, default signal handling), then run the module's ``main(argv)``."""
+    state, a fresh interpreter's signal handling), then run the module's ``main(argv)``."""
     import importlib
 
     code = 1
@@ -282,8 +279,8 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the server's socket, lock and other children's connections
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)  # the server's, closed above
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the one handler the server changed
         os.setsid()
         os.environ.clear()
         os.environ.update(request["env"])
@@ -301,7 +298,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         importlib.import_module(sys.argv[0]).main(sys.argv)  # preloaded, or the caller's module imported here
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     except BaseException:
         import traceback
 
