@@ -23,12 +23,12 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         Path(".opentinker"), description="Local state: SQLite stores, artifacts, checkpoints, stack pids/logs."
     )
-    training_fork_server_idle_s: float = Field(
+    warm_process_idle_s: float = Field(
         600.0,
         ge=0,
-        description="How long the data dir's warm training process (`opentinker train`'s: torch and the RL core "
-        "imported once, each run's training child forked from it) waits for the next run before it exits; 0: none, "
-        "each child is a fresh interpreter.",
+        description="How long the data dir's warm processes (`opentinker train`'s: Prefect, MLflow and the flows, and "
+        "torch and the RL core, imported once, each later command and training child forked from them) wait for the "
+        "next run before they exit; 0: none, every command and child is a fresh interpreter.",
     )
     ray_address: str = Field(
         "", description="Ray cluster address ('auto', 'ray://host:10001'); empty starts local Ray."

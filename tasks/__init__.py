@@ -4,7 +4,11 @@ Importing this package changes nothing; whoever starts a flow calls ``prefect_de
 session, a bench), so BentoML and Flower processes that import the library keep their own environment.
 """
 
+import logging
 import os
+import warnings
+
+_NOISY_LOGGERS = ("mlflow", "ray", "alembic", "httpx", "urllib3", "botocore", "bentoml", "filelock")
 
 
 def prefect_defaults() -> None:
@@ -24,3 +28,28 @@ def prefect_defaults() -> None:
         from prefect.context import refresh_global_settings_context
 
         refresh_global_settings_context()
+
+
+def prepare_prefect(verbose: bool = False) -> None:
+    """A terminal's flow (the CLI's, and the warm flow process it forks from), before Prefect is imported: the API
+    URL from settings, ``prefect_defaults()``, quiet logs.
+
+    Quiet means the terminal: flow and task logs still reach the Prefect server at INFO (its Logs tab), only
+    Prefect's console handler is raised to WARNING. MLflow's own "View run" lines give way to the CLI's links.
+    """
+    from opentinker.infra.settings import get_settings
+
+    api_url = get_settings().prefect_api_url
+    if api_url:
+        os.environ["PREFECT_API_URL"] = api_url
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a Ray FutureWarning
+        warnings.filterwarnings("ignore")
+        for name in _NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+    prefect_defaults()

@@ -57,6 +57,7 @@ def train_policy(run_id: str, spec: RunSpec, early: EarlyTraining | None = None)
     from mlflow.entities import RunTag
 
     from opentinker.infra.ray_runtime import failing_without_rollout_nodes, learner_device, rollout_actor_options
+    from opentinker.tasks import fork_server
     from opentinker.tracking.runs import log_capacity_wait
 
     root = spec_dir(spec)
@@ -65,6 +66,7 @@ def train_policy(run_id: str, spec: RunSpec, early: EarlyTraining | None = None)
     if early is not None and early.spec == spec and early.unadopted():
         start = "warm" if early.forked() else "fresh"  # forked from the data dir's warm process, or an interpreter
         tags = {"opentinker.rollout_nodes": "local", "opentinker.training_start": start}
+        tags["opentinker.flow_start"] = "warm" if fork_server.FORKED else "fresh"  # this process: the same question
         client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
         _write_json(root / "workers.json", {"pids": [early.pid], "nodes": ["local"]})
         return early.adopt(run_id)

@@ -66,7 +66,7 @@ class TrainingProcess:
     def __init__(self, spec: RunSpec, directory: str | os.PathLike) -> None:
         argv = [__name__, spec.model_dump_json(), str(directory)]
         settings = get_settings()
-        self._warm = settings.training_fork_server_idle_s > 0
+        self._warm = settings.warm_process_idle_s > 0
         forked = fork_server.fork_child(settings.resolved_data_dir, argv) if self._warm else None
         self._process = forked or subprocess.Popen(
             [sys.executable, "-m", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -107,7 +107,7 @@ class TrainingProcess:
         self._close()
         if self._warm and not self.forked:  # the next run's child forks from a warm process (``fork_server``)
             settings = get_settings()
-            fork_server.start_server(settings.resolved_data_dir, settings.training_fork_server_idle_s)
+            fork_server.start_server(settings.resolved_data_dir, settings.warm_process_idle_s)
         if self._callback_error is not None:
             raise self._callback_error
         if self._result is None or "done" not in self._result:
@@ -128,6 +128,17 @@ class TrainingProcess:
             self.report_to(lambda metrics, step: None)
         self._reader.join()
         self._process.wait()
+
+
+def warm_up() -> None:
+    """What a training child imports before its first env step, loaded once by the data dir's warm training process
+    (``fork_server.TRAINING``); torch._dynamo is the first optimiser's import."""
+    import gymnasium  # noqa: F401
+    import torch
+    import torch._dynamo  # noqa: F401
+
+    import opentinker.agents.build
+    import opentinker.agents.export  # noqa: F401
 
 
 def _child(spec: RunSpec, directory: str, report: Any) -> None:

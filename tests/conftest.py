@@ -16,7 +16,7 @@ os.environ.setdefault("PREFECT_HOME", os.path.join(_SESSION_DIR, "prefect"))
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # No warm training process per data dir (each ~0.4 GB, kept 10 min) behind the suite's many data dirs: each training
 # child starts fresh. tests/test_fork_server.py turns it on where it is the subject.
-os.environ.setdefault("OPENTINKER_TRAINING_FORK_SERVER_IDLE_S", "0")
+os.environ.setdefault("OPENTINKER_WARM_PROCESS_IDLE_S", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from opentinker.tasks import prefect_defaults  # noqa: E402

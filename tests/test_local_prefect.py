@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -21,15 +22,20 @@ pytestmark = pytest.mark.slow
 CONFIG = "num_envs = 4\neval_episodes = 2\nchampion_threshold = 0.0\n[ppo]\nn_steps = 32\nhidden_sizes = [16]\n"
 
 
-def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
-    """``opentinker ARGS`` as a user runs it: the data dir under ``root``, no Prefect API configured, the warm training
-    process on (the default)."""
-    unset = ("PREFECT_API_URL", "OPENTINKER_PREFECT_API_URL", "OPENTINKER_TRAINING_FORK_SERVER_IDLE_S")
+def _env(root: Path) -> dict[str, str]:
+    """A user's environment: the data dir under ``root``, no Prefect API configured, the warm processes on (the
+    default)."""
+    unset = ("PREFECT_API_URL", "OPENTINKER_PREFECT_API_URL", "OPENTINKER_WARM_PROCESS_IDLE_S")
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(OPENTINKER_DATA_DIR=str(root / "data"), PREFECT_HOME=str(root / "prefect-client"), COLUMNS="200")
+    return env
+
+
+def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
+    """``opentinker ARGS`` as a user runs it (``_env``)."""
     done = subprocess.run(
         [str(Path(sys.executable).parent / "opentinker"), *args],
-        env=env,
+        env=_env(root),
         cwd=root,
         text=True,
         capture_output=True,
@@ -44,9 +50,9 @@ def _recorded(root: Path) -> ServiceProcess:
     return ServiceProcess.from_dict(state["prefect"])
 
 
-def _train(root: Path, name: str) -> tuple[str, str, str]:
+def _train(root: Path, name: str) -> tuple[str, str, str, str]:
     """One small ``opentinker train``: the flow run id its MLflow run names, what it printed, and how its training
-    child started (``warm``: forked from the data dir's warm process; ``fresh``)."""
+    child and its own flow process started (``warm``: forked from the data dir's warm processes; ``fresh``)."""
     import mlflow
 
     done = _cli(["train", "CartPole-v1", "--steps", "512", "--config", str(root / "train.toml"), "--seed", name], root)
@@ -54,22 +60,26 @@ def _train(root: Path, name: str) -> tuple[str, str, str]:
     (run,) = client.search_runs(
         [client.get_experiment_by_name("opentinker").experiment_id], f"attributes.run_name = 'cartpole-v1-seed{name}'"
     )
-    return run.data.tags["prefect.flow_run_id"], done.stdout, run.data.tags["opentinker.training_start"]
+    tags = run.data.tags
+    return tags["prefect.flow_run_id"], done.stdout, tags["opentinker.training_start"], tags["opentinker.flow_start"]
 
 
 def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_path):
-    """...and its warm training process: the first run starts it as it ends, the next run's child forks from it."""
+    """...and its warm processes: the first run starts them as it ends; the next command is a fork of the warm flow
+    process, and its training child a fork of the warm training process."""
     from opentinker.tasks import fork_server
 
     (tmp_path / "train.toml").write_text(CONFIG)
     try:
-        first_run, printed, start = _train(tmp_path, "1")
+        first_run, printed, *start = _train(tmp_path, "1")
         first = _recorded(tmp_path)
-        assert first.alive() and start == "fresh"
+        assert first.alive() and start == ["fresh", "fresh"]
         assert f"Prefect UI: {first.url}/runs  (this data dir's server; `opentinker down` stops it)" in printed
         assert fork_server.wait_ready(tmp_path / "data", timeout=120)
-        second_run, _, start = _train(tmp_path, "2")
-        assert start == "warm"
+        assert fork_server.wait_ready(tmp_path / "data", 120, fork_server.FLOW, _env(tmp_path))
+        second_run, printed, *start = _train(tmp_path, "2")
+        assert start == ["warm", "warm"]
+        assert "Evaluation: mean return" in printed and f"Prefect UI: {first.url}/runs" in printed  # on its stdout
         assert (_recorded(tmp_path).pid, _recorded(tmp_path).url) == (first.pid, first.url)  # adopted, not restarted
         # Both flow runs are in the one server's history (its own database, under the data dir).
         answer = httpx.post(f"{first.url}/api/flow_runs/filter", json={}).raise_for_status().json()
@@ -77,14 +87,32 @@ def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_pat
 
         os.kill(first.pid, signal.SIGKILL)  # a server that died (or was killed) is replaced by the next run
         psutil.Process(first.pid).wait(10)
-        third_run, _, _ = _train(tmp_path, "3")
+        third_run, *_ = _train(tmp_path, "3")
         third = _recorded(tmp_path)
         assert third.pid != first.pid and third.alive()
         answer = httpx.post(f"{third.url}/api/flow_runs/filter", json={}).raise_for_status().json()
         assert third_run in {run["id"] for run in answer}
 
+        # A forked command lives and dies with its caller: Ctrl-C is passed on, a killed caller's fork is stopped,
+        # and with it the fork's own training child.
+        servers = _warm_servers(tmp_path)
+        for sent, exit_code in ((signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)):
+            caller = subprocess.Popen(
+                [str(Path(sys.executable).parent / "opentinker"), "train", "CartPole-v1", "--steps", "100000000"],
+                env=_env(tmp_path),
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            forks = _eventually(lambda: all(server.children() for server in servers) and servers)
+            forks = [child for server in forks for child in server.children()]
+            caller.send_signal(sent)
+            assert caller.wait(60) == exit_code
+            _, alive = psutil.wait_procs(forks, timeout=30)
+            assert not alive, f"{sent!r}: forks left running: {alive}"
+
         stopped = _cli(["down"], tmp_path).stdout
-        assert "stopped the local Prefect server" in stopped and "stopped the warm training process" in stopped
+        assert "stopped the local Prefect server" in stopped and "stopped the warm processes (2)" in stopped
         assert not third.alive() and not third.family()
         assert not list((tmp_path / "data" / "training").glob("*.sock"))
         assert "no local Prefect server" in _cli(["down"], tmp_path).stdout
@@ -94,3 +122,25 @@ def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_pat
 
         stop_local_prefect(Settings(data_dir=tmp_path / "data"))
         fork_server.stop_servers(tmp_path / "data")
+
+
+def _warm_servers(root: Path) -> list[psutil.Process]:
+    """The data dir's two warm processes (their forks share their command line: these are the forks' parents)."""
+    found = [
+        process
+        for process in psutil.process_iter(["cmdline"])
+        if "opentinker.tasks.fork_server" in (process.info["cmdline"] or [])
+        and str(root / "data") in " ".join(process.info["cmdline"])
+    ]
+    servers = [process for process in found if process.ppid() not in {other.pid for other in found}]
+    assert len(servers) == 2, servers
+    return servers
+
+
+def _eventually(condition, timeout: float = 60.0):
+    """``condition()``'s first true value within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+    return value

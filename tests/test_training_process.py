@@ -85,7 +85,7 @@ def warm(tmp_path, monkeypatch):
 
     data = tmp_path / "data"
     monkeypatch.setenv("OPENTINKER_DATA_DIR", str(data))
-    monkeypatch.setenv("OPENTINKER_TRAINING_FORK_SERVER_IDLE_S", "120")
+    monkeypatch.setenv("OPENTINKER_WARM_PROCESS_IDLE_S", "120")
     get_settings.cache_clear()
     yield data
     fork_server.stop_servers(data)

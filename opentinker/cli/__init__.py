@@ -59,4 +59,11 @@ app.add_typer(client.app)
 app.add_typer(client.jobs_app, name="jobs")
 app.add_typer(tinker.app, name="tinker")
 
-__all__ = ["app"]
+
+def main(argv: list[str]) -> None:
+    """``opentinker argv[1:]`` in a process that did not start as the console script: a fork of the data dir's warm
+    flow process (``train.in_warm_process``)."""
+    app(args=argv[1:], prog_name="opentinker")
+
+
+__all__ = ["app", "main"]

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Annotated, ParamSpec, TypeVar
 
@@ -20,8 +18,6 @@ from rich.markup import escape
 console = Console(soft_wrap=True)  # long paths and URIs stay on one line (copy-pasteable)
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show Prefect/MLflow logs and full tracebacks.")]
-
-_NOISY_LOGGERS = ("mlflow", "ray", "alembic", "httpx", "urllib3", "botocore", "bentoml", "filelock")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -98,31 +94,6 @@ def cli_errors(command: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(1) from None
 
     return wrapper
-
-
-def prepare_prefect(verbose: bool = False) -> None:
-    """Before prefect is imported: the API URL from settings, a long ephemeral start-up timeout, quiet logs.
-
-    Quiet means the terminal: flow and task logs still reach the Prefect server at INFO (its Logs tab), only
-    Prefect's console handler is raised to WARNING. MLflow's own "View run" lines give way to the CLI's links.
-    """
-    from opentinker.infra.settings import get_settings
-    from opentinker.tasks import prefect_defaults
-
-    api_url = get_settings().prefect_api_url
-    if api_url:
-        os.environ["PREFECT_API_URL"] = api_url
-    prefect_defaults()
-    if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
-        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # silences a Ray FutureWarning
-        warnings.filterwarnings("ignore")
-        for name in _NOISY_LOGGERS:
-            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @contextlib.contextmanager

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from opentinker.cli.console import Verbose, cli_errors, console, prepare_prefect, print_ui_hints, training_progress
+from opentinker.cli.console import Verbose, cli_errors, console, print_ui_hints, training_progress
+from opentinker.tasks import prepare_prefect
 
 app = typer.Typer()
 
@@ -118,11 +122,40 @@ def train(
     overrides any field. A config file with ``policy_mapping`` trains an agent group instead (one registered model
     per kind); ``--algo grpo`` trains an LLM agent's LoRA adapter with GRPO on a text env.
     """
+    environment = dict(os.environ)  # before this command changes it: the warm flow process's key
+    if not verbose and (code := in_warm_process(environment)) is not None:
+        raise typer.Exit(code)
     from opentinker.flows.validate import checked_spec
 
     overrides = {"steps": steps, "updates": updates, "seed": seed, "resume": resume or None, "algorithm": algo}
     spec = checked_spec(env_id, config, groups=True, **overrides)
     print_result(run_training(spec, verbose))
+    start_warm_process(environment)
+
+
+def in_warm_process(environment: Mapping[str, str]) -> int | None:
+    """This whole command run by a fork of the data dir's warm flow process (Prefect, MLflow and the flows already
+    imported: ``tasks.fork_server.FLOW``) on this terminal: its exit status; None where none listens for this
+    environment and code (this process runs it), and in that fork itself."""
+    from opentinker.infra.settings import get_settings
+    from opentinker.tasks import fork_server
+
+    settings = get_settings()
+    if fork_server.FORKED or settings.warm_process_idle_s <= 0:
+        return None
+    return fork_server.run_forked(settings.resolved_data_dir, fork_server.FLOW, "opentinker.cli", sys.argv, environment)
+
+
+def start_warm_process(environment: Mapping[str, str]) -> None:
+    """After a command that ran in this process, the data dir's warm flow process for the next one, started with the
+    command's original ``environment`` (the one its key names)."""
+    from opentinker.infra.settings import get_settings
+    from opentinker.tasks import fork_server
+
+    settings = get_settings()
+    if not fork_server.FORKED:
+        data_dir, idle_s = settings.resolved_data_dir, settings.warm_process_idle_s
+        fork_server.start_server(data_dir, idle_s, fork_server.FLOW, environment)
 
 
 @app.command()
@@ -234,13 +267,13 @@ app.command("deploy", hidden=True)(publish)  # the earlier name, as scripts type
 @app.command()
 @cli_errors
 def down() -> None:
-    """Stop what `opentinker train` keeps running for this data dir: its Prefect server and its warm training
-    process (the next run starts them)."""
+    """Stop what `opentinker train` keeps running for this data dir: its Prefect server and its warm processes
+    (the next run starts them)."""
     from opentinker.infra.local_prefect import stop_local_prefect
     from opentinker.infra.settings import get_settings
     from opentinker.tasks.fork_server import stop_servers
 
     stopped = stop_local_prefect()
     console.print("stopped the local Prefect server" if stopped else "no local Prefect server was running")
-    if stop_servers(get_settings().resolved_data_dir):
-        console.print("stopped the warm training process")
+    if count := stop_servers(get_settings().resolved_data_dir):
+        console.print(f"stopped the warm processes ({count})")
