@@ -13,10 +13,13 @@ training loop) ≤ 2 s. ``bare_s`` is the median of a bare run before the flows 
 load hits both sides. ``plain_flow_s``: the same spec through ``train_flow`` alone (training starts inside the flow
 run); ``early_gain_s = plain_flow_s - flow_s``. Every flow runs in a fresh process, as each ``opentinker train`` does,
 on one data dir, as a user's later runs do: a first small ``opentinker train`` there (``first_run_s``, its whole
-command: the MLflow store made, the data dir's Prefect server started, its warm training process started as it ends)
+command: the MLflow store made, the data dir's Prefect server started, its warm processes started as it ends)
 comes before the timed flows, which start once that process listens (``warm_training``: a user's next run comes seconds
 later; their training children fork from it, ``tasks.fork_server``), and what it left is stopped at the end. ``--pairs``
-plain/early pairs run alternately (medians reported), so neither side always runs first. The last line is JSON.
+plain/early pairs run alternately (medians reported), so neither side always runs first. Then ``--commands`` whole
+``opentinker train --steps 20000`` commands as a user types them (forks of the data dir's warm flow process, which the
+first run started: ``warm_flow``), each followed by a bare run of the same steps: ``command_over_training_s`` is the
+median command's seconds beyond the median bare run's (floor 5 s). The last line is JSON.
 """
 
 from __future__ import annotations
@@ -74,6 +77,18 @@ def first_run(data: str) -> float:
     return seconds
 
 
+def command(data: str, steps: int, seed: int) -> float:
+    """One whole ``opentinker train CartPole-v1 --steps STEPS`` in the data dir, as a user types it: its wall
+    seconds (a fork of the data dir's warm flow process, when it listens)."""
+    opentinker = os.path.join(os.path.dirname(sys.executable), "opentinker")
+    started = time.perf_counter()
+    argv = [opentinker, "train", "CartPole-v1", "--steps", str(steps), "--seed", str(seed)]
+    subprocess.run(argv, env=flow_env(data), capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - started
+    print(f"opentinker train ({steps:,} steps): {seconds:.2f} s", file=sys.stderr)
+    return seconds
+
+
 def run_flow(variant: str, steps: int, seed: int, data: str) -> dict:
     env = {**flow_env(data), "PREFECT_LOGGING_LEVEL": "WARNING"}
     command = [sys.executable, __file__, "--flow", variant, "--steps", str(steps), "--seed", str(seed)]
@@ -91,6 +106,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000, help="PPO env steps for each side.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pairs", type=int, default=2, help="plain/early flow pairs, run alternately.")
+    parser.add_argument("--commands", type=int, default=3, help="whole `opentinker train` commands after the flows.")
+    parser.add_argument("--command-steps", type=int, default=20_000, help="env steps of each of those commands.")
     parser.add_argument("--flow", choices=("early", "plain"), help=argparse.SUPPRESS)  # one flow run (a child)
     args = parser.parse_args()
     if args.flow:
@@ -107,10 +124,10 @@ def main() -> None:
 
     resolved = spec(args.steps, args.seed)
 
-    def bare() -> tuple[float, float]:
+    def bare(steps: int = args.steps) -> tuple[float, float]:
         started = time.perf_counter()
         trainer = PPO("CartPole-v1", seed=args.seed, config=resolved.engine.config())
-        trainer.train(args.steps)
+        trainer.train(steps)
         mean = trainer.evaluate(resolved.eval_episodes, resolved.eval_seed).mean
         trainer.env.close()
         seconds = time.perf_counter() - started
@@ -129,10 +146,15 @@ def main() -> None:
     try:
         first_s = first_run(data)
         warm = fork_server.wait_ready(Path(data), timeout=120)
+        warm_flow = fork_server.wait_ready(Path(data), 120, fork_server.FLOW, flow_env(data))
         for pair in range(args.pairs):
             for variant in ("plain", "early") if pair % 2 == 0 else ("early", "plain"):
                 runs[variant].append(run_flow(variant, args.steps, args.seed, data))
                 bare_runs.append(bare()[0])  # a bare run after every flow: the machine's speed drifts by 20 %
+        commands_s, bare_command_s = [], []
+        for index in range(args.commands):
+            commands_s.append(command(data, args.command_steps, 1000 + index))
+            bare_command_s.append(bare(args.command_steps)[0])
     finally:
         stop_local_prefect(Settings(data_dir=data))
         fork_server.stop_servers(Path(data))
@@ -157,10 +179,16 @@ def main() -> None:
                 "early_gain_s": round(plain["flow_s"] - early["flow_s"], 2),
                 "first_run_s": round(first_s, 2),
                 "warm_training": warm,
+                "warm_flow": warm_flow,
+                "command_steps": args.command_steps,
+                "command_runs_s": [round(seconds, 2) for seconds in commands_s],
+                "command_bare_s": round(statistics.median(bare_command_s), 2),
+                "command_over_training_s": round(statistics.median(commands_s) - statistics.median(bare_command_s), 2),
                 "bare_eval_mean": bare_eval,
                 "flow_eval_mean": early["eval_mean"],
                 "load_avg_1m": round(os.getloadavg()[0], 2),
-                "rerun": f"python bench/pipeline_overhead.py --steps {args.steps} --pairs {args.pairs}",
+                "rerun": f"python bench/pipeline_overhead.py --steps {args.steps} --pairs {args.pairs} "
+                f"--commands {args.commands} --command-steps {args.command_steps}",
             }
         )
     )

@@ -14,8 +14,9 @@ _SESSION_DIR = tempfile.mkdtemp(prefix="opentinker-tests-")
 os.environ.setdefault("OPENTINKER_DATA_DIR", os.path.join(_SESSION_DIR, "data"))
 os.environ.setdefault("PREFECT_HOME", os.path.join(_SESSION_DIR, "prefect"))
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-# No warm training process per data dir (each ~0.4 GB, kept 10 min) behind the suite's many data dirs: each training
-# child starts fresh. tests/test_fork_server.py turns it on where it is the subject.
+# No warm processes per data dir (~0.6 GB, kept 10 min) behind the suite's many data dirs: each command and training
+# child starts fresh. tests/test_training_process.py and tests/test_local_prefect.py turn them on where they are the
+# subject.
 os.environ.setdefault("OPENTINKER_WARM_PROCESS_IDLE_S", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -79,7 +79,7 @@ def test_the_cli_starts_the_child_before_prefect_and_mlflow_are_imported(tmp_pat
 
 @pytest.fixture
 def warm(tmp_path, monkeypatch):
-    """A data dir whose runs use the warm training process (``tasks.fork_server``), stopped at the end."""
+    """A data dir whose runs use the warm training process (``tasks.fork_server.TRAINING``), stopped at the end."""
     from opentinker.infra.settings import get_settings
     from opentinker.tasks import fork_server
 
