@@ -3,9 +3,10 @@
 A policy reads observations in two steps. ``ObservationReader.prepare`` is the parameter-free part, run once per
 batch: Box vectors flattened and normalised by the running statistics, one-hots for Discrete/MultiDiscrete, floats for
 MultiBinary, and images only reordered to channels-first (still uint8: a rollout batch of Atari frames as float32
-would be 4x the memory). ``FeatureExtractor`` is the learned part, run per minibatch: each image through its CNN (the
-Nature CNN, or a compact one for small images), scaled by 1/255 there, and every part concatenated in space order
-(SB3's ``CombinedExtractor`` for Dict/Tuple observations). Without images the prepared batch already is the features.
+would be 4x the memory). ``FeatureExtractor`` is the learned part, run per minibatch: each image scaled by 1/255
+through its CNN (the Nature CNN; an image under 36 pixels a side has no convolutions, only the linear layer), and
+every part concatenated in space order (SB3's ``CombinedExtractor`` for Dict/Tuple observations). Without images the
+prepared batch already is the features.
 
 The numpy twin is ``envs/numpy_features.py``: same spec, same weight names (``features.<part>.convs.<i>`` ...).
 """
@@ -38,7 +39,7 @@ def mlp(sizes: list[int], activation: str, last_std: float | None) -> nn.Sequent
 
 
 class ImageEncoder(nn.Module):
-    """Conv + ReLU layers, flatten, linear + ReLU: the Nature CNN (or the compact variant the spec names)."""
+    """Conv + ReLU layers, flatten, linear + ReLU: the Nature CNN, or for a small image no conv layers (the spec's)."""
 
     def __init__(self, part: dict[str, Any]):
         super().__init__()

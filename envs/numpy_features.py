@@ -94,10 +94,10 @@ class ImageFeatures:
             self.convs.append(Conv2d(weight, bias, stride, scale=1.0 / 255.0 if j == 0 else 1.0))
         # torch flattens (C, H, W); the columns are permuted once so the NHWC output flattens as it lies in memory.
         linear = weights[f"{prefix}.linear.weight"]
-        channels = part["convs"][-1][0]
+        channels = part["convs"][-1][0] if part["convs"] else part["channels"]
         sides = [conv_output_side(part[side], part["convs"]) for side in ("height", "width")]
         linear = linear.reshape(-1, channels, *sides).transpose(0, 2, 3, 1).reshape(linear.shape[0], -1)
-        self.linear_t = np.ascontiguousarray(linear.T)
+        self.linear_t = np.ascontiguousarray(linear.T if self.convs else linear.T / np.float32(255.0))  # pixels in
         self.linear_b = weights[f"{prefix}.linear.bias"]
 
     def __call__(self, obs: Any) -> np.ndarray:

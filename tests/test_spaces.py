@@ -59,13 +59,13 @@ def test_images_are_detected_as_sb3_detects_them():
     assert image_layout(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)) == "chw"
     assert image_layout(gym.spaces.Box(0, 255, (84, 84), np.uint8)) == "hw"
     assert image_layout(gym.spaces.Box(0.0, 1.0, (84, 84, 4), np.float32)) is None  # floats are vectors
-    assert image_layout(gym.spaces.Box(0, 255, (4, 4, 3), np.uint8)) is None  # too small for any CNN
+    assert image_layout(gym.spaces.Box(0, 255, (4, 4, 3), np.uint8)) is None  # too small to be read as an image
     assert image_layout(gym.spaces.Box(0, 10, (84, 84, 4), np.uint8)) is None  # not pixel bounds
     nature = observation_spec(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8))["parts"][0]
     assert nature["convs"] == [[32, 8, 4], [64, 4, 2], [64, 3, 1]] and nature["conv_flat"] == 64 * 7 * 7
     assert nature["dim"] == 512 and nature["channels"] == 4
-    compact = observation_spec(IMAGE_HWC)["parts"][0]
-    assert compact["convs"] == [[32, 3, 2], [64, 3, 2]] and compact["channels"] == 3
+    small = observation_spec(IMAGE_HWC)["parts"][0]  # under 36 pixels a side: pixels / 255 into one linear layer
+    assert small["convs"] == [] and small["conv_flat"] == 16 * 16 * 3 and small["dim"] == 256
     parts = observation_spec(DICT)["parts"]
     kinds = {"bits": "multi_binary", "cell": "multi_discrete", "grey": "image", "mode": "discrete", "pos": "box"}
     assert [(p["key"], p["kind"]) for p in parts] == list(kinds.items())  # gymnasium's (sorted) key order
