@@ -199,7 +199,8 @@ def start_server(data_dir: Path, idle_s: float, kind: Warm = TRAINING, env: Mapp
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(path.parent / "fork-server.log", "ab") as log_file:
         subprocess.Popen(
-            [sys.executable, "-m", __name__, str(path), str(idle_s), kind.name],
+            # -P: the starting command's folder is not on its import path (a file there must not shadow a package)
+            [sys.executable, "-P", "-m", __name__, str(path), str(idle_s), kind.name],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log_file,

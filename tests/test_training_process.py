@@ -132,8 +132,12 @@ def test_the_fork_runs_with_the_callers_environment_directory_and_code(warm, tmp
     as its negative number. A request that finds no server (a stale socket of a killed one) gets None."""
     from opentinker.tasks import fork_server
 
+    shadow = tmp_path / "started_here"  # the folder of the command that starts it: not on its import path
+    shadow.mkdir()
+    (shadow / "gymnasium.py").write_text("raise SystemExit('a file in the starting folder was imported')\n")
+    monkeypatch.chdir(shadow)
     fork_server.start_server(warm, 120)
-    assert fork_server.wait_ready(warm, timeout=120)
+    assert fork_server.wait_ready(warm, timeout=120), (warm / "training" / "fork-server.log").read_text()
     code = tmp_path / "user_code"
     code.mkdir()
     (code / "echo_child.py").write_text(
