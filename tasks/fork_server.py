@@ -69,6 +69,8 @@ FLOW = Warm(
 )
 FORKED = False
 """True in a child a warm process forked (its code need not ask for a fork itself)."""
+_PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""What a forked command's caller passes on to the fork (``run_forked``)."""
 
 
 def socket_path(data_dir: Path, kind: Warm = TRAINING, env: Mapping[str, str] | None = None) -> Path:
@@ -161,9 +163,6 @@ def run_forked(data_dir: Path, kind: Warm, module: str, argv: list[str], env: Ma
     return 128 - code if code < 0 else code
 
 
-_PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
 def _ask(
     data_dir: Path, kind: Warm, module: str, argv: list[str], fds: list[int], env: Mapping[str, str] | None = None
 ) -> tuple[socket.socket, IO[str], int] | None:
@@ -214,8 +213,8 @@ def wait_ready(
 ) -> bool:
     """Whether the data dir's server of ``kind`` for ``env`` (default this process's) listens within ``timeout`` s
     (benches and tests; runs never wait)."""
-    deadline = time.monotonic() + timeout
-    while not _listening(socket_path(data_dir, kind, env)):
+    deadline, path = time.monotonic() + timeout, socket_path(data_dir, kind, env)  # the key's walk, once
+    while not _listening(path):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
