@@ -48,8 +48,9 @@ def test_presets_know_each_family_from_the_env():
     assert problem_kind("HalfCheetah-v5").suite == "mujoco" and problem_kind("Pendulum-v1").suite is None
     assert problem_kind("ALE/Breakout-v5").suite == "atari"
     assert engine_preset("sac", "Walker2d-v5")["learning_starts"] == 10_000  # RL-Zoo's MuJoCo SAC
-    assert "learning_rate" not in engine_preset("sac", "HalfCheetah-v5")  # SACConfig's 3e-4
-    assert engine_preset("sac", "Hopper-v5") == {"num_envs": 1, "learning_starts": 10_000, "learning_rate": 1e-3}
+    assert "learning_rate" not in engine_preset("sac", "Walker2d-v5")  # SACConfig's 3e-4
+    for env_id in ("Hopper-v5", "HalfCheetah-v5"):  # per id: the family's SAC at lr 1e-3
+        assert engine_preset("sac", env_id) == {"num_envs": 1, "learning_starts": 10_000, "learning_rate": 1e-3}
     assert engine_preset("td3", "HalfCheetah-v5")["hidden_sizes"] == (400, 300)
     assert engine_preset("ppo", "HalfCheetah-v5")["norm_obs"] is True  # PPO: the continuous family's preset
     assert engine_preset("ppo", "ALE/Breakout-v5")["clip_coef"] == 0.1  # CleanRL's ppo_atari
