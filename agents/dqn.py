@@ -70,14 +70,11 @@ class DQN(Trainer):
             batches = {
                 k: map_obs(to_device, v) for k, v in self.buffer.sample((num_updates, c.batch_size), self.rng).items()
             }
-            # The target network changes only after this iteration's steps (4.), so every TD target is one pass.
-            with torch.no_grad():
-                next_obs = map_obs(lambda rows: rows.flatten(0, 1), batches["next_obs"])
-                target_max = self.target(self.target.preprocess(next_obs)).float().max(dim=1).values
-                target_max = target_max.view_as(batches["rewards"])
-                td_targets = batches["rewards"] + c.gamma * target_max * (1.0 - batches["terminated"])
-            for i, td_target in enumerate(td_targets):
-                batch = {k: index_obs(batches[k], i) for k in ("obs", "actions")}
+            for i in range(num_updates):
+                batch = {k: index_obs(v, i) for k, v in batches.items()}
+                with torch.no_grad():
+                    target_max = self.target(self.target.preprocess(batch["next_obs"])).float().max(dim=1).values
+                    td_target = batch["rewards"] + c.gamma * target_max * (1.0 - batch["terminated"])
                 with self.amp.autocast():
                     q_all = self.policy(self.policy.preprocess(batch["obs"]))
                 q_taken = q_all.float().gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
