@@ -2,11 +2,11 @@
 
 The family is picked from the env itself (``ProblemKind``): discrete or continuous actions, observation size,
 episode length, and the suite it belongs to (the ALE namespace: Atari; a gymnasium ``MujocoEnv``: MuJoCo). Per-id
-entries exist only where the family default is known to fail. A config file's algorithm table (``[ppo]``, ``[sac]``,
-...) and top-level ``num_envs`` (``RunSpec.engine``) override any field; ``resolve_spec`` fills the rest into a run's
-spec, once. A user's own env (``module:Class``: no registry entry, so no measured preset) takes PPO's family preset
-under the row of ``BUDGET_TABLE`` for the run's steps and its measured episode length (``budget_defaults``). The tables
-are documented in docs/pipeline.md ("Presets").
+entries exist only where the family default was measured to fail or to be slower. A config file's algorithm table
+(``[ppo]``, ``[sac]``, ...) and top-level ``num_envs`` (``RunSpec.engine``) override any field; ``resolve_spec``
+fills the rest into a run's spec, once. A user's own env (``module:Class``: no registry entry, so no measured preset)
+takes PPO's family preset under the row of ``BUDGET_TABLE`` for the run's steps and its measured episode length
+(``budget_defaults``). The tables are documented in docs/pipeline.md ("Presets").
 """
 
 from __future__ import annotations
