@@ -9,11 +9,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from opentinker.agents.buffers import ReplayBuffer
 from opentinker.agents.config import DQNConfig
 from opentinker.agents.policies import QNetwork, policy_spec
-from opentinker.agents.trainer import Trainer
-from opentinker.envs.observations import index_obs, map_obs
+from opentinker.agents.replay import ReplayTrainer
+from opentinker.envs.observations import index_obs
 from opentinker.envs.rollout import Rollout
 
 
@@ -21,7 +20,7 @@ def linear_schedule(start: float, end: float, duration: float, step: int) -> flo
     return max(end, start + (end - start) * step / max(duration, 1.0))
 
 
-class DQN(Trainer):
+class DQN(ReplayTrainer):
     """``DQN(env, policy="MLP", seed=0, device="auto", amp_mode="off", **DQNConfig fields)``."""
 
     algorithm, config_cls, value_based = "dqn", DQNConfig, True
@@ -34,9 +33,8 @@ class DQN(Trainer):
         self.target = copy.deepcopy(self.policy)
         self.params = list(self.policy.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=c.learning_rate, fused=True)
-        self.buffer = ReplayBuffer(c.buffer_size)
+        self._build_replay()
         self.next_target_update = c.target_network_frequency
-        self.pending_updates = 0.0
 
     def epsilon(self) -> float:
         """Exploration rate of the next rollout: the multiplicative (``epsilon_decay``) or linear schedule."""
@@ -53,36 +51,25 @@ class DQN(Trainer):
     def update(self, rollout: Rollout) -> dict[str, float]:
         c = self.config
         rollout_end = time.perf_counter()
-        # 1. The rollout was collected epsilon-greedily with the current Q network; count its env steps.
+        # 1. The rollout was collected epsilon-greedily with the current Q network; count and keep its transitions.
         epsilon = self.epsilon()
-        self.global_step += rollout.num_steps
-        # 2. Store real transitions; the observation after step t is obs[t + 1] (final obs at episode ends).
-        self.buffer.add_rollout(rollout)
-        # 3. One gradient step per ``train_frequency`` env steps once learning has started; the iteration's batches
-        # are drawn together (as SB3 does after a rollout) so the per-step work is the TD update alone.
+        self.store(rollout)
+        # 2. One TD update per ``train_frequency`` env steps once learning has started, on batches drawn together.
         losses, q_values = [], []
-        if self.global_step >= c.learning_starts:
-            self.pending_updates += rollout.num_steps / c.train_frequency
-            num_updates = int(self.pending_updates)
-            self.pending_updates -= num_updates
-            part = self.sync.shard(c.batch_size)  # this learner's rows of each sample (all when it is alone)
-            to_device = lambda rows: torch.as_tensor(rows[:, part], device=self.device)  # noqa: E731
-            batches = {
-                k: map_obs(to_device, v) for k, v in self.buffer.sample((num_updates, c.batch_size), self.rng).items()
-            }
-            for i in range(num_updates):
-                batch = {k: index_obs(v, i) for k, v in batches.items()}
-                with torch.no_grad():
-                    target_max = self.target(self.target.preprocess(batch["next_obs"])).float().max(dim=1).values
-                    td_target = batch["rewards"] + c.gamma * target_max * (1.0 - batch["terminated"])
-                with self.amp.autocast():
-                    q_all = self.policy(self.policy.preprocess(batch["obs"]))
-                q_taken = q_all.float().gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
-                loss = F.smooth_l1_loss(q_taken, td_target)  # Huber: the Nature DQN's clipped error, as SB3
-                self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm, reduce=self.sync.reduce)
-                losses.append(loss.detach())
-                q_values.append(q_taken.detach().mean())
-        # 4. Target network: soft/hard update every ``target_network_frequency`` env steps.
+        batches = self.replay_batches(rollout.num_steps)
+        for i in range(0 if batches is None else len(batches["rewards"])):
+            batch = {k: index_obs(v, i) for k, v in batches.items()}
+            with torch.no_grad():
+                target_max = self.target(self.target.preprocess(batch["next_obs"])).float().max(dim=1).values
+                td_target = batch["rewards"] + c.gamma * target_max * (1.0 - batch["terminated"])
+            with self.amp.autocast():
+                q_all = self.policy(self.policy.preprocess(batch["obs"]))
+            q_taken = q_all.float().gather(1, batch["actions"].long().unsqueeze(1)).squeeze(1)
+            loss = F.smooth_l1_loss(q_taken, td_target)  # Huber: the Nature DQN's clipped error, as SB3
+            self.amp.step(loss, self.optimizer, self.params, c.max_grad_norm, reduce=self.sync.reduce)
+            losses.append(loss.detach())
+            q_values.append(q_taken.detach().mean())
+        # 3. Target network: soft/hard update every ``target_network_frequency`` env steps.
         while self.global_step >= self.next_target_update:
             self.next_target_update += c.target_network_frequency
             self.update_target()
@@ -105,14 +92,10 @@ class DQN(Trainer):
                 target_param.lerp_(param, self.config.tau)
 
     def _extra_state(self) -> dict:
-        return {
-            "target": self.target.state_dict(),
-            "buffer": self.buffer.state_dict(),
-            "next_target_update": self.next_target_update,
-            "pending_updates": self.pending_updates,
-        }
+        extra = {"target": self.target.state_dict(), "next_target_update": self.next_target_update}
+        return {**super()._extra_state(), **extra}
 
     def _load_extra_state(self, state: dict) -> None:
+        super()._load_extra_state(state)
         self.target.load_state_dict(state["target"])
-        self.buffer.load_state_dict(state["buffer"])
-        self.next_target_update, self.pending_updates = state["next_target_update"], state["pending_updates"]
+        self.next_target_update = state["next_target_update"]

@@ -1,6 +1,6 @@
 """What SAC and TD3 share: env copies act with the actor's numpy twin (uniform random actions until
-``learning_starts``), their transitions go to a replay buffer, and each iteration's gradient steps run on batches
-drawn together. The algorithms' own ``update`` and ``gradient_step`` live in ``sac.py`` and ``td3.py``.
+``learning_starts``), the twin critics and their Polyak-averaged target, replay (``agents/replay.py``). The
+algorithms' own ``update`` and ``gradient_step`` live in ``sac.py`` and ``td3.py``.
 """
 
 from __future__ import annotations
@@ -11,16 +11,14 @@ from typing import Any
 
 import torch
 
-from opentinker.agents.buffers import ReplayBuffer
 from opentinker.agents.config import OffPolicyConfig
 from opentinker.agents.critics import TwinQ
 from opentinker.agents.policies import policy_spec
-from opentinker.agents.trainer import Trainer
-from opentinker.envs.observations import map_obs
+from opentinker.agents.replay import ReplayTrainer
 from opentinker.envs.rollout import Rollout
 
 
-class OffPolicyTrainer(Trainer):
+class OffPolicyTrainer(ReplayTrainer):
     """Subclasses set ``actor_kind`` and ``actor_cls``, build their extras in ``_build_extras`` and implement
     ``update``. The actor is ``self.policy`` (what rollouts, checkpoints' ``policy`` and exports hold)."""
 
@@ -43,8 +41,7 @@ class OffPolicyTrainer(Trainer):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.critic_params, self.target_params = list(self.critic.parameters()), list(self.critic_target.parameters())
         self.critic_optimizer = torch.optim.Adam(self.critic_params, lr=c.learning_rate, fused=True)
-        self.buffer = ReplayBuffer(c.buffer_size)
-        self.pending_updates = 0.0
+        self._build_replay()
         # The learner's own noise source (not torch's global one): trainers sharing a process stay independent.
         self.noise_rng = torch.Generator(self.device).manual_seed(self.seed)
         self._build_extras()
@@ -52,34 +49,9 @@ class OffPolicyTrainer(Trainer):
     def _build_extras(self) -> None:
         pass
 
-    @property
-    def warming_up(self) -> bool:
-        return self.global_step < self.config.learning_starts
-
     def rollout_spec(self) -> dict:
         """Uniform random actions until ``learning_starts`` (as SB3 and CleanRL warm up), then the actor's."""
         return dict(self.spec, uniform_actions=True) if self.warming_up else self.spec
-
-    def store(self, rollout: Rollout) -> None:
-        """Count the rollout's env steps and keep its real transitions (``ReplayBuffer.add_rollout``)."""
-        self.global_step += rollout.num_steps
-        self.buffer.add_rollout(rollout)
-
-    def replay_batches(self, num_env_steps: int) -> dict[str, Any] | None:
-        """The gradient steps due for ``num_env_steps`` new env steps (one per ``train_frequency``), their batches
-        drawn at once, shaped ``(steps, rows, ...)`` (observations as trees of the space's structure): this
-        learner's rows of each batch (all of them when it is alone). None while warming up or when no step is due."""
-        c = self.config
-        if self.warming_up:
-            return None
-        self.pending_updates += num_env_steps / c.train_frequency
-        steps = int(self.pending_updates)
-        self.pending_updates -= steps
-        if steps == 0:
-            return None
-        part = self.sync.shard(c.batch_size)
-        to_device = lambda rows: torch.as_tensor(rows[:, part], device=self.device)  # noqa: E731
-        return {k: map_obs(to_device, v) for k, v in self.buffer.sample((steps, c.batch_size), self.rng).items()}
 
     def standard_normal(self, *shape: int) -> torch.Tensor:
         """Noise for whole batches from the trainer's generator (in every checkpoint); learners take their rows
@@ -102,20 +74,18 @@ class OffPolicyTrainer(Trainer):
 
     def _extra_state(self) -> dict[str, Any]:
         return {
+            **super()._extra_state(),
             "critic": self.critic.state_dict(),
             "critic_target": self.critic_target.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
-            "buffer": self.buffer.state_dict(),
-            "pending_updates": self.pending_updates,
             "noise_rng": (self.noise_rng.device.type, self.noise_rng.get_state()),
         }
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
+        super()._load_extra_state(state)
         self.critic.load_state_dict(state["critic"])
         self.critic_target.load_state_dict(state["critic_target"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
-        self.buffer.load_state_dict(state["buffer"])
-        self.pending_updates = state["pending_updates"]
         device_type, rng_state = state["noise_rng"]
         if device_type == self.noise_rng.device.type:  # CPU and CUDA generators differ: a moved run keeps its seed
             self.noise_rng.set_state(rng_state)
