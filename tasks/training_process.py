@@ -13,8 +13,9 @@ child exports the policy once the parent names the MLflow run. The child gets th
 (``RunSpec.model_dump_json``) and builds the trainer from its typed config.
 
 Protocol, JSON lines. Child → parent (the child's stdout): ``{"step": int, "metrics": {...}}`` per iteration, then one
-``{"done": {...}}`` or ``{"error": "traceback"}``. Parent → child (stdin): ``{"run_id": str}`` to export and finish;
-end of input without it (the parent cancelled, or died) stops the child after its current iteration.
+``{"done": {...}}`` or ``{"error": "traceback"}``. Parent → child (stdin): ``{"run_id": str}`` to export and finish,
+the input kept open until the child has reported; its end before that (the parent cancelled, was interrupted, or
+died) stops the child after its current iteration, with a checkpoint there and no export.
 """
 
 from __future__ import annotations
@@ -98,13 +99,19 @@ class TrainingProcess:
 
     def finish(self, run_id: str) -> dict[str, Any]:
         """Name the MLflow run, wait for the loop and the export: ``start_step``, ``global_step``, ``seconds``,
-        ``export_dir``, ``checkpoint_path``. Raises with the child's traceback when it failed."""
+        ``export_dir``, ``checkpoint_path``. Raises with the child's traceback when it failed. Interrupted (Ctrl-C
+        in this process), it stops the child as ``cancel`` does before the interrupt goes on."""
         try:
             self._process.stdin.write(json.dumps({"run_id": run_id}) + "\n")
             self._process.stdin.flush()
         except (BrokenPipeError, ValueError):  # the child already exited (or was cancelled): its result says why
             pass
-        self._close()
+        if self._reader is None:
+            self.report_to(lambda metrics, step: None)
+        try:
+            self._reader.join()  # until the child has reported and exited
+        finally:
+            self._close()
         if self._warm and not self.forked:  # the next run's child forks from a warm process (``fork_server``)
             settings = get_settings()
             fork_server.start_server(settings.resolved_data_dir, settings.warm_process_idle_s)
@@ -116,12 +123,13 @@ class TrainingProcess:
         return self._result["done"]
 
     def cancel(self) -> None:
-        """Stop the child after its current iteration (its last checkpoint stays) and wait for it; nothing once it
-        has finished."""
+        """Stop the child after its current iteration (it checkpoints there) and wait for it; nothing once it has
+        finished."""
         self._close()
 
     def _close(self) -> None:
-        """Close the child's input, drain its output, wait for it to exit."""
+        """Close the child's input (a child still training stops: ``_child``), drain its output, wait for it to
+        exit."""
         if not self._process.stdin.closed:
             self._process.stdin.close()
         if self._reader is None:
@@ -142,28 +150,28 @@ def warm_up() -> None:
 
 
 def _child(spec: RunSpec, directory: str, report: Any) -> None:
-    """The child's whole life: build, train while the parent lets it, wait for the run's id, export, report."""
+    """The child's whole life: build, train while the parent's input stays open, wait for the run's id, export,
+    report. The parent's input closing (``TrainingProcess.cancel``, or the parent gone) stops the loop after its
+    iteration, whether or not the run was named: a Ctrl-C of the flow stops its training."""
     from opentinker.agents.build import build_trainer, env_copies, run_loop
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.agents.export import export_policy
 
     answer: dict[str, Any] = {}
-    answered = threading.Event()
+    answered, closed = threading.Event(), threading.Event()
 
     def listen() -> None:
         for line in sys.stdin:
             answer.update(json.loads(line))
-            break
-        answered.set()
+            answered.set()
+        closed.set()
+        answered.set()  # nothing more comes
 
     threading.Thread(target=listen, daemon=True).start()
 
-    def cancelled() -> bool:
-        return answered.is_set() and "run_id" not in answer
-
     def send(metrics: dict[str, float], step: int) -> bool:
         report.write(json.dumps({"step": int(step), "metrics": {k: float(v) for k, v in metrics.items()}}) + "\n")
-        return not cancelled()
+        return not closed.is_set()
 
     root = Path(directory)
     config = spec.engine.config()
@@ -173,7 +181,7 @@ def _child(spec: RunSpec, directory: str, report: Any) -> None:
         start_step = int(trainer.global_step)
         seconds = run_loop(trainer, spec.steps, root, spec.checkpoint_every, send)
         answered.wait()
-        if cancelled():
+        if closed.is_set():  # cancelled
             return
         metadata = {"env_id": spec.env_id, "run_id": answer["run_id"]}
         export_dir = export_policy(trainer, root / "export", metadata=metadata)

@@ -94,11 +94,18 @@ def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_pat
         assert third_run in {run["id"] for run in answer}
 
         # A forked command lives and dies with its caller: Ctrl-C is passed on, a killed caller's fork is stopped,
-        # and with it the fork's own training child.
+        # and with it the fork's own training child; whether the flow has adopted that child yet (its run's
+        # workers.json) or not. Ctrl-C stops the training after its iteration, checkpointed there.
         servers = _warm_servers(tmp_path)
-        for sent, exit_code in ((signal.SIGINT, 130), (signal.SIGKILL, -signal.SIGKILL)):
+        train = [str(Path(sys.executable).parent / "opentinker"), "train", "CartPole-v1", "--steps", "100000000"]
+        for seed, sent, adopted, exit_code in (
+            (10, signal.SIGINT, False, 130),
+            (11, signal.SIGINT, True, 130),
+            (12, signal.SIGKILL, True, -signal.SIGKILL),
+        ):
+            run = tmp_path / "data" / "runs" / f"cartpole-v1-seed{seed}"
             caller = subprocess.Popen(
-                [str(Path(sys.executable).parent / "opentinker"), "train", "CartPole-v1", "--steps", "100000000"],
+                [*train, "--seed", str(seed)],
                 env=_env(tmp_path),
                 cwd=tmp_path,
                 stdout=subprocess.DEVNULL,
@@ -106,10 +113,14 @@ def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_pat
             )
             forks = _eventually(lambda: all(server.children() for server in servers) and servers)
             forks = [child for server in forks for child in server.children()]
+            if adopted:
+                _eventually(lambda run=run: (run / "workers.json").exists())
             caller.send_signal(sent)
-            assert caller.wait(60) == exit_code
+            assert caller.wait(60) == exit_code, f"{sent!r} (adopted: {adopted})"
             _, alive = psutil.wait_procs(forks, timeout=30)
-            assert not alive, f"{sent!r}: forks left running: {alive}"
+            assert not alive, f"{sent!r} (adopted: {adopted}): forks left running: {alive}"
+            if sent == signal.SIGINT and adopted:
+                assert (run / "checkpoints" / "checkpoint.pt").exists()
 
         stopped = _cli(["down"], tmp_path).stdout
         assert "stopped the local Prefect server" in stopped and "stopped the warm processes (2)" in stopped
