@@ -87,6 +87,8 @@ def cli_errors(command: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return command(*args, **kwargs)
+        except (typer.Exit, typer.Abort):  # an exit status, not an error (and no need to import every error type)
+            raise
         except Exception as exc:
             if kwargs.get("verbose") or not isinstance(exc, _known_errors()):
                 raise
