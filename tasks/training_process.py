@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -194,7 +195,10 @@ def _child(spec: RunSpec, directory: str, report: Any) -> None:
 
 def main(argv: list[str]) -> None:
     """Run the child, then exit at once like a multiprocessing child (``os._exit``): everything it made is written
-    and reported, and the interpreter's teardown (torch's included) would only delay the parent's wrap-up."""
+    and reported, and the interpreter's teardown (torch's included) would only delay the parent's wrap-up. A
+    terminal's Ctrl-C reaches the whole process group; the child leaves it to its parent, which closes its input
+    (``_child``: it stops after the iteration, checkpointed, instead of dying mid-way)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     report = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints (libraries, warnings) go to stderr, never into the protocol
     code = 0

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from opentinker.tasks.training_process import TrainingProcess, start_early
@@ -48,6 +50,40 @@ def test_cancelling_stops_the_child_after_its_current_iteration(tmp_path):
     assert time.monotonic() - started < 10
     assert seen[-1] < 10_000_000 and (tmp_path / "checkpoints" / "checkpoint.pt").exists()
     assert not (tmp_path / "export").exists()
+
+
+def test_ctrl_c_while_the_run_finishes_stops_the_child_after_its_iteration(tmp_path):
+    """A terminal's Ctrl-C (SIGINT to the process group: parent and child) while the parent waits for a named run:
+    the child stops after its iteration, checkpointed there, no export; the interrupt goes on in the parent."""
+    code = (
+        "import sys, time\n"
+        "from opentinker.tasks.training_process import TrainingProcess\n"
+        "from opentinker.tasks.spec import RunSpec\n"
+        f"spec = RunSpec.model_validate_json({_spec(10_000_000).model_dump_json()!r})\n"
+        f"process = TrainingProcess(spec, {str(tmp_path)!r})\n"
+        "seen = []\n"
+        "process.report_to(lambda metrics, step: seen.append(step))\n"
+        "while not seen:\n"
+        "    time.sleep(0.01)\n"
+        "print(process.pid, flush=True)\n"
+        "try:\n"
+        "    process.finish('run-123')\n"
+        "except KeyboardInterrupt:\n"
+        "    print(seen[-1], flush=True)\n"
+        "    sys.exit(130)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's group
+    )
+    child = psutil.Process(int(parent.stdout.readline()))
+    os.killpg(parent.pid, signal.SIGINT)
+    assert parent.wait(30) == 130
+    assert not child.is_running()  # the parent waited for it
+    assert int(parent.stdout.readline()) < 10_000_000
+    assert (tmp_path / "checkpoints" / "checkpoint.pt").exists() and not (tmp_path / "export").exists()
 
 
 def test_a_failing_child_raises_with_its_traceback(tmp_path):
