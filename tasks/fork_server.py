@@ -365,6 +365,11 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
         os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the server's socket, lock and other children's connections
         signal.set_wakeup_fd(-1)  # the server's, closed above
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the one handler the server changed
+        # What the server inherited from the command that started it (a script's background job ignores SIGINT and
+        # SIGQUIT, `nohup` SIGHUP) is not this caller's: it passes on only what it does not ignore itself.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for number in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(number, signal.SIG_DFL)
         os.setsid()
         os.environ.clear()
         os.environ.update(request["env"])

@@ -3,6 +3,7 @@ starts it once, later runs adopt it, a killed one is replaced, ``opentinker down
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -31,8 +32,9 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
-    """``opentinker ARGS`` as a user runs it (``_env``)."""
+def _cli(args: list[str], root: Path, background: bool = False) -> subprocess.CompletedProcess:
+    """``opentinker ARGS`` as a user runs it (``_env``); ``background``: as ``nohup ... &`` in a script (SIGHUP,
+    SIGINT and SIGQUIT ignored, and so by what it starts), else as a terminal's command (their default)."""
     done = subprocess.run(
         [str(Path(sys.executable).parent / "opentinker"), *args],
         env=_env(root),
@@ -40,9 +42,17 @@ def _cli(args: list[str], root: Path) -> subprocess.CompletedProcess:
         text=True,
         capture_output=True,
         timeout=300,
+        preexec_fn=functools.partial(_signals, signal.SIG_IGN if background else signal.SIG_DFL),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
+
+
+def _signals(disposition) -> None:
+    """In a child before it runs a command: what a terminal's Ctrl-C, hang-up and quit do to it (a test session may
+    itself run in the background, ignoring them)."""
+    for number in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(number, disposition)
 
 
 def _recorded(root: Path) -> ServiceProcess:
@@ -50,12 +60,13 @@ def _recorded(root: Path) -> ServiceProcess:
     return ServiceProcess.from_dict(state["prefect"])
 
 
-def _train(root: Path, name: str) -> tuple[str, str, str, str]:
+def _train(root: Path, name: str, background: bool = False) -> tuple[str, str, str, str]:
     """One small ``opentinker train``: the flow run id its MLflow run names, what it printed, and how its training
     child and its own flow process started (``warm``: forked from the data dir's warm processes; ``fresh``)."""
     import mlflow
 
-    done = _cli(["train", "CartPole-v1", "--steps", "512", "--config", str(root / "train.toml"), "--seed", name], root)
+    args = ["train", "CartPole-v1", "--steps", "512", "--config", str(root / "train.toml"), "--seed", name]
+    done = _cli(args, root, background)
     client = mlflow.MlflowClient(f"sqlite:///{root / 'data' / 'mlflow.db'}")
     (run,) = client.search_runs(
         [client.get_experiment_by_name("opentinker").experiment_id], f"attributes.run_name = 'cartpole-v1-seed{name}'"
@@ -71,7 +82,9 @@ def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_pat
 
     (tmp_path / "train.toml").write_text(CONFIG)
     try:
-        first_run, printed, *start = _train(tmp_path, "1")
+        # The first run starts the warm processes: from a script's background job, so they ignore Ctrl-C, which a
+        # later command's fork must not inherit.
+        first_run, printed, *start = _train(tmp_path, "1", background=True)
         first = _recorded(tmp_path)
         assert first.alive() and start == ["fresh", "fresh"]
         assert f"Prefect UI: {first.url}/runs  (this data dir's server; `opentinker down` stops it)" in printed
@@ -110,6 +123,7 @@ def test_train_runs_reuse_the_data_dirs_prefect_server_and_down_stops_it(tmp_pat
                 cwd=tmp_path,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                preexec_fn=functools.partial(_signals, signal.SIG_DFL),
             )
             forks = _eventually(lambda: all(server.children() for server in servers) and servers)
             forks = [child for server in forks for child in server.children()]
