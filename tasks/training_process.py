@@ -102,14 +102,14 @@ class TrainingProcess:
         """Name the MLflow run, wait for the loop and the export: ``start_step``, ``global_step``, ``seconds``,
         ``export_dir``, ``checkpoint_path``. Raises with the child's traceback when it failed. Interrupted (Ctrl-C
         in this process), it stops the child as ``cancel`` does before the interrupt goes on."""
-        try:
-            self._process.stdin.write(json.dumps({"run_id": run_id}) + "\n")
-            self._process.stdin.flush()
-        except (BrokenPipeError, ValueError):  # the child already exited (or was cancelled): its result says why
-            pass
         if self._reader is None:
             self.report_to(lambda metrics, step: None)
         try:
+            try:
+                self._process.stdin.write(json.dumps({"run_id": run_id}) + "\n")
+                self._process.stdin.flush()
+            except (BrokenPipeError, ValueError):  # the child already exited (or was cancelled): its result says why
+                pass
             self._reader.join()  # until the child has reported and exited
         finally:
             self._close()

@@ -56,17 +56,20 @@ def test_ctrl_c_while_the_run_finishes_stops_the_child_after_its_iteration(tmp_p
     """A terminal's Ctrl-C (SIGINT to the process group: parent and child) while the parent waits for a named run:
     the child stops after its iteration, checkpointed there, no export; the interrupt goes on in the parent."""
     code = (
-        "import sys, time\n"
+        "import sys\n"
         "from opentinker.tasks.training_process import TrainingProcess\n"
         "from opentinker.tasks.spec import RunSpec\n"
         f"spec = RunSpec.model_validate_json({_spec(10_000_000).model_dump_json()!r})\n"
         f"process = TrainingProcess(spec, {str(tmp_path)!r})\n"
-        "seen = []\n"
-        "process.report_to(lambda metrics, step: seen.append(step))\n"
-        "while not seen:\n"
-        "    time.sleep(0.01)\n"
-        "print(process.pid, flush=True)\n"
+        "seen, finishing = [], []\n"
+        "def on_iteration(metrics, step):\n"
+        "    seen.append(step)\n"
+        "    if len(finishing) == 1 and len(seen) > 1:  # an iteration after the main thread began to finish\n"
+        "        print(process.pid, flush=True)\n"
+        "        finishing.append(True)\n"
+        "process.report_to(on_iteration)\n"
         "try:\n"
+        "    finishing.append(True)\n"
         "    process.finish('run-123')\n"
         "except KeyboardInterrupt:\n"
         "    print(seen[-1], flush=True)\n"
@@ -77,6 +80,7 @@ def test_ctrl_c_while_the_run_finishes_stops_the_child_after_its_iteration(tmp_p
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,  # a terminal's group
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # and its Ctrl-C (not a background job's)
     )
     child = psutil.Process(int(parent.stdout.readline()))
     os.killpg(parent.pid, signal.SIGINT)
