@@ -3,6 +3,7 @@ in order, the export names the run it was handed, cancelling stops the child, an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -82,12 +83,16 @@ def test_ctrl_c_while_the_run_finishes_stops_the_child_after_its_iteration(tmp_p
         start_new_session=True,  # a terminal's group
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # and its Ctrl-C (not a background job's)
     )
-    child = psutil.Process(int(parent.stdout.readline()))
-    os.killpg(parent.pid, signal.SIGINT)
-    assert parent.wait(30) == 130
-    assert not child.is_running()  # the parent waited for it
-    assert int(parent.stdout.readline()) < 10_000_000
-    assert (tmp_path / "checkpoints" / "checkpoint.pt").exists() and not (tmp_path / "export").exists()
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        os.killpg(parent.pid, signal.SIGINT)
+        assert parent.wait(30) == 130
+        assert not child.is_running()  # the parent waited for it
+        assert int(parent.stdout.readline()) < 10_000_000
+        assert (tmp_path / "checkpoints" / "checkpoint.pt").exists() and not (tmp_path / "export").exists()
+    finally:  # a failed check leaves no 1e7-step run behind
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
 
 
 def test_a_failing_child_raises_with_its_traceback(tmp_path):
