@@ -20,6 +20,7 @@ died) stops the child after its current iteration, with a checkpoint there and n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -105,11 +106,9 @@ class TrainingProcess:
         if self._reader is None:
             self.report_to(lambda metrics, step: None)
         try:
-            try:
+            with contextlib.suppress(BrokenPipeError, ValueError):  # the child already exited: its result says why
                 self._process.stdin.write(json.dumps({"run_id": run_id}) + "\n")
                 self._process.stdin.flush()
-            except (BrokenPipeError, ValueError):  # the child already exited (or was cancelled): its result says why
-                pass
             self._reader.join()  # until the child has reported and exited
         finally:
             self._close()
