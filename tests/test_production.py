@@ -552,7 +552,7 @@ def test_a_tinker_client_trains_through_the_load_balancer_on_one_engine_on_the_o
         runs = mlflow.post("/api/2.0/mlflow/runs/search", json=query).json()["runs"]
         tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
         assert any(t.get("tinker.model_id") == training.model_id for t in tags), tags
-    other = tinker.ServiceClient(base_url=production.url, api_key=two_tenants["keys"]["pb"])
-    with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
-        other.create_training_client_from_state(saved).result()
+    with tinker.ServiceClient(base_url=production.url, api_key=two_tenants["keys"]["pb"]) as other:
+        with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
+            other.create_training_client_from_state(saved).result()
     service.close("success").result()

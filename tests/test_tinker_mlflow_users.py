@@ -46,16 +46,17 @@ def _as(tenant: str, settings) -> httpx.Client:
 
 def _sampler_checkpoint(server: TinkerServer, tenant: str, steps: int) -> tuple[str, str]:
     """A training client of ``tenant`` trained ``steps`` steps, saved for a sampler: (its model id, the path)."""
-    training = server.service_client(tenant).create_lora_training_client(base_model=TINY, rank=4, seed=5).result()
-    tokens = training.get_tokenizer().encode(TEXT)
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "weights": np.ones(len(tokens) - 1, np.float32)},
-    )
-    for _ in range(steps):
-        training.forward_backward([datum], "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    return training.model_id, training.save_weights_for_sampler("final").result().path
+    with server.service_client(tenant) as service:  # the session finished on the way out: the checkpoint stays
+        training = service.create_lora_training_client(base_model=TINY, rank=4, seed=5).result()
+        tokens = training.get_tokenizer().encode(TEXT)
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "weights": np.ones(len(tokens) - 1, np.float32)},
+        )
+        for _ in range(steps):
+            training.forward_backward([datum], "cross_entropy")
+            training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        return training.model_id, training.save_weights_for_sampler("final").result().path
 
 
 def test_checkpoints_register_as_the_tenants_own_user_and_never_under_a_name_another_tenant_holds(
