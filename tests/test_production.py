@@ -515,44 +515,44 @@ def test_a_tinker_client_trains_through_the_load_balancer_on_one_engine_on_the_o
     from opentinker.server.tinker.remote import ACTOR_NAME, namespace
 
     before = _served_by_api(production)
-    service = tinker.ServiceClient(base_url=production.url, api_key=two_tenants["keys"]["pa"])
-    training = service.create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
-    tokens = training.get_tokenizer().encode("The quick brown fox jumps over the lazy dog while the cat sleeps.")
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(tokens[:-1]),
-        loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "weights": np.ones(len(tokens) - 1, np.float32)},
-    )
-    losses = []
-    for _ in range(3):
-        loss = training.forward_backward([datum], "cross_entropy")
-        training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-        losses.append(loss.result().metrics["loss:sum"])
-    assert losses[-1] < losses[0], losses
-    saved = training.save_state("through-the-balancer").result().path
-    after = _served_by_api(production)
-    assert all(after[name] > before[name] for name in before), (before, after)  # both took the client's calls
-    assert not (production.data_dir / "server" / "ray" / "state.json").exists()  # no head of an API's own
+    with tinker.ServiceClient(base_url=production.url, api_key=two_tenants["keys"]["pa"]) as service:
+        training = service.create_lora_training_client(base_model=TINY, rank=4, seed=1).result()
+        tokens = training.get_tokenizer().encode("The quick brown fox jumps over the lazy dog while the cat sleeps.")
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": np.array(tokens[1:]), "weights": np.ones(len(tokens) - 1, np.float32)},
+        )
+        losses = []
+        for _ in range(3):
+            loss = training.forward_backward([datum], "cross_entropy")
+            training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+            losses.append(loss.result().metrics["loss:sum"])
+        assert losses[-1] < losses[0], losses
+        saved = training.save_state("through-the-balancer").result().path
+        after = _served_by_api(production)
+        assert all(after[name] > before[name] for name in before), (before, after)  # both took the client's calls
+        assert not (production.data_dir / "server" / "ray" / "state.json").exists()  # no head of an API's own
 
-    space = namespace(Settings(data_dir=production.data_dir))
-    probe = (
-        "import json, ray\n"
-        f"ray.init(address={production.ray.address!r}, namespace={space!r})\n"
-        f"engine = ray.get_actor({ACTOR_NAME!r})\n"
-        "held = ray.get(engine.__ray_call__.remote(lambda actor: actor.settings.model_dump(mode='json')))\n"
-        "print(json.dumps([len([n for n in ray.nodes() if n['Alive']]), held]))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-2000:]
-    nodes, held = json.loads(done.stdout.strip().splitlines()[-1])
-    assert nodes == 2
-    assert not held["mlflow_admin_password"] and not held["mlflow_tenant_secret"] and not held["s3_admin_secret_key"]
+        space = namespace(Settings(data_dir=production.data_dir))
+        probe = (
+            "import json, ray\n"
+            f"ray.init(address={production.ray.address!r}, namespace={space!r})\n"
+            f"engine = ray.get_actor({ACTOR_NAME!r})\n"
+            "held = ray.get(engine.__ray_call__.remote(lambda actor: actor.settings.model_dump(mode='json')))\n"
+            "print(json.dumps([len([n for n in ray.nodes() if n['Alive']]), held]))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-2000:]
+        nodes, held = json.loads(done.stdout.strip().splitlines()[-1])
+        assert nodes == 2
+        secrets = ("mlflow_admin_password", "mlflow_tenant_secret", "s3_admin_secret_key")
+        assert not any(held[name] for name in secrets), held
 
-    with _mlflow_as(two_tenants["dashboards"]["pa"], production.mlflow.url) as mlflow:
-        query = {"experiment_ids": [two_tenants["dashboards"]["pa"]["experiment_id"]], "max_results": 50}
-        runs = mlflow.post("/api/2.0/mlflow/runs/search", json=query).json()["runs"]
-        tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
-        assert any(t.get("tinker.model_id") == training.model_id for t in tags), tags
-    with tinker.ServiceClient(base_url=production.url, api_key=two_tenants["keys"]["pb"]) as other:
-        with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
-            other.create_training_client_from_state(saved).result()
-    service.close("success").result()
+        with _mlflow_as(two_tenants["dashboards"]["pa"], production.mlflow.url) as mlflow:
+            query = {"experiment_ids": [two_tenants["dashboards"]["pa"]["experiment_id"]], "max_results": 50}
+            runs = mlflow.post("/api/2.0/mlflow/runs/search", json=query).json()["runs"]
+            tags = [{t["key"]: t["value"] for t in run["data"].get("tags", [])} for run in runs]
+            assert any(t.get("tinker.model_id") == training.model_id for t in tags), tags
+        with tinker.ServiceClient(base_url=production.url, api_key=two_tenants["keys"]["pb"]) as other:
+            with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
+                other.create_training_client_from_state(saved).result()
