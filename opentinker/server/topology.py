@@ -136,6 +136,10 @@ class Topology:
 
         if shutil.which("haproxy") is None:
             raise ServiceError("haproxy is missing: run ./install.sh as root (or apt-get install haproxy)")
+        if worker_user:  # before anything starts: the worker runs this installation as that user
+            _check_readable_by(
+                pwd.getpwnam(worker_user), (venv_bin("opentinker"), Path(__file__).resolve().parents[1] / "__init__.py")
+            )
         root.mkdir(parents=True, exist_ok=True)
         topology = cls(root=root, s3=s3, worker_user=worker_user)
         try:
@@ -177,13 +181,13 @@ class Topology:
             lb_port, *topology.api_ports = free_ports(1 + api_count)
             topology.url = f"http://127.0.0.1:{lb_port}"
             topology.api = [None] * api_count
-            topology.api[0] = topology._start_api(0)  # the first makes Prefect's pool, deployment and queues
+            topology._start_api(0)  # the first makes Prefect's pool, deployment and queues
             with ThreadPoolExecutor(max(api_count - 1, 1)) as pool:  # the others start while the rest does
                 others = [pool.submit(topology._start_api, index) for index in range(1, api_count)]
                 topology._start_balancer(lb_port)
                 topology.started.append(topology._start_worker())
-                for index, started in enumerate(others, start=1):
-                    topology.api[index] = started.result()
+                for started in others:
+                    started.result()
             for index in range(api_count):
                 topology.wait_balanced(index)
         except BaseException:
@@ -233,7 +237,6 @@ class Topology:
         if not self.worker_user:
             return start_worker(folder / "worker.log", self.url, key_file, self.prefect_url)
         user = pwd.getpwnam(self.worker_user)
-        _check_readable_by(user, (venv_bin("opentinker"), Path(__file__).resolve().parents[1] / "__init__.py"))
         for path in (folder, key_file):
             os.chown(path, user.pw_uid, user.pw_gid)
         folder.chmod(0o700)
@@ -270,8 +273,9 @@ class Topology:
             "s3_tenant_secret": secrets.token_urlsafe(24),
         }
 
-    def _start_api(self, index: int) -> ServiceProcess:
-        """API process ``index`` on its port: the machine's basics and its own Prefect home in its environment, every
+    def _start_api(self, index: int) -> None:
+        """API process ``index`` on its port, recorded in ``api`` as soon as it runs (so ``down`` stops it even when
+        another part failed meanwhile): the machine's basics and its own Prefect home in its environment, every
         setting in the config file (a caller's own OPENTINKER_* variables would win over it)."""
         folder = self.root / f"api-{index}"
         folder.mkdir(mode=0o700, exist_ok=True)  # its home: nothing in it for a worker to read
@@ -288,7 +292,7 @@ class Topology:
         if self.worker_user:  # the folders it makes in tenants/ (the worker's group, setgid) the worker can write in
             cmd = ["/bin/sh", "-c", 'umask 002 && exec "$@"', "sh", *cmd]
         log = folder / "api.log"
-        return start_http(
+        self.api[index] = start_http(
             f"api-{index}", cmd, log, port=port, health="/healthz", timeout=STARTUP_S, env=env, cwd=folder
         )
 
@@ -336,7 +340,7 @@ class Topology:
 
     def start_api(self, index: int, timeout: float = 60.0) -> None:
         """Start API process ``index`` again (same port) and wait until the balancer sends it requests."""
-        self.api[index] = self._start_api(index)
+        self._start_api(index)
         self.wait_balanced(index, timeout)
 
     def wait_balanced(self, index: int, timeout: float = 60.0) -> None:
