@@ -294,13 +294,13 @@ def test_tenant_job_limits_are_set_by_the_cli_and_the_api(tmp_path, monkeypatch)
     monkeypatch.setenv("OPENTINKER_DATA_DIR", str(tmp_path))
     get_settings.cache_clear()
     try:
+        settings = get_settings()
+        store = Store(settings.server_database)  # the server's database, as `server up` makes it
         done = CliRunner().invoke(
             cli, ["server", "tenants", "set", "lab", "--job-memory-mb", "512", "--job-max-processes", "64"]
         )
         assert done.exit_code == 0, done.output
         assert "memory/job 512 MiB, processes/job 64, CPUs/job default" in done.output
-        settings = get_settings()
-        store = Store(settings.server_database)
         _, admin = KeyRing(store).create("ops", ["admin"])
         with TestClient(create_app(settings, jobs=False)) as client:
             url, headers = "/v1/tenants/lab", {"Authorization": f"Bearer {admin}"}

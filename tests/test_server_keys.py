@@ -115,6 +115,50 @@ def test_cli_creates_lists_and_revokes_and_the_running_server_obeys(api_server):
     assert bad.returncode == 1 and "scope: unknown 'superuser'" in bad.stdout
 
 
+def test_every_server_command_takes_config_and_none_makes_a_store_where_there_was_none(
+    api_server, tmp_path, monkeypatch
+):
+    """An operator in the wrong folder gets an error naming ``--config``, not a key in a new store no server reads."""
+    import os
+
+    from typer.testing import CliRunner
+
+    from opentinker.cli import app as cli
+    from opentinker.infra.settings import get_settings
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    for name in [k for k in os.environ if k.startswith("OPENTINKER_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("OPENTINKER_CONFIG", str(tmp_path / "absent.toml"))  # restored after the CLI's --config
+    monkeypatch.setenv("COLUMNS", "300")  # each error on one line
+    get_settings.cache_clear()
+
+    def run(*args: str):
+        get_settings.cache_clear()
+        return CliRunner().invoke(cli, ["server", *args])
+
+    try:
+        for args in (("keys", "create", "--tenant", "lost"), ("keys", "list"), ("tenants", "list")):
+            refused = run(*args)
+            assert refused.exit_code == 2 and "no server database" in refused.output, (args, refused.output)
+            assert "--config" in refused.output
+        assert "nothing was running" in run("down").output
+        assert list(elsewhere.iterdir()) == []  # no .opentinker made on the way
+        config = tmp_path / "server.toml"
+        config.write_text(f'data_dir = "{api_server.data_dir}"\n')
+        made = run("keys", "create", "--tenant", "found", "--scope", "read", "--config", str(config))
+        assert made.exit_code == 0, made.output
+        key = made.output.splitlines()[0].strip()
+        assert httpx.get(f"{api_server.url}/v1/whoami", headers={"X-API-Key": key}).json()["tenant"] == "found"
+        assert "found" in run("tenants", "list", "--config", str(config)).output
+        missing = run("keys", "list", "--config", str(tmp_path / "nope.toml"))
+        assert missing.exit_code == 2 and "no such file" in missing.output
+    finally:
+        get_settings.cache_clear()
+
+
 def test_tenants_and_quotas_admin_sets_others_see_only_their_own(api_server):
     admin = api_server.headers(api_server.admin_key)
     updated = httpx.patch(

@@ -1,7 +1,9 @@
 """``opentinker server up|keys|tenants``: run the OpenTinker server and administer it on its own machine.
 
 ``keys`` and ``tenants`` act on the server's database directly (``server_database_url``, SQLite under the data dir by
-default), so the first admin key can be made before any key exists; over HTTP an admin key does the same.
+default), so the first admin key can be made before any key exists; over HTTP an admin key does the same. Every
+command takes ``--config`` (the server's settings file), and none makes a new database where there was none: a key
+written into a store no server reads would be lost without a word.
 """
 
 from __future__ import annotations
@@ -23,11 +25,50 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(tenants_app, name="tenants")
 
 
-def _store():
+Config = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        help="The server's TOML settings file (else OPENTINKER_CONFIG, else ./opentinker.toml; docs/deploy.md).",
+    ),
+]
+
+
+def _settings(config: Path | None):
+    """The server's settings, from ``config`` when given (it then also holds for every process this one starts)."""
+    import os
+
     from opentinker.infra.settings import get_settings
+
+    if config is not None:
+        if not config.is_file():
+            raise typer.BadParameter(f"{config}: no such file", param_hint="--config")
+        os.environ["OPENTINKER_CONFIG"] = str(config.resolve())
+        get_settings.cache_clear()
+    return get_settings()
+
+
+def _existing_database(settings) -> str | None:
+    """The server's database URL, or None when it is an embedded SQLite file that does not exist yet."""
+    if settings.server_database_url:
+        return settings.server_database_url
+    path = settings.data_dir.expanduser().resolve() / "server" / "server.db"
+    return settings.server_database if path.is_file() else None
+
+
+def _store(config: Path | None):
     from opentinker.server.db import Store
 
-    return Store(get_settings().server_database)
+    settings = _settings(config)
+    url = _existing_database(settings)
+    if url is None:
+        where = settings.data_dir.expanduser().resolve() / "server" / "server.db"
+        raise typer.BadParameter(
+            f"no server database at {where}: name the server's settings (--config FILE, OPENTINKER_CONFIG, or "
+            "OPENTINKER_DATA_DIR / server_database_url), or start it there first (opentinker server up)",
+            param_hint="--config",
+        )
+    return Store(url)
 
 
 def _when(seconds: float | None) -> str:
@@ -52,23 +93,12 @@ def up(
             help="The embedded Prefect's database (default: the server_prefect_database setting, sqlite).",
         ),
     ] = None,
-    config: Annotated[
-        Path | None,
-        typer.Option(help="A TOML file of settings (OPENTINKER_CONFIG; e.g. the production topology, docs/deploy.md)."),
-    ] = None,
+    config: Config = None,
 ) -> None:
     """Serve the API until interrupted; with nothing configured, on the local stack (SQLite, local Prefect)."""
-    import os
-
-    from opentinker.infra.settings import get_settings
     from opentinker.server.launcher import serve
 
-    if config is not None:
-        if not config.is_file():
-            raise typer.BadParameter(f"{config}: no such file", param_hint="--config")
-        os.environ["OPENTINKER_CONFIG"] = str(config.resolve())
-        get_settings.cache_clear()
-    settings = get_settings()
+    settings = _settings(config)
     if prefect_database is not None:
         settings = settings.model_copy(update={"server_prefect_database": prefect_database})
 
@@ -83,11 +113,15 @@ def up(
 
 @app.command()
 @cli_errors
-def down() -> None:
+def down(config: Config = None) -> None:
     """Stop the embedded Prefect server and worker a killed `server up` left running."""
     from opentinker.server.launcher import stop_services
 
-    stopped = stop_services()
+    settings = _settings(config)
+    if _existing_database(settings) is None:
+        console.print(f"nothing was running: no server under {settings.data_dir.expanduser().resolve()}")
+        return
+    stopped = stop_services(settings)
     console.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
@@ -98,9 +132,12 @@ def worker(
     key_file: Annotated[Path, typer.Option(help="File holding a key with the `worker` scope.")],
     name: Annotated[str | None, typer.Option(help="Worker name in Prefect (default: generated).")] = None,
     limit: Annotated[int | None, typer.Option(help="Most jobs this worker runs at once.")] = None,
+    config: Config = None,
 ) -> None:
     """Run jobs of the server's work pool on this machine, each in its sandbox (PREFECT_API_URL names Prefect)."""
     from opentinker.server.worker import run_worker
+
+    _settings(config)
 
     run_worker(server, key_file.read_text().strip(), name=name, limit=limit)
 
@@ -114,11 +151,12 @@ def keys_create(
         typer.Option(help="admin, jobs, read, models, tinker, worker (repeat; default: jobs, read, models, tinker)."),
     ] = None,
     label: Annotated[str, typer.Option(help="A note shown in listings.")] = "",
+    config: Config = None,
 ) -> None:
     """Make a key and print it, once: only its salted hash is stored."""
     from opentinker.server.keys import DEFAULT_SCOPES, KeyRing
 
-    info, key = KeyRing(_store()).create(tenant, scope or DEFAULT_SCOPES, label)
+    info, key = KeyRing(_store(config)).create(tenant, scope or DEFAULT_SCOPES, label)
     console.print(key, markup=False, highlight=False)
     console.print(
         f"key {info.id} for tenant {info.tenant}, scopes {', '.join(info.scopes)} (shown once; keep it secret)",
@@ -129,12 +167,14 @@ def keys_create(
 
 @keys_app.command("list")
 @cli_errors
-def keys_list(tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None) -> None:
+def keys_list(
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None, config: Config = None
+) -> None:
     """Every key's id, tenant, scopes and dates (never a secret)."""
     from opentinker.server.keys import KeyRing
 
     table = Table("id", "tenant", "scopes", "label", "created", "revoked")
-    for info in KeyRing(_store()).list(tenant):
+    for info in KeyRing(_store(config)).list(tenant):
         table.add_row(
             info.id, info.tenant, ",".join(info.scopes), info.label, _when(info.created_at), _when(info.revoked_at)
         )
@@ -143,11 +183,13 @@ def keys_list(tenant: Annotated[str | None, typer.Option(help="Only this tenant'
 
 @keys_app.command("revoke")
 @cli_errors
-def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`).")]) -> None:
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`).")], config: Config = None
+) -> None:
     """Revoke a key: every server process refuses it from its next request on."""
     from opentinker.server.keys import KeyRing
 
-    info = KeyRing(_store()).revoke(key_id)
+    info = KeyRing(_store(config)).revoke(key_id)
     if info is None:
         console.print(f"[bold red]error:[/] key: no key with id {key_id!r}")
         raise typer.Exit(1)
@@ -165,6 +207,7 @@ def tenants_set(
     job_memory_mb: Annotated[int | None, typer.Option(help="Memory of one job in MiB (a cgroup limit).")] = None,
     job_max_processes: Annotated[int | None, typer.Option(help="Processes and threads of one job at once.")] = None,
     job_cpus: Annotated[float | None, typer.Option(help="CPU cores one job may use.")] = None,
+    config: Config = None,
 ) -> None:
     """Create a tenant or change its quotas (options left out keep their value; a job limit never set is the
     server's default: `job_memory_mb`, `job_max_processes`, `job_cpus`)."""
@@ -179,7 +222,7 @@ def tenants_set(
         "job_max_processes": job_max_processes,
         "job_cpus": job_cpus,
     }
-    with _store().session() as session:
+    with _store(config).session() as session:
         row = set_quotas(session, tenant, **{k: v for k, v in changes.items() if v is not None})
         console.print(
             f"tenant {row.name}: running {row.max_running_jobs}, queued {row.max_queued_jobs}, "
@@ -198,14 +241,14 @@ def _job_limits(row) -> str:
 
 @tenants_app.command("list")
 @cli_errors
-def tenants_list() -> None:
+def tenants_list(config: Config = None) -> None:
     """Every tenant and its quotas."""
     import sqlalchemy as sa
 
     from opentinker.server.db import Tenant
 
     table = Table("tenant", "running", "queued", "steps/job", "GPUs/job", "job limits", "created")
-    with _store().session() as session:
+    with _store(config).session() as session:
         for row in session.scalars(sa.select(Tenant).order_by(Tenant.name)):
             table.add_row(
                 row.name,
