@@ -1,18 +1,20 @@
-"""The boundary around a job's processes: bubblewrap namespaces, a read-only system and the tenant's own directory.
+"""The boundary around a job's processes: bubblewrap namespaces, a read-only system and one private scratch folder.
 
 Each job attempt runs in a fresh sandbox (``bwrap``, the tool ``opentinker/llm/sandbox.py`` already uses for model-
 written code): new user, PID, IPC, UTS and cgroup namespaces, no capabilities, no nested user namespaces, the seccomp
 filter of the LLM sandbox, its own session, and a filesystem of read-only binds of what Python needs (the system's
-``/usr``, the interpreter, the virtualenv, the project's package folders) plus, writable, only the tenant's
-directory (its MLflow store with the embedded stack, its runs); the tenant's uploaded code read-only on top; a fresh
-``/tmp`` and ``/dev/shm``. The environment is cleared and set to the job's alone. So the server's data dir (its key
-store), other tenants' directories, ``/etc``, the homes and the server's and worker's environments do not exist in
-there. The whole PID namespace, local Ray included, dies with the sandbox: cancelling a job stops its work at once.
+``/usr``, the interpreter, the virtualenv, the project's package folders), the base models and the champion
+read-only, the tenant's uploaded code read-only at ``/code``, and, writable, only the attempt's own scratch folder at
+``/job`` (made fresh by ``sandboxed.py``, outside every tenant's folder) and a fresh ``/tmp`` and ``/dev/shm``. The
+environment is cleared and set to the job's alone. So the server's data dir (its key store), the rest of the
+tenant's folder (its MLflow store, its jobs' run folders), other tenants' folders, ``/etc``, the homes and the
+server's and worker's environments do not exist in there: what the job makes reaches them only as messages on its
+channel (``channel.py``), which the trusted side validates and writes. The whole PID namespace, local Ray included,
+dies with the sandbox: cancelling a job stops its work at once.
 
-``network=False`` also gives the sandbox its own network namespace (only its own loopback): the submit-time env
-check, and every job of the embedded stack, whose only way out is the worker's proxy (``job_proxy.py``, a Unix socket
-bound in). A job that must reach a configured MLflow server, S3 or Ray cluster shares the host's network:
-docs/service.md says what that leaves open.
+``network=False`` also gives the sandbox its own network namespace (only its own loopback): the submit-time env check
+and every job of the embedded stack, whose only way out is that channel (a socket inherited as a descriptor). A job
+for a configured Ray cluster shares the host's network: docs/service.md says what that leaves open.
 """
 
 from __future__ import annotations
