@@ -89,6 +89,10 @@ def _json(channel: Channel, body: dict) -> None:
     _raw(channel, "J", json.dumps(body).encode())
 
 
+def _file(channel: Channel, path: str, size: int = 1) -> None:
+    _json(channel, {"type": "file", "path": path, "size": size, "sha256": "0" * 64})
+
+
 def _policy_result(evaluation: dict) -> dict:
     return {
         "type": "policy",
@@ -120,22 +124,29 @@ ATTACKS = {
         "path",
     ),
     "file over its limit": (
-        lambda c: _json(c, {"type": "file", "path": "export/w.npz", "size": MAX_FILE + 1, "sha256": "0" * 64}),
+        lambda c: _json(c, {"type": "file", "path": "export/weights.npz", "size": MAX_FILE + 1, "sha256": "0" * 64}),
         "at most",
     ),
+    "a file its format does not name": (lambda c: _file(c, "export/extra.bin"), "file export/extra.bin: not a file"),
+    "a group export's folder as a file": (lambda c: _file(c, "exports/hunter/."), "file exports/hunter/.: not a file"),
+    "an adapter's folder as a file": (lambda c: _file(c, "adapter/."), "file adapter/.: not a file"),
+    "an adapter's parent": (lambda c: _file(c, "adapter/.."), "file adapter/..: not a file"),
+    "a checkpoint of another name": (lambda c: _file(c, "checkpoints/other.pt"), "checkpoints/other.pt: not a file"),
+    "a text file over its limit": (lambda c: _file(c, "adapter/tokenizer.json", 1 << 30), "at most 67108864"),
+    "a file path the pattern refuses": (lambda c: _file(c, "export/a b"), "(got 'export/a b')"),
     "bytes without a file": (lambda c: _raw(c, "B", b"\x00" * 10), "without a file message"),
     "oversized frame": (lambda c: c.sock.sendall(HEADER.pack(1 << 31, ord("J"))), "at most"),
     "unknown frame kind": (lambda c: c.sock.sendall(HEADER.pack(3, ord("X")) + b"abc"), "expected J or B"),
     "wrong checksum": (
         lambda c: (
-            c.send(FileBegin(path="export/a.json", size=3, sha256=hashlib.sha256(b"xyz").hexdigest())),
+            c.send(FileBegin(path="export/policy.json", size=3, sha256=hashlib.sha256(b"xyz").hexdigest())),
             _raw(c, "B", b"abc"),
         ),
         "checksum",
     ),
     "more bytes than announced": (
         lambda c: (
-            c.send(FileBegin(path="export/a.json", size=2, sha256=hashlib.sha256(b"ab").hexdigest())),
+            c.send(FileBegin(path="export/policy.json", size=2, sha256=hashlib.sha256(b"ab").hexdigest())),
             _raw(c, "B", b"abc"),
         ),
         "did not follow as announced",
@@ -156,8 +167,102 @@ def test_files_of_one_attempt_are_bounded_together(tmp_path):
     checkpoint.write_bytes(b"\x01" * (48 << 10))
 
     def child(channel: Channel) -> None:
-        for index in range(3):  # 3 x 48 KiB > the 128 KiB per attempt
-            channel.send_file(f"checkpoints/c{index}.pt", checkpoint)
+        for _ in range(3):  # 3 x 48 KiB > the 128 KiB per attempt (a checkpoint is sent again as it is rewritten)
+            channel.send_file("checkpoints/checkpoint.pt", checkpoint)
 
     with pytest.raises(ChannelError, match="per attempt"):
         _from_child(child)
+
+
+# ---------------------------------------------------------------- a hostile child through the attempt's own pump
+
+CHILD_PRELUDE = """
+import hashlib, os
+from opentinker.server.channel import HEADER, Channel, Failure, FileBegin, Log
+channel = Channel.from_fd(int(os.environ["OPENTINKER_CHANNEL_FD"]))
+"""
+
+
+@pytest.fixture
+def hostile_child(tmp_path, monkeypatch):
+    """``run(code)``: ``code`` as the attempt's child (unsandboxed, no cgroup: the channel is the subject), pumped by
+    ``SandboxedChild`` into ``tmp_path/job``; (what ``pump`` returned or raised, the lines the attempt logged)."""
+    import logging
+
+    from opentinker.infra.settings import get_settings
+    from opentinker.server.sandboxed import SandboxedChild
+    from opentinker.server.schemas import LaunchInfo
+
+    monkeypatch.setenv("OPENTINKER_SANDBOX", "none")
+    monkeypatch.setenv("OPENTINKER_JOB_LIMITS", "none")
+    get_settings.cache_clear()
+    launch = LaunchInfo(
+        job_id="job-hostile",
+        tenant="mallory",
+        token="t",
+        spec={},
+        job_dir=str(tmp_path / "job"),
+        tracking_uri="",
+        experiment="e",
+        readonly=[],
+        env={},
+        limits={},
+        isolated=True,
+    )
+    logger = logging.getLogger(f"test.hostile.{tmp_path.name}")
+    logger.propagate = False
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger.addHandler(Keep())
+    logger.setLevel(logging.INFO)
+
+    def run(code: str):
+        child = SandboxedChild(launch, tmp_path / "job", None, logger, command=("-c", CHILD_PRELUDE + code))
+        try:
+            return child.pump(tmp_path / "job", lambda *_: None), lines
+        except Exception as exc:
+            return exc, lines
+        finally:
+            child.close()
+
+    yield run
+    get_settings.cache_clear()
+
+
+def test_a_childs_escape_sequences_reach_the_log_escaped(hostile_child):
+    outcome, lines = hostile_child(
+        'channel.send(Log(line="\\x1b]0;pwned\\x07\\x1b[2Jcleared\\rover\\tkept"))\n'
+        'print("\\x1b[31mred\\x1b[0m\\x9b1m", flush=True)\n'
+        'channel.send(Failure(error="Traceback\\n\\x1b[2Jboom"))\n'
+    )
+    assert not any(c in line for line in lines for c in "\x1b\r\x07\x9b"), lines
+    assert "job: \\x1b]0;pwned\\x07\\x1b[2Jcleared\\x0dover\tkept" in lines
+    assert "job: \\x1b[31mred\\x1b[0m\\x9b1m" in lines
+    assert "\x1b" not in str(outcome) and "Traceback\n\\x1b[2Jboom" in str(outcome)
+
+
+def test_a_channel_closed_inside_a_file_names_the_file_and_the_bytes(hostile_child):
+    outcome, _ = hostile_child(
+        'channel.send(FileBegin(path="export/weights.npz", size=1000, sha256="0" * 64))\n'
+        'channel.sock.sendall(HEADER.pack(300, ord("B")) + bytes(300))\n'
+        "os._exit(0)\n"
+    )
+    assert "file export/weights.npz: the job's channel closed after 300 of 1000 bytes" in str(outcome), outcome
+
+
+def test_a_file_the_run_folder_cannot_store_fails_the_attempt_naming_the_cause(hostile_child, tmp_path):
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "export").write_text("in the way")  # a storage fault: the folder cannot be made
+    outcome, _ = hostile_child(
+        'path = "/tmp/policy-%d.json" % os.getpid()\n'
+        'open(path, "w").write("{}")\n'
+        'channel.send_file("export/policy.json", __import__("pathlib").Path(path))\n'
+        "os.unlink(path)\n"
+    )
+    message = str(outcome)
+    assert "file export/policy.json: could not be stored in the job's run folder" in message, message
+    assert "exited with" not in message

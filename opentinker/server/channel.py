@@ -13,6 +13,7 @@ Nothing a job writes reaches trusted code otherwise.
 from __future__ import annotations
 
 import hashlib
+import re
 import socket
 import struct
 import time
@@ -32,6 +33,28 @@ MAX_METRICS = 256
 MAX_LINE = 2000
 FILE_PATTERN = r"^(checkpoints|export|adapter|exports/[a-z0-9_-]{1,64})/[A-Za-z0-9_.-]{1,128}$"
 """Where a job's files may land under its run folder: checkpoints, a policy export, an adapter, a group's exports."""
+POLICY_FILES = frozenset(("policy.json", "weights.npz"))
+"""A numpy policy export (``agents.export.export_policy``), under ``export/`` and each ``exports/<kind>/``."""
+ADAPTER_FILES = frozenset(
+    (
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "opentinker_llm.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.json",
+        "merges.txt",
+        "chat_template.jinja",
+    )
+)
+"""A GRPO adapter (``MultiLoraModel.save``: peft's, the tokenizer's, ``opentinker_llm.json``), under ``adapter/``."""
+FOLDER_FILES = {"checkpoints": frozenset(("checkpoint.pt",)), "export": POLICY_FILES, "adapter": ADAPTER_FILES}
+"""The only file names each folder may hold (``exports/<kind>`` as ``export``): a job sends its format's files, and
+nothing else reaches the run folder, MLflow or a download."""
+MAX_TEXT_FILE = 64 << 20
+"""Bytes of a JSON or text file of a format (trusted code reads those whole; a tokenizer's are a few MB): the weights'
+formats (``.npz``, ``.pt``, ``.safetensors``) are read by bounded loaders and bounded by the attempt's file limits."""
 HEADER = struct.Struct(">IB")
 
 Name = Annotated[str, Field(max_length=128)]
@@ -77,6 +100,21 @@ class FileBegin(Message):
     path: str = Field(pattern=FILE_PATTERN)
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="after")
+    def _a_file_of_its_format(self) -> FileBegin:
+        folder, name = self.path.rsplit("/", 1)
+        if name not in (allowed := folder_files(folder)):
+            expected = ", ".join(sorted(allowed))
+            raise ValueError(f"file {self.path}: not a file of {folder}/ (expected one of {expected})")
+        if not name.endswith((".npz", ".pt", ".safetensors")) and self.size > MAX_TEXT_FILE:
+            raise ValueError(f"file {self.path}: {self.size} bytes; at most {MAX_TEXT_FILE} for a text file")
+        return self
+
+
+def folder_files(folder: str) -> frozenset[str]:
+    """The file names ``folder`` (``checkpoints``, ``export``, ``adapter``, ``exports/<kind>``) may hold."""
+    return FOLDER_FILES["export" if folder.startswith("exports/") else folder]
 
 
 class Evaluation(Message):
@@ -253,7 +291,16 @@ class Channel:
     def _file(self, begin: FileBegin) -> Iterator[bytes]:
         received, digest = 0, hashlib.sha256()
         while received < begin.size:
-            kind, chunk = self._frame()
+            try:
+                kind, chunk = self._frame()
+            except EOFError:
+                raise ChannelError(
+                    f"file {begin.path}: the job's channel closed after {received} of {begin.size} bytes"
+                ) from None
+            except OSError as exc:  # here, not where the caller writes the file: its OSErrors are storage's
+                raise ChannelError(
+                    f"file {begin.path}: the job's channel failed after {received} of {begin.size} bytes ({exc})"
+                ) from None
             if kind != "B" or received + len(chunk) > begin.size:
                 raise ChannelError(f"file {begin.path}: its bytes did not follow as announced ({begin.size} bytes)")
             received += len(chunk)
@@ -293,7 +340,18 @@ def safe_relative(path: str) -> PurePosixPath:
     return relative
 
 
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str, keep: str = "\t") -> str:
+    """``text`` with its control characters (ESC, CR, backspace, C1 codes; all but ``keep``) written as ``\\xNN``: a
+    job's line shown in a terminal (``opentinker jobs logs``, the operator's) cannot move the cursor, recolour it or
+    send it commands."""
+    return _CONTROLS.sub(lambda m: m[0] if m[0] in keep else f"\\x{ord(m[0]):02x}", text)
+
+
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"])
-    return f"{where}: {error['msg']}"[:300]
+    got = f" (got {error['input'][:100]!r})" if error["type"] == "string_pattern_mismatch" else ""
+    return f"{where}: {error['msg']}{got}"[:300]

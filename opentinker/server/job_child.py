@@ -27,6 +27,7 @@ from opentinker.server.channel import (
     Metrics,
     PolicyResult,
     Result,
+    folder_files,
 )
 from opentinker.tracking.runs import SystemSampler
 
@@ -46,11 +47,12 @@ class Reporter:
         self.ship_checkpoints()
 
     def ship_checkpoints(self) -> None:
-        """Send each checkpoint file the trainer wrote since the last call (written atomically: whole or absent)."""
+        """Send each checkpoint file the trainer wrote since the last call (written atomically: whole or absent; temp
+        files and anything else are not the checkpoint's)."""
         if not self.checkpoints.is_dir():
             return
         for path in sorted(self.checkpoints.iterdir()):
-            if not path.is_file() or path.name.startswith("."):
+            if not path.is_file() or path.name not in folder_files("checkpoints"):
                 continue
             stat = path.stat()
             if self._sent.get(path.name) != (stat.st_mtime_ns, stat.st_size):
@@ -58,8 +60,10 @@ class Reporter:
                 self.channel.send_file(f"checkpoints/{path.name}", path)
 
     def folder(self, directory: Path, prefix: str) -> None:
+        """Send the folder's files of its format (the channel refuses any other name); the rest stays here."""
+        allowed = folder_files(prefix)
         for path in sorted(directory.iterdir()):
-            if path.is_file():
+            if path.is_file() and path.name in allowed:
                 self.channel.send_file(f"{prefix}/{path.name}", path)
 
     def log(self, line: str) -> None:

@@ -22,7 +22,18 @@ from typing import Any
 from opentinker.infra.files import atomic_write
 from opentinker.infra.settings import get_settings
 
-from .channel import Channel, ChannelError, Failure, FileBegin, Log, Metrics, Result, Start, safe_relative
+from .channel import (
+    Channel,
+    ChannelError,
+    Failure,
+    FileBegin,
+    Log,
+    Metrics,
+    Result,
+    Start,
+    escape_controls,
+    safe_relative,
+)
 from .schemas import LaunchInfo
 
 SCRATCH_ROOT_VARIABLE = "OPENTINKER_SCRATCH_ROOT"
@@ -40,6 +51,11 @@ LIMITS_POLL_S = 0.5
 
 class ChildFailed(RuntimeError):
     """The child ended without a result (its own error, a broken protocol, a killed process): worth one more try."""
+
+
+class StorageFailed(RuntimeError):
+    """A file the job sent could not be written into its run folder (a full disk, a storage fault): not the job's
+    doing, so it is named as such rather than as the job's exit."""
 
 
 class LimitExceeded(RuntimeError):
@@ -120,7 +136,7 @@ class SandboxedChild:
         messages together): a chatty job cannot fill Prefect's log store."""
         self._lines += 1
         if self._lines <= MAX_OUTPUT_LINES:
-            self.log.info("job: %s", line)
+            self.log.info("job: %s", escape_controls(line))
         elif self._lines == MAX_OUTPUT_LINES + 1:
             self.log.warning("job: more output than %d lines; the rest is left out", MAX_OUTPUT_LINES)
 
@@ -141,14 +157,14 @@ class SandboxedChild:
                 elif isinstance(message, Log):
                     self._log_line(message.line)
                 elif isinstance(message, Failure):
-                    failure = message.error
+                    failure = escape_controls(message.error, keep="\t\n")
                 elif result is None:
                     result = message
-        except ChannelError as exc:
+        except (ChannelError, StorageFailed) as exc:
             failure = str(exc)
             self.kill()
         except OSError:
-            pass
+            pass  # the child's end broke between messages: it ended, and its exit code says how
         finally:
             self.channel.close()
         code = self.wait()
@@ -203,4 +219,7 @@ def _store(job_dir: Path, begin: FileBegin, chunks: Any) -> None:
         for chunk in chunks:
             handle.write(chunk)
 
-    atomic_write(job_dir / safe_relative(begin.path), write)
+    try:
+        atomic_write(job_dir / safe_relative(begin.path), write)
+    except OSError as exc:  # the channel's own errors are ChannelErrors: an OSError here is the storage's
+        raise StorageFailed(f"file {begin.path}: could not be stored in the job's run folder: {exc}") from exc
