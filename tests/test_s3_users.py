@@ -1,6 +1,7 @@
 """Tenants' S3 identities on a real SeaweedFS (``opentinker.server.s3_users``): each reaches its own prefix and nothing
 else — not another tenant's prefix (one whose name starts with its own included), not the operator's objects, not
-the bucket's listing, not IAM — and the server making them again (another process, a new secret) leaves one pair."""
+the bucket's listing, not another user's IAM (its own keys it may manage: the next launch undoes that) — and the
+server making them again (another process, a new secret) leaves one pair."""
 
 from __future__ import annotations
 
@@ -81,6 +82,16 @@ def test_a_tenants_identity_reads_writes_and_lists_its_own_prefix_only(s3_server
     grab = '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}'
     assert _refused(iam.put_user_policy, UserName="tenant-sa", PolicyName="grab", PolicyDocument=grab)[1] == 403
     assert _refused(iam.delete_user_policy, UserName="tenant-sa", PolicyName="opentinker-tenant")[1] == 403
+    # Its own keys it may manage (SeaweedFS's self-service): what it minted or broke is undone at the next launch.
+    minted = iam.create_access_key(UserName="tenant-sa")["AccessKey"]
+    iam.update_access_key(UserName="tenant-sa", AccessKeyId=a.access_key, Status="Inactive")
+    assert identities.ensure("sa") == a
+    stray = type(a)(minted["AccessKeyId"], minted["SecretAccessKey"])
+    assert _refused(_client(s3_server, stray).get_object, Bucket=bucket, Key="tenants/sa/data/x.txt")[1] == 403
+    assert as_a.get_object(Bucket=bucket, Key="tenants/sa/data/x.txt")["Body"].read() == b"a's"  # restored
+    iam.delete_access_key(UserName="tenant-sa", AccessKeyId=a.access_key)
+    assert identities.ensure("sa") == a
+    assert as_a.get_object(Bucket=bucket, Key="tenants/sa/data/x.txt")["Body"].read() == b"a's"
     # nothing of B's changed, nothing planted
     assert operator.get_object(Bucket=bucket, Key="tenants/sab/data/y.txt")["Body"].read() == b"b's"
     keys = {item["Key"] for item in operator.list_objects_v2(Bucket=bucket)["Contents"]}

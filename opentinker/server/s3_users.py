@@ -1,12 +1,14 @@
 """Each tenant's own S3 identity, permitted on the tenant's prefix only, on a configured S3 server.
 
 With ``s3_endpoint_url`` and the operator's admin identity (``s3_admin_access_key`` / ``s3_admin_secret_key``), the
-server, trusted, acts as S3's admin for one thing, through the IAM API (SeaweedFS serves it on its S3 port, for admin
-identities only): it makes the user ``tenant-<t>``, that user's key pair and its one inline policy — get, put and
-delete objects under ``<bucket>/tenants/<t>/`` and list the bucket under that prefix; no other prefix, no bucket
-operation, no IAM. The pair is derived from ``s3_tenant_secret`` (HMAC of the tenant's name, as the tenant's MLflow
-password is), so nothing is stored and every server process derives the same one: SeaweedFS's ``CreateAccessKey``
-takes the pair to create (AWS's generates one; there the generated pair would have to be stored).
+server, trusted, acts as S3's admin for one thing, through the IAM API (SeaweedFS serves it on its S3 port; only
+admin identities may act on other users): it makes the user ``tenant-<t>``, that user's key pair and its one inline
+policy — get, put and delete objects under ``<bucket>/tenants/<t>/`` and list the bucket under that prefix; no other
+prefix, no bucket operation, no other user. SeaweedFS lets every identity manage its own access keys, whatever its
+policy: ``ensure`` deletes any pair the tenant minted, and restores the derived one, at every launch. The pair is
+derived from ``s3_tenant_secret`` (HMAC of the tenant's name, as the tenant's MLflow password is), so nothing is
+stored and every server process derives the same one: SeaweedFS's ``CreateAccessKey`` takes the pair to create
+(AWS's generates one; there the generated pair would have to be stored).
 
 A job attempt and its sandboxed child get the tenant's pair from the launch (``tenant_env``), never the operator's;
 S3 answers AccessDenied to anything outside the tenant's prefix. The admin pair stays in the API processes' settings
@@ -113,24 +115,35 @@ class TenantS3Identities:
         self._ready: set[str] = set()
 
     def ensure(self, tenant: str) -> S3Credentials:
-        """The tenant's user with the derived pair as its only key and the prefix policy as its only grant."""
+        """The tenant's user with the derived pair as its only key and the prefix policy as its only grant. The keys
+        are reconciled on every call (each launch): SeaweedFS lets any identity create, delete and deactivate its
+        own keys (self-service, hard-coded in its IAM authoriser; its policies take only ``Allow``), so a pair a job
+        minted is deleted here and a derived one it deleted or deactivated is made again."""
         creds = credentials(tenant, self.settings)
+        user = username(tenant)
         with self._lock:
-            if tenant in self._ready:
-                return creds
-            user = username(tenant)
-            self._call(self.iam.create_user, UserName=user)
-            self._create_key(user, creds)
-            keys = self._call(self.iam.list_access_keys, UserName=user)["AccessKeyMetadata"]
-            if creds.access_key not in {key["AccessKeyId"] for key in keys}:
-                raise S3IdentityError(f"S3 user {user} does not hold its derived key {creds.access_key}")
-            for key in keys:  # a pair derived under an earlier secret no longer opens anything
-                if key["AccessKeyId"] != creds.access_key:
-                    self._call(self.iam.delete_access_key, UserName=user, AccessKeyId=key["AccessKeyId"])
-            document = json.dumps(policy(tenant, self.settings.s3_bucket))
-            self._call(self.iam.put_user_policy, UserName=user, PolicyName=POLICY_NAME, PolicyDocument=document)
+            if tenant not in self._ready:
+                self._call(self.iam.create_user, UserName=user)
+                document = json.dumps(policy(tenant, self.settings.s3_bucket))
+                self._call(self.iam.put_user_policy, UserName=user, PolicyName=POLICY_NAME, PolicyDocument=document)
+            keys = self._keys(user)
+            if keys.get(creds.access_key) != "Active":
+                if creds.access_key in keys:
+                    self._call(self.iam.delete_access_key, UserName=user, AccessKeyId=creds.access_key)
+                self._create_key(user, creds)
+                keys = self._keys(user)
+                if creds.access_key not in keys:
+                    raise S3IdentityError(f"S3 user {user} does not hold its derived key {creds.access_key}")
+            for key in keys:  # minted by the tenant, or derived under an earlier secret: opens nothing from now on
+                if key != creds.access_key:
+                    self._call(self.iam.delete_access_key, UserName=user, AccessKeyId=key)
             self._ready.add(tenant)
         return creds
+
+    def _keys(self, user: str) -> dict[str, str]:
+        """The user's access key ids and their status."""
+        listed = self._call(self.iam.list_access_keys, UserName=user)["AccessKeyMetadata"]
+        return {key["AccessKeyId"]: key.get("Status", "Active") for key in listed}
 
     def _create_key(self, user: str, creds: S3Credentials) -> None:
         """``CreateAccessKey`` with the pair to create in its body (SeaweedFS reads ``AccessKeyId`` and
