@@ -5,6 +5,7 @@ the old stack."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -47,3 +48,13 @@ def test_a_dead_service_is_started_again_with_the_new_settings(services):
     assert second.pid != first.pid and second.alive()
     assert services.adopt("prefect", {"database": "postgres"}).pid == second.pid
     assert services.stop_all() == ["prefect"]
+
+
+def test_a_topology_whose_worker_has_its_own_tmp_refuses_a_root_under_tmp_before_starting_anything(tmp_path):
+    """The worker user's ``/tmp`` is its own: a root there would fail its first job, long after ``up`` returned."""
+    from opentinker.server.topology import Topology
+
+    root = Path("/tmp") / f"opentinker-topology-{tmp_path.name}"
+    with pytest.raises(ServiceError, match=r"root: .* lies under /tmp.*put the topology's root elsewhere"):
+        Topology.up(root, worker_user="nobody")
+    assert not root.exists()

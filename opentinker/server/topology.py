@@ -136,7 +136,8 @@ class Topology:
 
         if shutil.which("haproxy") is None:
             raise ServiceError("haproxy is missing: run ./install.sh as root (or apt-get install haproxy)")
-        if worker_user:  # before anything starts: the worker runs this installation as that user
+        if worker_user:  # before anything starts: the worker runs this installation as that user, in its own /tmp
+            _check_outside_tmp(root)
             _check_readable_by(
                 pwd.getpwnam(worker_user), (venv_bin("opentinker"), Path(__file__).resolve().parents[1] / "__init__.py")
             )
@@ -365,6 +366,16 @@ class Topology:
                 self.ray.down(STOP_TIMEOUT_S)
             if self.worker_cgroup is not None:
                 self.worker_cgroup.close()
+
+
+def _check_outside_tmp(root: Path) -> None:
+    """The worker user gets a ``/tmp`` of its own (``WORKER_VIEW``): a root under the host's would not be there, and
+    its first job would fail where the topology waited for it."""
+    if root.resolve().is_relative_to("/tmp"):
+        raise ServiceError(
+            f"root: {root} lies under /tmp, which the worker user sees as a folder of its own: put the topology's "
+            "root elsewhere (e.g. /var/lib/opentinker)"
+        )
 
 
 def _check_readable_by(user: pwd.struct_passwd, paths: tuple[str | Path, ...]) -> None:
