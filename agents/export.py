@@ -7,7 +7,10 @@ models all load it with ``load_policy``.
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,14 @@ FORMAT_VERSION = 2
 """2: structured observations (``architecture["obs"]``) and every action kind; version 1 exports still load."""
 READABLE_VERSIONS = (1, 2)
 SPEC_FILE, WEIGHTS_FILE = "policy.json", "weights.npz"
+MAX_WEIGHTS_BYTES = 512 << 20
+"""The most bytes an export's arrays may hold together: 128 M float32 parameters, hidden layers of 8192 and more (the
+zoo's largest policy, Atari's nature CNN, holds 1.7 M). An export may come from a tenant's job and the processes that
+load it (the attempt, serving, the API) are trusted: ``read_weights`` refuses more before it allocates."""
+MAX_ARRAYS = 1024
+"""Arrays in one ``weights.npz`` (a policy holds a few per layer)."""
+_END = struct.Struct("<4s4H2LH")
+"""A zip's end-of-central-directory record, as ``np.savez`` (Python's ``zipfile``) writes it: no comment, no zip64."""
 SERVED_ACTION = "served_action"
 """The ``policy.json`` field naming what the policy serves, ``greedy`` (absent: an export made before it) or
 ``sampled``: chosen from the candidate's evaluation before it is registered (``record_served_action``)."""
@@ -64,8 +75,11 @@ def space_from_json(data: dict[str, Any]) -> gym.Space:
     if kind == "Tuple":
         return gym.spaces.Tuple([space_from_json(sub) for sub in data["spaces"]])
     if data["type"] == "Box":
-        dtype = np.dtype(data["dtype"])
-        return gym.spaces.Box(np.array(data["low"], dtype), np.array(data["high"], dtype), tuple(data["shape"]), dtype)
+        dtype, shape = np.dtype(data["dtype"]), tuple(data["shape"])
+        low, high = np.array(data["low"], dtype), np.array(data["high"], dtype)
+        if low.shape != shape or high.shape != shape:  # a scalar bound would be broadcast to whatever shape says
+            raise ValueError(f"Box space in policy.json: low and high must each hold shape {shape[:8]}")
+        return gym.spaces.Box(low, high, shape, dtype)
     raise ValueError(f"unknown space type {data['type']!r} in policy.json")
 
 
@@ -219,6 +233,64 @@ def load_policy(directory: str | os.PathLike) -> InferencePolicy:
         raise ValueError(
             f"{spec_path}: format_version {spec.get('format_version')!r}, expected one of {READABLE_VERSIONS}"
         )
-    with np.load(directory / WEIGHTS_FILE, allow_pickle=False) as data:  # an export may come from a tenant's job
-        weights = {k: data[k] for k in data.files}
-    return InferencePolicy(spec, weights)
+    return InferencePolicy(spec, read_weights(directory / WEIGHTS_FILE))
+
+
+class WeightsError(ValueError):
+    """A ``weights.npz`` that is not what ``export_policy`` writes, or declares more than ``MAX_WEIGHTS_BYTES``."""
+
+
+def read_weights(path: Path, max_bytes: int = MAX_WEIGHTS_BYTES) -> dict[str, np.ndarray]:
+    """The arrays of an export's ``weights.npz`` (``np.load`` without pickle, bounded): the zip's directory, each
+    member's ``.npy`` header (shape, dtype) and its real size are checked against the limits before any array is
+    allocated, so a small file declaring a GiB costs nothing. Every trusted load of an export goes through here."""
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        if handle.tell() < _END.size:
+            raise WeightsError(f"{WEIGHTS_FILE}: not a zip archive")
+        handle.seek(-_END.size, os.SEEK_END)
+        signature, _, _, _, entries, directory_size, _, comment = _END.unpack(handle.read(_END.size))
+        if signature != b"PK\x05\x06" or comment or entries > MAX_ARRAYS or directory_size > MAX_ARRAYS * 1024:
+            raise WeightsError(f"{WEIGHTS_FILE}: not an archive of at most {MAX_ARRAYS} arrays as np.savez writes it")
+        with zipfile.ZipFile(handle) as archive:
+            members, declared = [], 0
+            for info in archive.infolist():
+                with archive.open(info) as member:
+                    shape, dtype, header = _npy_header(info.filename, member)
+                size = math.prod(shape) * dtype.itemsize
+                declared += size
+                if declared > max_bytes:
+                    raise WeightsError(
+                        f"{WEIGHTS_FILE}: member {info.filename!r} declares {size} bytes {shape[:8]} {dtype}, "
+                        f"taking the arrays past {max_bytes} bytes"
+                    )
+                if info.file_size != header + size:
+                    raise WeightsError(
+                        f"{WEIGHTS_FILE}: member {info.filename!r} declares {size} bytes of data but holds "
+                        f"{info.file_size - header}"
+                    )
+                members.append(info)
+            weights = {}
+            for info in members:
+                with archive.open(info) as member:
+                    weights[info.filename.removesuffix(".npy")] = np.lib.format.read_array(member, allow_pickle=False)
+            return weights
+
+
+def _npy_header(name: str, member: Any) -> tuple[tuple[int, ...], np.dtype, int]:
+    """(shape, dtype, header bytes) of one ``.npy`` member, read without reading its data."""
+    if not name.endswith(".npy") or len(name) > 256:
+        raise WeightsError(f"{WEIGHTS_FILE}: member {name[:100]!r} is not an array (.npy)")
+    try:
+        version = np.lib.format.read_magic(member)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(member)
+        elif version == (2, 0):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(member)
+        else:
+            raise ValueError(f"format version {version}")
+    except ValueError as exc:
+        raise WeightsError(f"{WEIGHTS_FILE}: member {name!r} has no readable .npy header ({str(exc)[:100]})") from None
+    if dtype.hasobject:
+        raise WeightsError(f"{WEIGHTS_FILE}: member {name!r} holds Python objects")
+    return shape, dtype, member.tell()

@@ -266,3 +266,152 @@ def test_a_file_the_run_folder_cannot_store_fails_the_attempt_naming_the_cause(h
     message = str(outcome)
     assert "file export/policy.json: could not be stored in the job's run folder" in message, message
     assert "exited with" not in message
+
+
+# ---------------------------------------------------------------- a job's export, loaded by trusted code
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def _npy_header(shape: tuple[int, ...], dtype: str = "<f4") -> bytes:
+    import io
+
+    import numpy as np
+
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": dtype, "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def _zip(members: list[tuple[str, bytes, int, int]]) -> bytes:
+    """A zip of ``(name, stored bytes, their CRC, size declared)`` members: the bytes are written as they are (raw
+    deflate when ``size declared`` differs from their length), so a bomb costs what it compresses to."""
+    import struct
+
+    body, directory = b"", b""
+    for name, data, crc, size in members:
+        method = 0 if size == len(data) else 8
+        encoded = name.encode()
+        local = struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, method, 0, 0, crc, len(data), size, len(encoded), 0)
+        directory += (
+            struct.pack(
+                "<4s6H3L5H2L",
+                b"PK\x01\x02",
+                20,
+                20,
+                0,
+                method,
+                0,
+                0,
+                crc,
+                len(data),
+                size,
+                len(encoded),
+                0,
+                0,
+                0,
+                0,
+                0,
+                len(body),
+            )
+            + encoded
+        )
+        body += local + encoded + data
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, len(members), len(members), len(directory), len(body), 0)
+    return body + directory + end
+
+
+def _deflated_zeros(header: bytes, zeros: int) -> tuple[bytes, int]:
+    """``header`` then ``zeros`` zero bytes as raw deflate (one compressed MiB of zeros repeated) and their CRC."""
+    import zlib
+
+    first = zlib.compressobj(9, zlib.DEFLATED, -15)
+    start = first.compress(header) + first.flush(zlib.Z_FULL_FLUSH)
+    block = zlib.compressobj(9, zlib.DEFLATED, -15)
+    one = block.compress(b"\0" * MiB) + block.flush(zlib.Z_FULL_FLUSH)
+    crc = zlib.crc32(header)
+    for _ in range(zeros // MiB):
+        crc = zlib.crc32(b"\0" * MiB, crc)
+    return start + one * (zeros // MiB) + zlib.compressobj(9, zlib.DEFLATED, -15).flush(), crc
+
+
+def _stored(name: str, header: bytes, data: bytes) -> tuple[str, bytes, int, int]:
+    import zlib
+
+    return name, header + data, zlib.crc32(header + data), len(header + data)
+
+
+def _peak_rss_growth(call) -> int:
+    """Bytes this process's peak RSS grew by while ``call()`` ran (the kernel's high-water mark, reset first)."""
+
+    def status(field: str) -> int:
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError(field)
+
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")  # VmHWM := VmRSS
+    before = status("VmRSS")
+    call()
+    return status("VmHWM") - before
+
+
+WEIGHTS_ATTACKS = {
+    "a GiB declared in 4 MiB": (
+        lambda: [_stored("pi.npy", _npy_header((GiB // 4,)), bytes(4 * MiB))],
+        f"member 'pi.npy' declares {GiB} bytes (268435456,) float32, taking the arrays past {512 * MiB} bytes",
+    ),
+    "a GiB of zeros deflated into a MiB": (
+        lambda: [("pi.npy", *_deflated_zeros(header := _npy_header((GiB // 4,)), GiB), GiB + len(header))],
+        f"member 'pi.npy' declares {GiB} bytes",
+    ),
+    "within the limit declared, a MiB held": (
+        lambda: [_stored("pi.npy", _npy_header((64 * MiB,)), bytes(MiB))],
+        f"member 'pi.npy' declares {256 * MiB} bytes of data but holds {MiB}",
+    ),
+    "many members adding up": (
+        lambda: (
+            [_stored(f"w{i}.npy", _npy_header((MiB // 4,)), bytes(MiB)) for i in range(3)]
+            + [_stored("big.npy", _npy_header((128 * MiB - 1,)), b"")]
+        ),
+        "member 'big.npy' declares 536870908 bytes",
+    ),
+    "pickled objects": (lambda: [_stored("o.npy", _npy_header((1,), "|O"), bytes(8))], "'o.npy' holds Python objects"),
+    "not an array": (lambda: [_stored("run.py", b"", b"import os")], "'run.py' is not an array"),
+}
+
+
+@pytest.mark.parametrize("case", list(WEIGHTS_ATTACKS))
+def test_weights_declaring_more_than_they_may_are_refused_before_they_are_allocated(tmp_path, case):
+    """The attempt's check of a job's export (``finish._validated_export``, through the one loader of exports): peak
+    RSS grows by less than 32 MiB whatever the file declares."""
+    from opentinker.server.finish import _validated_export
+
+    members, expected = WEIGHTS_ATTACKS[case]
+    export = tmp_path / "job" / "export"
+    export.mkdir(parents=True)
+    (export / "policy.json").write_text('{"format_version": 2}')
+    (export / "weights.npz").write_bytes(_zip(members()))
+    assert (export / "weights.npz").stat().st_size < 8 * MiB
+    refused = []
+
+    def load() -> None:
+        with pytest.raises(ChannelError) as error:
+            _validated_export(export, "run-1")
+        refused.append(str(error.value))
+
+    grown = _peak_rss_growth(load)
+    assert refused[0].startswith("export: weights.npz: ") and expected in refused[0], refused[0]
+    assert grown < 32 * MiB, f"peak RSS grew by {grown / MiB:.0f} MiB"
+
+
+def test_a_zip_directory_larger_than_an_export_needs_is_refused_unread(tmp_path):
+    import struct
+
+    from opentinker.agents.export import WeightsError, read_weights
+
+    path = tmp_path / "weights.npz"
+    path.write_bytes(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 3 * GiB, 0, 0))
+    with pytest.raises(WeightsError, match="at most 1024 arrays"):
+        read_weights(path)

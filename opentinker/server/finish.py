@@ -41,14 +41,19 @@ def copy_champion(spec: Any, into: Path) -> tuple[Any, Path | None]:
 
 
 def _validated_export(directory: Path, run_id: str) -> None:
-    """Load the job's export as data (JSON, ``np.load`` without pickle) before anything registers it, and stamp
-    the MLflow run into its metadata."""
+    """Load the job's export as data (JSON, the weights' headers checked against ``agents.export``'s limits before
+    they are read, without pickle) before anything registers it, and stamp the MLflow run into its metadata."""
+    from opentinker.agents.export import WeightsError
     from opentinker.tracking.registry import load_registered_policy
 
+    name = "/".join(directory.parts[-2:]) if directory.parent.name == "exports" else directory.name
     spec_path = directory / "policy.json"
     if not spec_path.is_file() or spec_path.stat().st_size > 1 << 20:
-        raise ChannelError("export: expected policy.json of at most 1 MiB")
-    load_registered_policy(directory)  # refuses what is not the project's numpy export
+        raise ChannelError(f"{name}: expected policy.json of at most 1 MiB")
+    try:
+        load_registered_policy(directory)  # refuses what is not the project's numpy export
+    except WeightsError as exc:
+        raise ChannelError(f"{name}: {exc}") from None
     spec = json.loads(spec_path.read_text())
     spec["metadata"] = {**(spec.get("metadata") or {}), "run_id": run_id}
     atomic_write(spec_path, json.dumps(spec))
@@ -134,28 +139,13 @@ def finish_group(spec: Any, run: Any, result: GroupResult, job_dir: Path) -> Job
     )
 
 
-ADAPTER_FILES = {
-    "adapter_model.safetensors",
-    "adapter_config.json",
-    "opentinker_llm.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-}
-
-
 def _validated_adapter(directory: Path) -> None:
-    """Only the adapter's data files (safetensors, JSON, text) stay; JSON must parse, safetensors must load, and a
+    """The adapter's data files (the channel let no others in): JSON must parse, safetensors must load, and a
     tokenizer config may name no code to import (``auto_map``)."""
     from safetensors import safe_open
 
     for path in directory.iterdir():
-        if path.name not in ADAPTER_FILES:
-            path.unlink()
-        elif path.suffix == ".json":
+        if path.suffix == ".json":
             data = json.loads(path.read_text())
             if isinstance(data, dict) and data.pop("auto_map", None) is not None:
                 atomic_write(path, json.dumps(data))

@@ -288,7 +288,10 @@ def _resolve_local(directory: Path) -> ModelRef:
         )
     content = hashlib.sha256()
     for path in sorted(p for p in directory.iterdir() if p.is_file()):
-        content.update(path.name.encode() + b"\0" + path.read_bytes())
+        content.update(path.name.encode() + b"\0")
+        with path.open("rb") as handle:  # in chunks: the export may be a job's, as large as its limits allow
+            while chunk := handle.read(1 << 20):
+                content.update(chunk)
     resolved = directory.resolve()
     version = f"local-{content.hexdigest()[:12]}"
     return ModelRef(uri=str(directory), name=resolved.name, version=version, download_uri=str(resolved))
