@@ -58,9 +58,9 @@ def serve_settings_table() -> str:
     return fields_table(ServeSettings)
 
 
-def commands() -> Iterator[tuple[str, object]]:
-    """Every visible command of the ``opentinker`` CLI with its full name (``server keys create``), in the app's
-    order."""
+def commands(hidden: bool = False) -> Iterator[tuple[str, object]]:
+    """Every command of the ``opentinker`` CLI with its full name (``server keys create``), in the app's order;
+    ``hidden``: the aliases kept for old scripts (``deploy``) too."""
     import click
     import typer
 
@@ -69,7 +69,7 @@ def commands() -> Iterator[tuple[str, object]]:
     def walk(command: click.Command, path: tuple[str, ...]) -> Iterator[tuple[str, click.Command]]:
         if isinstance(command, click.Group):
             for name, sub in command.commands.items():
-                if not sub.hidden:
+                if hidden or not sub.hidden:
                     yield from walk(sub, (*path, name))
         else:
             yield " ".join(path), command

@@ -53,6 +53,33 @@ def test_a_setting_or_command_left_out_is_caught(tmp_path, monkeypatch):
     assert sorted(gen_tables.stale()) == sorted({f"docs/{doc}" for doc, _ in gen_tables.BLOCKS.values()})
 
 
+COMMAND = re.compile(r"`opentinker ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)*)")
+"""A command as the docs write one: `opentinker server keys create --tenant T`, `opentinker jobs list|status`."""
+
+
+def _named_command(words: list[str], commands: set[tuple[str, ...]]) -> bool:
+    """``words`` start with a command (what follows is its arguments), or name a group of commands."""
+    for end in range(1, len(words) + 1):
+        prefix = tuple(words[:end])
+        if prefix in commands:
+            return True
+        if not any(command[:end] == prefix for command in commands):
+            return False
+    return True
+
+
+def test_every_command_the_docs_name_exists():
+    commands = {tuple(name.split()) for name, _ in _gen_tables().commands(hidden=True)}
+    unknown = [
+        f"{doc.name}: opentinker {mention}"
+        for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for mention in COMMAND.findall(doc.read_text())
+        if not _named_command(mention.split(), commands)
+    ]
+    assert not unknown, f"commands the CLI does not have: {unknown}"
+    assert not _named_command(["server", "start"], commands)
+
+
 def _project_files() -> list[Path]:
     files = [path for path in ROOT.iterdir() if path.is_file()]
     for top in TOP:
