@@ -157,6 +157,26 @@ def test_a_missing_file_is_caught(tmp_path):
     assert _stale(doc, names) == ["1: link missing.md", "3: link gone.png"]
 
 
+def test_every_variable_the_docs_name_is_read():
+    """A renamed setting leaves no `OPENTINKER_*` variable behind in the docs: each is a field of `Settings` or
+    `ServeSettings`, or one the code names itself (a process hands it the next, such as `OPENTINKER_CHANNEL_FD`)."""
+    from opentinker.infra.settings import Settings
+    from opentinker.serving.config import ServeSettings
+
+    variable = re.compile(r"OPENTINKER_[A-Z0-9_]*[A-Z0-9]\b")
+    known = {f"OPENTINKER_{name}".upper() for name in Settings.model_fields}
+    known |= {f"OPENTINKER_SERVE_{name}".upper() for name in ServeSettings.model_fields}
+    for path in _project_files():
+        if path.suffix == ".py":
+            known |= set(variable.findall(path.read_text()))
+    unknown = [
+        f"{doc.relative_to(ROOT)}: {name}"
+        for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for name in sorted(set(variable.findall(doc.read_text())) - known)
+    ]
+    assert not unknown, f"variables nothing reads: {unknown}"
+
+
 def test_readme_lines_are_short():
     long = [
         f"README.md:{number}: {len(line)} characters"
