@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP = ("flows", "tasks", "envs", "agents", "federated", "serving", "infra", "tests", "opentinker", "bench", "docs")
 REFERENCE = re.compile(r"(?<![\w./-])((?:[A-Za-z_][\w.-]*/)*[A-Za-z_][\w-]*\.(?:py|md))(?![\w/])")
 """A file name as the docs write one: ``server/channel.py``, ``docs/deploy.md``, ``job_child.py``."""
+ROOTED = re.compile(rf"(?<![\w./-])((?:opentinker/)?(?:{'|'.join(TOP)})/[\w./-]*\w)/?(?![\w/])")
+"""Any path from a top folder: ``infra/k8s/prefect.yaml``, ``agents/multiagent/``, ``envs/ray_backend.RayActorPool``."""
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)|^\[[^\]]+\]:\s*([^#\s]+)")
 """A markdown link's target, inline or a reference's definition (outside code spans: ``CODE``)."""
 CODE = re.compile(r"`[^`]*`")
@@ -24,6 +26,7 @@ ELSEWHERE = {
     "td3_continuous_action.py": "CleanRL's",
     "tinker/lib/api_future_impl.py": "the tinker SDK's",
     "my_pkg/tasks.py": "a user's package in an example",
+    "opentinker/tiny-llama": "the test model's hub-style name",
 }
 """Files of other projects the docs name on purpose."""
 README_WIDTH = 200
@@ -121,14 +124,28 @@ def _unknown(name: str, names: set[str]) -> bool:
     return name not in ELSEWHERE and name not in names
 
 
+def _missing_path(name: str) -> bool:
+    """``name`` (from a top folder) is neither a file or folder nor ``module.attribute`` of a module there."""
+    for path in {name, name.removeprefix("opentinker/")}:
+        folder, _, last = path.rpartition("/")
+        if (ROOT / path).exists() or (ROOT / folder / f"{last.split('.')[0]}.py").is_file():
+            return False
+    return name not in ELSEWHERE
+
+
+def _unknowns(text: str, names: set[str]) -> list[str]:
+    found = [n for n in REFERENCE.findall(text) if _unknown(n, names)]
+    return found + [n for n in ROOTED.findall(text) if n not in found and _missing_path(n)]
+
+
 def _stale(path: Path, names: set[str]) -> list[str]:
     """``path``'s prose naming files that are not there (as ``LINE: NAME``)."""
     text = path.read_text()
-    if path.suffix == ".py" and not any(_unknown(n, names) for n in REFERENCE.findall(text)):
+    if path.suffix == ".py" and not _unknowns(text, names):
         return []  # the common case, without parsing the module
     stale = []
     for line, prose in _prose(path):
-        stale += [f"{line}: {n}" for n in REFERENCE.findall(prose) if _unknown(n, names)]
+        stale += [f"{line}: {n}" for n in _unknowns(prose, names)]
         if path.suffix == ".md":
             for target in (inline or defined for inline, defined in LINK.findall(CODE.sub("", prose))):
                 if "://" not in target and not (path.parent / target).exists():
@@ -148,12 +165,12 @@ def test_a_missing_file_is_caught(tmp_path):
     names = _names(_project_files())
     module = tmp_path / "module.py"
     module.write_text(
-        '"""Reads ``server/channel.py``, not ``server/job_proxy.py``."""\n\n'
+        '"""Reads ``server/channel.py`` and ``infra/k8s/``, not ``server/job_proxy.py`` or ``infra/gone.yaml``."""\n\n'
         'NAME = "gone.py"  # a string in code is not prose; this comment names agents/gone.py\n'
     )
     doc = tmp_path / "doc.md"
     doc.write_text("See docs/service.md and [the walk](missing.md); `[x](code)` is code.\n\n[ref]: gone.png\n")
-    assert _stale(module, names) == ["1: server/job_proxy.py", "3: agents/gone.py"]
+    assert _stale(module, names) == ["1: server/job_proxy.py", "1: infra/gone.yaml", "3: agents/gone.py"]
     assert _stale(doc, names) == ["1: link missing.md", "3: link gone.png"]
 
 
