@@ -1,5 +1,6 @@
-"""Docs that cannot drift: the tables the code defines are generated from it, every file a doc or a docstring names
-exists, and the README's lines stay readable. (The server's routes: tests/test_server_docs.py.)"""
+"""Docs that cannot drift: the tables the code defines (settings, CLI commands) are generated from it, and every file,
+link, command and `OPENTINKER_*` variable a doc or docstring names exists; the README's lines stay readable. (The
+server's routes: tests/test_server_docs.py.)"""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ ROOTED = re.compile(rf"(?<![\w./-])((?:opentinker/)?(?:{'|'.join(TOP)})/[\w./-]*
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)|^\[[^\]]+\]:\s*([^#\s]+)")
 """A markdown link's target, inline or a reference's definition (outside code spans: ``CODE``)."""
 CODE = re.compile(r"`[^`]*`")
+COMMAND = re.compile(r"`opentinker ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)*)")
+"""A command as the docs write one: `opentinker server keys create --tenant T`, `opentinker jobs list|status`."""
 ELSEWHERE = {
     "ppo_atari.py": "CleanRL's",
     "ppo_continuous_action.py": "CleanRL's",
@@ -28,7 +31,7 @@ ELSEWHERE = {
     "my_pkg/tasks.py": "a user's package in an example",
     "opentinker/tiny-llama": "the test model's hub-style name",
 }
-"""Files of other projects the docs name on purpose."""
+"""Other projects' files (and a model's hub-style name) the docs name on purpose."""
 README_WIDTH = 200
 
 
@@ -54,10 +57,6 @@ def test_a_setting_or_command_left_out_is_caught(tmp_path, monkeypatch):
         (tmp_path / doc).write_text(text.replace(row + "\n", ""))
     monkeypatch.setattr(gen_tables, "DOCS", tmp_path)
     assert sorted(gen_tables.stale()) == sorted({f"docs/{doc}" for doc, _ in gen_tables.BLOCKS.values()})
-
-
-COMMAND = re.compile(r"`opentinker ((?:[a-z][a-z-]*)(?: [a-z][a-z-]*)*)")
-"""A command as the docs write one: `opentinker server keys create --tenant T`, `opentinker jobs list|status`."""
 
 
 def _named_command(words: list[str], commands: set[tuple[str, ...]]) -> bool:
