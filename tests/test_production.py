@@ -316,6 +316,21 @@ def test_the_api_processes_killed_one_at_a_time_mid_job_lose_nothing_and_the_fol
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
     _wait(production, key, job["id"], lambda s: (s.get("progress") or {}).get("step", 0) > 0, timeout=600)
+    # A steady client of GETs through the balancer while the processes die: an in-flight GET is retried on the other.
+    steady: dict[str, list] = {"answers": [], "failures": []}
+    killing = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(timeout=30, headers=_auth(key)) as steady_http:
+            while not killing.is_set() and len(steady["answers"]) < 20_000:
+                try:
+                    steady["answers"].append(steady_http.get(f"{production.url}/v1/jobs/{job['id']}").status_code)
+                except httpx.HTTPError as exc:
+                    steady["failures"].append(repr(exc))
+                time.sleep(0.05)  # steady, not a flood: ~20 GETs a second
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
     for index in (0, 1):
         killed_at = time.monotonic()
         production.kill_api(index)
@@ -327,6 +342,10 @@ def test_the_api_processes_killed_one_at_a_time_mid_job_lose_nothing_and_the_fol
         )
         assert status["state"] == "RUNNING", f"the job must still run while API process {index} is down: {status}"
         production.start_api(index)
+    killing.set()
+    poller.join(timeout=60)
+    assert steady["failures"] == [], steady["failures"][:5]
+    assert len(steady["answers"]) > 20 and set(steady["answers"]) == {200}, sorted(set(steady["answers"]))
     follower.join(timeout=600)
     assert final.get("state") == "SUCCEEDED", final
     assert final["attempts"] == 1, final  # no attempt lost or re-queued

@@ -48,7 +48,8 @@ defaults
     mode http
     option http-server-close
     retries 3
-    option redispatch
+    option redispatch 1
+    retry-on conn-failure empty-response junk-response
     timeout connect 2s
     timeout client 1h
     timeout server 1h
@@ -61,10 +62,13 @@ frontend api
 backend opentinker
     balance roundrobin
     option httpchk GET /healthz
+    http-request disable-l7-retry unless {{ method GET HEAD }}
 {servers}"""
 """Round robin over the API processes, a process out of the pool within a second of its health check failing, a
-refused connection sent to another (``redispatch``); streams (server-sent events, log follow) pass unbuffered and
-may stay open an hour; ``/lb-stats`` shows which processes are in."""
+refused connection sent to another (``redispatch``), and a GET or HEAD whose process died before answering sent
+again to another (``retry-on``: they are safe to repeat; a POST is never re-sent, its client decides); streams
+(server-sent events, log follow) pass unbuffered and may stay open an hour; ``/lb-stats`` shows which processes are
+in."""
 
 
 WORKER_VIEW = (
