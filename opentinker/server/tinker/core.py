@@ -188,14 +188,23 @@ class Core:
             raise ValueError(f"model {model.model_id} failed to start")
 
     def sequenced(
-        self, model: TrainingModel, seq_id: int | None, kind: str, op: Callable[[], Outcome] | TrainPart
+        self,
+        model: TrainingModel,
+        seq_id: int | None,
+        kind: str,
+        op: Callable[[], Outcome] | TrainPart,
+        admit: Callable[[], None] | None = None,
     ) -> Any:
-        """Queue ``op`` in ``model``'s sequence order; a re-sent ``seq_id`` gets the future of its first sending.
-        A ``TrainPart`` may share its pass with other clients' (``engine``)."""
+        """Queue ``op`` in ``model``'s sequence order; a re-sent ``seq_id`` gets the future of its first sending
+        (before any check: the first sending passed them, and its effect may be what a check would now refuse).
+        ``admit``: a further check a new request must pass (a quota). A ``TrainPart`` may share its pass with other
+        clients' (``engine``)."""
         seq_id = seq_id or 0
         future = model.sequencer.duplicate(seq_id) if seq_id else None
         if future is None:
             self.admit(model.tenant)
+            if admit is not None:
+                admit()
             future = self.futures.create(model.tenant, kind, model.model_id, model.session_id)
 
             if isinstance(op, TrainPart):

@@ -9,6 +9,8 @@ other queued ones (``engine``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,9 +26,10 @@ from . import wire
 from .core import STATE_FILE, Core
 from .engine import Engine, Work
 from .futures import Future, Outcome
-from .sessions import Sampler, TrainingModel
+from .sessions import SEEN_KEPT, Sampler, TrainingModel
 from .store import CheckpointError
 
+log = logging.getLogger(__name__)
 SNAPSHOTS_KEPT = 4
 """``save_weights_and_get_sampling_client`` samplers kept per training client: an RL loop makes one a step and
 drops the last; an older one answers 404 once evicted (its adapter's memory is freed)."""
@@ -73,12 +76,19 @@ class Sampling:
         self.core = core
         self.adapters = SamplerAdapters(core.engine)
 
-    async def create_sampling_session(
+    def create_sampling_session(
         self, tenant: str, request: types.CreateSamplingSessionRequest
     ) -> types.CreateSamplingSessionResponse:
+        """Answered at once: the SDK waits for this answer itself (no future) and re-sends the same request after
+        60 s, so a checkpoint's adapter loads on the worker after the answer and the sampler's first requests wait
+        for it (``asample``). A re-send (same session and ``sampling_session_seq_id``) gets the same answer."""
         core = self.core
         session = core.registry.session(tenant, request.session_id)
         sampler_id = f"{session.session_id}:sample:{request.sampling_session_seq_id}"
+        origin = (request.model_path, request.base_model)
+        earlier = session.samplers.get(sampler_id)
+        if earlier is not None and earlier.origin == origin:
+            return types.CreateSamplingSessionResponse(sampling_session_id=sampler_id)
         if request.model_path is None:
             if request.base_model is None:
                 raise BadRequest("create_sampling_session: give model_path or base_model")
@@ -86,7 +96,8 @@ class Sampling:
                 base = core.base_of(request.base_model)
             except ValueError as error:
                 raise BadRequest(str(error)) from error
-            core.registry.add_sampler(session, Sampler(sampler_id, tenant, session.session_id, base, None))
+            sampler = Sampler(sampler_id, tenant, session.session_id, base, None, origin=origin)
+            core.registry.add_sampler(session, sampler)
             return types.CreateSamplingSessionResponse(sampling_session_id=sampler_id)
         try:
             _, folder, meta = core.store.open(tenant, request.model_path)
@@ -97,14 +108,11 @@ class Sampling:
             raise BadRequest(f"model_path: {request.model_path} is of {core.display(base)!r}, not served here")
         if request.base_model and core.bases.get(request.base_model) != base:
             raise BadRequest(f"base_model: {request.model_path} is of {core.display(base)!r}")
-        sampler = Sampler(sampler_id, tenant, session.session_id, base, None, request.model_path)
+        sampler = Sampler(sampler_id, tenant, session.session_id, base, None, request.model_path, origin=origin)
         core.registry.add_sampler(session, sampler)
         name = core.adapter_name("c")
-        try:
-            await asyncio.wrap_future(core.engine.call(lambda: self.adapters.load(sampler, folder, name)))
-        except BaseException:
-            core.registry.drop_sampler(sampler)
-            raise
+        sampler.loaded = asyncio.wrap_future(core.engine.call(lambda: self.adapters.load(sampler, folder, name)))
+        sampler.loaded.add_done_callback(lambda done: _log_load_failure(sampler, done))
         return types.CreateSamplingSessionResponse(sampling_session_id=sampler_id)
 
     def snapshot(self, model: TrainingModel, request: types.SaveWeightsForSamplerRequest) -> Any:
@@ -144,18 +152,27 @@ class Sampling:
         return types.GetSamplerResponse(sampler_id=sampler_id, base_model=base, model_path=sampler.model_path)
 
     def asample(self, tenant: str, request: types.SampleRequest) -> types.UntypedAPIFuture:
+        """A future at once; the work is queued once the sampler's adapter is loaded. A re-send (same sampler and
+        ``seq_id``) gets the first sending's future."""
         core = self.core
         if not request.sampling_session_id:
             raise BadRequest("sampling_session_id: required (create a sampling client first)")
         sampler = core.registry.sampler(tenant, request.sampling_session_id)
+        if request.seq_id is not None and request.seq_id in sampler.sent:
+            return sampler.sent[request.seq_id]
         core.admit(tenant)
         future = core.futures.create(tenant, "Sample", sampler.sampler_id, sampler.session_id)
         ids = [f"{future.request_id}:{i}" for i in range(request.num_samples)]
+        answer = types.UntypedAPIFuture(request_id=future.request_id, sample_sequence_ids=ids)
+        if request.seq_id is not None:
+            sampler.sent[request.seq_id] = answer
+            while len(sampler.sent) > SEEN_KEPT:
+                del sampler.sent[min(sampler.sent)]
         try:
-            job = wire.sample_job(request, sampler.adapter)
+            job = wire.sample_job(request, None)
         except wire.WireError as error:
             core.futures.resolve(future, Outcome.failed(str(error)))
-            return types.UntypedAPIFuture(request_id=future.request_id, sample_sequence_ids=ids)
+            return answer
 
         session = core.registry.sessions[sampler.session_id]
         record = bool(request.record_stability_info)
@@ -165,9 +182,20 @@ class Sampling:
                 session.stability.record(ids, job.prompt, result.completions)
             return Outcome(json=lambda: wire.sample_json(result), proto=lambda: wire.sample_proto(result))
 
-        work = Work(future, job=job, base=sampler.base, encode=encode, after=self._tracker(sampler, future))
-        core.engine.submit(work)
-        return types.UntypedAPIFuture(request_id=future.request_id, sample_sequence_ids=ids)
+        def submit(_: Any = None) -> None:
+            if sampler.loaded is not None and sampler.loaded.exception() is not None:
+                error = sampler.loaded.exception()
+                core.futures.resolve(future, core.failure(error))
+                return
+            ready = dataclasses.replace(job, adapter=sampler.adapter)
+            work = Work(future, job=ready, base=sampler.base, encode=encode, after=self._tracker(sampler, future))
+            core.engine.submit(work)
+
+        if sampler.loaded is None or sampler.loaded.done():
+            submit()
+        else:
+            sampler.loaded.add_done_callback(submit)
+        return answer
 
     @staticmethod
     def _tracker(sampler: Sampler, future: Future) -> Callable[[Any, float], None] | None:
@@ -181,3 +209,9 @@ class Sampling:
                 sampler.source.run.sample(time.monotonic() - future.created, tokens, seconds)
 
         return track
+
+
+def _log_load_failure(sampler: Sampler, done: asyncio.Future) -> None:
+    """A checkpoint that failed to load fails its sampler's requests (``asample``); the log says why once."""
+    if not done.cancelled() and done.exception() is not None:
+        log.warning("sampler %s: loading %s failed: %s", sampler.sampler_id, sampler.model_path, done.exception())

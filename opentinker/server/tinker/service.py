@@ -9,6 +9,7 @@ storage, and the queue state ``paused_capacity`` while other clients' work is ah
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import logging
 import time
@@ -112,7 +113,9 @@ class TinkerService:
         return self.core.records.session_ids(tenant, limit, offset)
 
     async def close_session(self, session: Session, status: str) -> None:
-        """Mark it ``status``, fail what it still has queued and free its adapters and optimiser state."""
+        """Mark it ``status``, fail what it still has queued and free its adapters and optimiser state. The freeing
+        is queued on the worker, not awaited: a busy worker must not hold the client's ``close`` (the SDK re-sends
+        a call after 60 s)."""
         core = self.core
         session.status = status
         session.stability.clear()
@@ -124,14 +127,13 @@ class TinkerService:
             for model in models:
                 if model.trainer is not None:
                     model.trainer.close()
+                if model.run is not None:  # after the model's last operation, which may still log to it
+                    model.run.end("FINISHED" if status == "finished" else "KILLED")
             for sampler in samplers:
                 self.sampling.adapters.release(sampler)
 
-        await asyncio.wrap_future(core.engine.call(free))
+        core.engine.call(free).add_done_callback(_log_free_failure)
         await asyncio.to_thread(core.records.end_session, session.session_id, status)
-        for model in models:
-            if model.run is not None:
-                model.run.end("FINISHED" if status == "finished" else "KILLED")
 
     async def maintain(self, period: float = 1.0) -> None:
         """Reap sessions whose heartbeats stopped, skip sequence gaps, forget old futures, drop expired checkpoints."""
@@ -297,3 +299,8 @@ class TinkerService:
     def close(self) -> None:
         self.core.engine.close()
         self.core.tracking.close()
+
+
+def _log_free_failure(done: concurrent.futures.Future) -> None:
+    if done.exception() is not None:
+        log.error("freeing a closed session's adapters failed: %s", done.exception())

@@ -8,6 +8,7 @@ looked up by (tenant, id): another tenant's id is not found.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -97,6 +98,13 @@ class Sampler:
     model_path: str | None = None
     source: TrainingModel | None = None
     """The training model it was snapshotted from or saved by (sampling metrics go to its run)."""
+    origin: tuple[str | None, str | None] | None = None
+    """The ``(model_path, base_model)`` of the ``create_sampling_session`` that made it: a re-send is the same call."""
+    loaded: asyncio.Future | None = None
+    """Its checkpoint's adapter loading on the worker; its sampling requests wait for it. None: nothing to load."""
+    sent: dict[int, Any] = field(default_factory=dict)
+    """Its ``asample`` answers by the SDK's ``seq_id``, so a re-sent request gets its first answer (the last
+    ``SEEN_KEPT``)."""
 
 
 @dataclass(eq=False)

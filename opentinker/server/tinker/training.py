@@ -9,6 +9,7 @@ model's sequence order.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -181,7 +182,6 @@ class Training:
     def save_weights(self, tenant: str, request: types.SaveWeightsRequest) -> types.UntypedAPIFuture:
         core = self.core
         model = core.model(tenant, request.model_id)
-        core.admit_checkpoint(tenant)
 
         def op() -> Outcome:
             path = CheckpointPath.make(model.model_id, "weights", request.path or f"step-{model.trainer.steps:06d}")
@@ -198,7 +198,8 @@ class Training:
             model.run.checkpoint(path.uri)
             return _json(types.SaveWeightsResponse(path=path.uri))
 
-        return core.sequenced(model, request.seq_id, "SaveWeights", op)
+        admit = functools.partial(core.admit_checkpoint, tenant)
+        return core.sequenced(model, request.seq_id, "SaveWeights", op, admit)
 
     def save_weights_for_sampler(
         self, tenant: str, request: types.SaveWeightsForSamplerRequest
@@ -209,7 +210,6 @@ class Training:
         model = core.model(tenant, request.model_id)
         if request.path is None:
             return self.sampling.snapshot(model, request)
-        core.admit_checkpoint(tenant)
 
         def op() -> Outcome:
             path = CheckpointPath.make(model.model_id, "sampler_weights", request.path)
@@ -226,7 +226,8 @@ class Training:
             model.run.checkpoint(path.uri)
             return _json(types.SaveWeightsForSamplerResponseInternal(path=path.uri))
 
-        return core.sequenced(model, request.seq_id, "SaveWeightsForSampler", op)
+        admit = functools.partial(core.admit_checkpoint, tenant)
+        return core.sequenced(model, request.seq_id, "SaveWeightsForSampler", op, admit)
 
     def load_weights(self, tenant: str, request: types.LoadWeightsRequest) -> types.UntypedAPIFuture:
         """Into an existing model (the SDK's ``load_state``), or as a new model's first request
