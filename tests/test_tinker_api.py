@@ -259,6 +259,11 @@ def test_save_state_then_load_resumes_bit_exact(tinker_server, sdk):
     session = training.model_id.split(":")[0]
     assert session in listed.list_sessions().result().sessions
     assert training.model_id in listed.get_session(session).result().training_run_ids
+    admin = tinker.AdminClient(base_url=tinker_server.url, api_key=tinker_server.key("resume"))
+    usage = admin.get_current_checkpoint_storage_usage().result().data
+    assert [(u.org_user_urn, u.checkpoint_count) for u in usage] == [("tenant:resume", 1)] and usage[0].size_bytes > 0
+    with pytest.warns(tinker.ExperimentalWarning), pytest.raises(tinker.NotFoundError):  # not served, as documented
+        listed.search_sessions(types.SessionSearchRequest()).result()
     listed.set_checkpoint_ttl_from_tinker_path(saved, None).result()
     assert [c.expires_at for c in listed.list_user_checkpoints().result().checkpoints] == [None]
     listed.delete_checkpoint_from_tinker_path(saved).result()
@@ -404,6 +409,10 @@ def test_two_tenants_cannot_see_each_others_models_checkpoints_or_samplers(tinke
     beta = sdk("beta")
     with pytest.raises(tinker.NotFoundError):
         beta.create_sampling_client(model_path=weights).result()
+    with pytest.raises(tinker.NotFoundError):  # another tenant's run: 404, as for every other call, not an empty list
+        tinker.RestClient(base_url=tinker_server.url, api_key=tinker_server.key("beta")).list_checkpoints(
+            training.model_id
+        ).result()
     with pytest.raises(tinker.RequestFailedError, match="no such checkpoint"):
         beta.create_training_client_from_state(state).result()
     with tinker_server.http("beta") as http, tinker_server.http("alpha") as owner:
@@ -420,7 +429,7 @@ def test_two_tenants_cannot_see_each_others_models_checkpoints_or_samplers(tinke
         assert http.get(f"/api/v1/samplers/{sampler._sampling_session_id}").status_code == 404
         session_id = training.model_id.split(":")[0]
         assert http.post("/api/v1/session_heartbeat", json={"session_id": session_id}).status_code == 404
-        assert http.get(f"/api/v1/training_runs/{training.model_id}/checkpoints").json()["checkpoints"] == []
+        assert http.get(f"/api/v1/training_runs/{training.model_id}/checkpoints").status_code == 404
         alpha_request = owner.post(
             "/api/v1/save_weights_for_sampler", json={"model_id": training.model_id, "path": "again", "seq_id": 0}
         ).json()["request_id"]

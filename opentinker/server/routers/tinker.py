@@ -140,6 +140,13 @@ async def finish_session(session_id: str, service: Service, caller: TinkerCaller
     return {}
 
 
+@router.post("/sessions/search")
+def search_sessions(caller: TinkerCaller) -> dict[str, Any]:
+    """SDK 0.38's experimental ``RestClient.search_sessions``: not served (404, the SDK's ``NotFoundError``, as every
+    call this server does not serve; without this route the path would be ``GET sessions/{id}``'s, a 405)."""
+    raise NotFound("search_sessions is not served here: list_sessions and get_session are")
+
+
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     return await service.service("session_info", caller.tenant, session_id)
@@ -249,6 +256,21 @@ async def list_user_checkpoints(service: Service, caller: TinkerCaller) -> dict[
 async def delete_checkpoint(model_id: str, kind: str, name: str, service: Service, caller: TinkerCaller) -> dict:
     await service.call("checkpoint_op", "delete", caller.tenant, f"tinker://{model_id}/{kind}/{name}")
     return {}
+
+
+@router.get("/billing/usage/checkpoints/current")
+async def checkpoint_storage_usage(
+    service: Service, caller: TinkerCaller, project_id: str | None = None
+) -> dict[str, Any]:
+    """``AdminClient.get_current_checkpoint_storage_usage`` (and ``RestClient``'s deprecated one): the caller's live
+    checkpoints, one row for its tenant (there are no projects or prices here)."""
+    if project_id is not None:
+        raise BadRequest(f"project_id: this server has no projects (omit project_id), got {project_id!r}")
+    count, size = await service.service("checkpoint_storage", caller.tenant, blocking=True)
+    row = types.CurrentCheckpointStorageUsageItem(
+        org_user_urn=f"tenant:{caller.tenant}", checkpoint_count=count, size_bytes=size, size_gigabytes=size / 1e9
+    )
+    return _json(types.CurrentCheckpointStorageUsageResponse(data=[row]))
 
 
 class CheckpointSearchCursor(BaseModel):

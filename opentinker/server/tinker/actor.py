@@ -88,9 +88,14 @@ class EngineActor:
         return 200, "application/json", outcome.json()
 
     async def checkpoints(self, tenant: str, model_id: str | None) -> dict[str, Any]:
+        """The tenant's live checkpoints (of one training run: a run the tenant has no record of is 404, as
+        another tenant's is for every other call)."""
         service = self._get()
-        listed = [service.checkpoint_json(meta) for meta in service.core.store.list(tenant, model_id)]
-        return {"checkpoints": listed, "cursor": None}
+        core = service.core
+        metas = await asyncio.to_thread(core.store.list, tenant, model_id)
+        if model_id is not None and not metas and await asyncio.to_thread(core.records.run, tenant, model_id) is None:
+            raise NotFound(f"training run {model_id!r} not found")
+        return {"checkpoints": [service.checkpoint_json(meta) for meta in metas], "cursor": None}
 
     async def checkpoint_op(self, op: str, tenant: str, *args: Any) -> Any:
         """``delete`` or ``set_ttl`` on the checkpoint store, or the service's ``weights_info``: an unknown checkpoint

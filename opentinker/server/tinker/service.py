@@ -237,6 +237,10 @@ class TinkerService:
             train_attn=shape.get("train_attn"),
         )
 
+    def checkpoint_storage(self, tenant: str) -> tuple[int, int]:
+        """(count, bytes) of the tenant's live checkpoints. Blocking (database reads)."""
+        return len(self.core.store.list(tenant)), self.core.store.usage_bytes(tenant)
+
     def usage(self, tenant: str) -> dict[str, Any]:
         core = self.core
         sessions = [s for s in core.registry.sessions.values() if s.tenant == tenant and s.status == "active"]
