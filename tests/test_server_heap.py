@@ -5,7 +5,12 @@ status p99 of bench/service.py (c) before the freeze)."""
 from __future__ import annotations
 
 import gc
+import tarfile
+from pathlib import Path
+from types import SimpleNamespace
 
+import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from opentinker.infra.settings import Settings
@@ -22,3 +27,96 @@ def test_start_up_leaves_the_collector_a_small_heap(tmp_path):
             assert walked < frozen / 4
     finally:
         gc.unfreeze()
+
+
+def _memory(pid: int) -> dict[str, int]:
+    """The process's resident bytes now (VmRSS) and at their peak (VmHWM)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields
+
+
+def _big_export(directory: Path) -> Path:
+    """A legitimate export of ~195 MiB (CartPole, hidden layers (1, 7.3 M): weights within ``MAX_WEIGHTS_BYTES``),
+    its weights random (they hardly compress, as trained ones), built in a second without torch's init."""
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from opentinker.agents.export import export_policy
+    from opentinker.agents.policies import ActorCritic, policy_spec
+
+    spaces = gym.spaces.Box(-1, 1, (4,), "float32"), gym.spaces.Discrete(2)
+    spec = policy_spec(*spaces, False, (1, 7_300_000), "tanh")
+    rng = np.random.default_rng(0)
+    with torch.device("meta"):  # the real network's shapes, nothing allocated
+        shapes = {name: tuple(value.shape) for name, value in ActorCritic(spec).state_dict().items()}
+    weights = SimpleNamespace(
+        spec=spec,
+        observation_space=spaces[0],
+        action_space=spaces[1],
+        numpy_weights=lambda: {name: rng.random(shape, np.float32) for name, shape in shapes.items()},
+    )
+    return export_policy(weights, directory)
+
+
+@pytest.mark.slow
+def test_a_large_policy_download_streams_from_disk_with_the_apis_memory_flat(job_server, tmp_path, monkeypatch):
+    """``GET /v1/jobs/{id}/policy`` of a 195 MiB export: the API's peak RSS grows by less than 50 MiB (it held the
+    whole archive before: +160-224 MB for 200 MiB)."""
+    from opentinker.infra.settings import get_settings
+    from opentinker.server import tenants
+    from opentinker.server.db import Job, Store
+    from opentinker.server.models import prepare_store
+    from opentinker.tracking.registry import log_policy_model
+
+    server, tenant, name = job_server, "heavy", "heavy.big-policy"
+    key = server.make_key(tenant)
+    settings = Settings(data_dir=server.data_dir)
+    prepare_store(tenant, settings)
+    monkeypatch.setenv("OPENTINKER_MLFLOW_TRACKING_URI", tenants.tracking_uri(tenant, settings))
+    monkeypatch.setenv("OPENTINKER_MLFLOW_EXPERIMENT", tenants.experiment(tenant))
+    get_settings.cache_clear()
+    try:
+        export = _big_export(tmp_path / "export")
+        size = (export / "weights.npz").stat().st_size
+        assert size > 190 << 20
+        log_policy_model(export, registered_model_name=name)  # what the job's attempt registers
+    finally:
+        get_settings.cache_clear()
+    store = Store(server.database)
+    try:
+        with store.session() as session:
+            result = {"model_name": name, "model_version": "1"}
+            session.add(
+                Job(
+                    id="job-big-policy",
+                    tenant=tenant,
+                    state="SUCCEEDED",
+                    spec={"engine": {"algorithm": "ppo"}},
+                    result=result,
+                )
+            )
+    finally:
+        store.close()
+
+    pid = server.service.pid
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the RSS now
+    before = _memory(pid)["VmRSS"]
+    archive = tmp_path / "policy.tar.gz"
+    with httpx.stream(
+        "GET", f"{server.url}/v1/jobs/job-big-policy/policy", headers=server.headers(key), timeout=120
+    ) as answer:
+        assert answer.status_code == 200, answer.read()[:500]
+        assert int(answer.headers["content-length"]) > 0
+        with archive.open("wb") as handle:
+            for chunk in answer.iter_bytes():
+                handle.write(chunk)
+    grown = _memory(pid)["VmHWM"] - before
+    with tarfile.open(archive) as downloaded:
+        assert downloaded.getnames() == ["policy.json", "weights.npz"]
+        assert downloaded.getmember("weights.npz").size == size
+    assert grown < 50 << 20, f"the API's peak RSS grew by {grown / (1 << 20):.0f} MiB"

@@ -10,7 +10,6 @@ key the user chose (only its hash reaches the server) and a key of the server's 
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import secrets
 import tarfile
@@ -19,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import sqlalchemy as sa
 
@@ -108,19 +108,30 @@ def not_a_policy(job: Job) -> str | None:
     )
 
 
-def policy_archive(job: Job, settings: Settings) -> bytes:
-    """The finished job's registered policy (``policy.json`` + ``weights.npz``) as a ``.tar.gz``."""
+def policy_archive(job: Job, settings: Settings) -> BinaryIO:
+    """The finished job's registered policy (its format's files: ``policy.json`` + ``weights.npz``) as a ``.tar.gz``,
+    an open file whose name is already removed: it is written to disk and read back in chunks, so the API's memory
+    stays flat whatever the export's size, and nothing is left behind however the download ends."""
     from opentinker.tracking.registry import POLICY_FILE
 
+    from .channel import POLICY_FILES
+
     uri = f"models:/{job.result['model_name']}/{job.result['model_version']}"
-    with tempfile.TemporaryDirectory() as tmp, tenant_mlflow(job.tenant, settings) as mlflow:
-        model_dir = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
+    with tempfile.TemporaryDirectory(prefix="opentinker-policy-") as tmp:
+        with tenant_mlflow(job.tenant, settings) as mlflow:
+            model_dir = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
         export = sorted(model_dir.glob(f"**/{POLICY_FILE}"))[0].parent
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            for path in sorted(export.iterdir()):
-                archive.add(path, arcname=path.name)
-    return buffer.getvalue()
+        handle = tempfile.TemporaryFile(dir=tmp)  # unlinked at once; the open file keeps its bytes
+        try:
+            # Stored, not deflated: weights hardly compress (~10 %), and deflating a GiB would take the API a minute.
+            with tarfile.open(fileobj=handle, mode="w:gz", compresslevel=0) as archive:
+                for name in sorted(POLICY_FILES):
+                    archive.add(export / name, arcname=name)
+            handle.seek(0)
+        except BaseException:
+            handle.close()
+            raise
+    return handle
 
 
 class Services:

@@ -6,6 +6,7 @@ Every route looks the job up by (tenant of the key, id): another tenant's job an
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 
 import anyio.to_thread
@@ -22,6 +23,8 @@ from ..schemas import FINAL_STATES, JobOut, JobResult, JobState, JobSubmit, LogL
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 POLL_S = 0.25
 """How often a follow (logs) or an event stream looks for news."""
+DOWNLOAD_CHUNK = 1 << 20
+"""Bytes of a download read from disk at a time: what a download holds in the API's memory."""
 
 
 def job_board(request: Request) -> JobBoard:
@@ -116,15 +119,25 @@ def job_result(job: Job = Depends(readable_job)) -> JobResult:
 
 @router.get("/{job_id}/policy", response_class=Response, responses={200: {"content": {"application/gzip": {}}}})
 async def job_policy(request: Request, job: Job = Depends(readable_job)) -> Response:
-    """The finished job's registered policy (``policy.json`` + ``weights.npz``, numpy only) as a ``.tar.gz``."""
+    """The finished job's registered policy (``policy.json`` + ``weights.npz``, numpy only) as a ``.tar.gz``, streamed
+    from disk ``DOWNLOAD_CHUNK`` bytes at a time (the API's memory stays flat whatever the export's size)."""
     from ..models import not_a_policy, policy_archive
 
     if job.state != "SUCCEEDED" or not job.result:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: no registered policy yet")
     if why := not_a_policy(job):
         raise HTTPException(status.HTTP_409_CONFLICT, why)
-    data = await anyio.to_thread.run_sync(policy_archive, job, request.app.state.settings)
-    return Response(data, media_type="application/gzip")
+    archive = await anyio.to_thread.run_sync(policy_archive, job, request.app.state.settings)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        try:
+            while chunk := await anyio.to_thread.run_sync(archive.read, DOWNLOAD_CHUNK):
+                yield chunk
+        finally:
+            archive.close()
+
+    size = str(os.fstat(archive.fileno()).st_size)
+    return StreamingResponse(chunks(), media_type="application/gzip", headers={"Content-Length": size})
 
 
 @router.get(
