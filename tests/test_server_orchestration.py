@@ -34,9 +34,8 @@ class HeldWorker(SandboxWorker):
         super().__init__(*args, **kwargs)
         self.release, self.done = asyncio.Event(), asyncio.Event()
 
-    async def _propose_pending_state(self, flow_run) -> bool:
+    async def before_pending(self, flow_run) -> None:
         await self.release.wait()
-        return await super()._propose_pending_state(flow_run)
 
     async def run(self, flow_run, configuration, task_status=None):
         from prefect.workers.process import ProcessWorkerResult

@@ -164,12 +164,10 @@ _ahead: dict[str, Any] = {}
 
 
 def main() -> None:
-    """What ``python -m prefect.engine`` does for the worker's flow run (load it, run ``job_attempt``)."""
+    """Start the attempt's first child, then run the worker's flow run (``job_attempt``), which adopts it."""
     import uuid
 
-    from prefect._internal.control_listener import configure_from_env
-    from prefect.engine import handle_engine_signals
-    from prefect.flow_engine import flow_run_logger, load_flow_run, run_flow
+    from .prefect_private import run_flow_run
 
     launch = current_launch()
     Path(launch.job_dir).mkdir(parents=True, exist_ok=True)
@@ -177,16 +175,7 @@ def main() -> None:
     _ahead["child"] = SandboxedChild(
         launch, Path(launch.job_dir), _ahead["champion_root"], logging.getLogger("opentinker.attempt")
     )
-    configure_from_env()
-    flow_run_id = uuid.UUID(os.environ["PREFECT__FLOW_RUN_ID"])
-    with handle_engine_signals(flow_run_id):
-        flow_run = load_flow_run(flow_run_id=flow_run_id)
-        run_flow(
-            job_attempt,
-            flow_run=flow_run,
-            parameters=dict(flow_run.parameters),
-            error_logger=flow_run_logger(flow_run=flow_run),
-        )
+    run_flow_run(job_attempt, uuid.UUID(os.environ["PREFECT__FLOW_RUN_ID"]))
 
 
 if __name__ == "__main__":

@@ -23,15 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 import httpx
-from prefect.workers.process import ProcessWorker
 
 from opentinker.infra.settings import get_settings
 
 from .attempt import LAUNCH_VARIABLE
 from .orchestration import HEARTBEAT_S, POOL, WORKER_QUERY_SECONDS
+from .prefect_private import OneSlotPerTakenRun
 from .sandbox import base_env, check_available
 from .sandboxed import SCRATCH_ROOT_VARIABLE
 from .schemas import LaunchInfo, PendingWork
@@ -60,7 +59,7 @@ class LaunchRefused(RuntimeError):
     """The server knows no unfinished job for this flow run."""
 
 
-class SandboxWorker(ProcessWorker):
+class SandboxWorker(OneSlotPerTakenRun):
     """``ProcessWorker`` whose runs are the server's job attempts, each in its bubblewrap sandbox."""
 
     type = "process"
@@ -73,8 +72,6 @@ class SandboxWorker(ProcessWorker):
         if get_settings().sandbox == "bwrap":
             check_available()
         self.runtime = Path(tempfile.mkdtemp(prefix="opentinker-worker-"))
-        self._taken: set[UUID] = set()
-        """Runs handed to this worker that have not left Scheduled yet (their Pending not yet proposed)."""
         self._seen: PendingWork | None = None
         self._next_poll = 0.0
         self._server = httpx.AsyncClient(
@@ -85,29 +82,13 @@ class SandboxWorker(ProcessWorker):
         await self._server.aclose()
         await super().__aexit__(*exc_info)
 
-    async def get_and_submit_flow_runs(self):
-        """Poll Prefect when the server's pending work changed since the last poll (or ``PREFECT_POLL_S`` passed),
-        and only once every run taken at earlier polls has left Scheduled. Prefect counts a queue's and the pool's
-        Pending and Running runs against their limits, so a poll while a taken run is still Scheduled is handed its
-        slot a second time: a higher-priority run submitted in between started as well (3 running jobs for a
-        tenant limit of 2 in ``bench/service.py`` (d) on PostgreSQL)."""
-        self._taken &= self._submitting_flow_run_ids  # a submission that ended before its Pending holds nothing
-        if self._taken:
-            return []
+    async def should_poll(self) -> bool:
+        """When the server's pending work changed since the last poll (or ``PREFECT_POLL_S`` passed)."""
         pending = await self._pending()
         if pending == self._seen and time.monotonic() < self._next_poll:
-            return []
+            return False
         self._seen, self._next_poll = pending, time.monotonic() + PREFECT_POLL_S
-        before = set(self._submitting_flow_run_ids)
-        runs = await super().get_and_submit_flow_runs()
-        self._taken |= self._submitting_flow_run_ids - before
-        return runs
-
-    async def _propose_pending_state(self, flow_run) -> bool:
-        try:
-            return await super()._propose_pending_state(flow_run)
-        finally:
-            self._taken.discard(flow_run.id)
+        return True
 
     async def _pending(self) -> PendingWork | None:
         """The server's queued and running jobs; None when it does not answer (then Prefect is polled only every
