@@ -11,6 +11,7 @@ import math
 import os
 import struct
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -252,29 +253,39 @@ def read_weights(path: Path, max_bytes: int = MAX_WEIGHTS_BYTES) -> dict[str, np
         signature, _, _, _, entries, directory_size, _, comment = _END.unpack(handle.read(_END.size))
         if signature != b"PK\x05\x06" or comment or entries > MAX_ARRAYS or directory_size > MAX_ARRAYS * 1024:
             raise WeightsError(f"{WEIGHTS_FILE}: not an archive of at most {MAX_ARRAYS} arrays as np.savez writes it")
-        with zipfile.ZipFile(handle) as archive:
-            members, declared = [], 0
-            for info in archive.infolist():
-                with archive.open(info) as member:
-                    shape, dtype, header = _npy_header(info.filename, member)
-                size = math.prod(shape) * dtype.itemsize
-                declared += size
-                if declared > max_bytes:
-                    raise WeightsError(
-                        f"{WEIGHTS_FILE}: member {info.filename!r} declares {size} bytes {shape[:8]} {dtype}, "
-                        f"taking the arrays past {max_bytes} bytes"
-                    )
-                if info.file_size != header + size:
-                    raise WeightsError(
-                        f"{WEIGHTS_FILE}: member {info.filename!r} declares {size} bytes of data but holds "
-                        f"{info.file_size - header}"
-                    )
-                members.append(info)
-            weights = {}
-            for info in members:
-                with archive.open(info) as member:
-                    weights[info.filename.removesuffix(".npy")] = np.lib.format.read_array(member, allow_pickle=False)
-            return weights
+        try:
+            with zipfile.ZipFile(handle) as archive:
+                return _bounded_arrays(archive, max_bytes)
+        except WeightsError:
+            raise
+        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as exc:  # a corrupt member, a bad CRC, cut short
+            raise WeightsError(f"{WEIGHTS_FILE}: not a readable archive of arrays ({str(exc)[:100]})") from None
+
+
+def _bounded_arrays(archive: zipfile.ZipFile, max_bytes: int) -> dict[str, np.ndarray]:
+    """Every member's header checked (its declared size against ``max_bytes`` and against its real size), then read."""
+    members, declared = [], 0
+    for info in archive.infolist():
+        with archive.open(info) as member:
+            shape, dtype, header = _npy_header(info.filename, member)
+        size = math.prod(shape) * dtype.itemsize
+        declared += size
+        if declared > max_bytes:
+            raise WeightsError(
+                f"{WEIGHTS_FILE}: member {info.filename!r} declares {size} bytes {shape[:8]} {dtype}, "
+                f"taking the arrays past {max_bytes} bytes"
+            )
+        if info.file_size != header + size:
+            raise WeightsError(
+                f"{WEIGHTS_FILE}: member {info.filename!r} declares {size} bytes of data but holds "
+                f"{info.file_size - header}"
+            )
+        members.append(info)
+    weights = {}
+    for info in members:
+        with archive.open(info) as member:
+            weights[info.filename.removesuffix(".npy")] = np.lib.format.read_array(member, allow_pickle=False)
+    return weights
 
 
 def _npy_header(name: str, member: Any) -> tuple[tuple[int, ...], np.dtype, int]:

@@ -377,6 +377,10 @@ WEIGHTS_ATTACKS = {
         ),
         "member 'big.npy' declares 536870908 bytes",
     ),
+    "bytes that do not match their CRC": (
+        lambda: [("pi.npy", (data := _npy_header((4,)) + bytes(16)), 12345, len(data))],
+        "not a readable archive of arrays (Bad CRC-32 for file 'pi.npy')",
+    ),
     "pickled objects": (lambda: [_stored("o.npy", _npy_header((1,), "|O"), bytes(8))], "'o.npy' holds Python objects"),
     "not an array": (lambda: [_stored("run.py", b"", b"import os")], "'run.py' is not an array"),
 }
