@@ -132,7 +132,8 @@ ATTACKS = {
     "an adapter's folder as a file": (lambda c: _file(c, "adapter/."), "file adapter/.: not a file"),
     "an adapter's parent": (lambda c: _file(c, "adapter/.."), "file adapter/..: not a file"),
     "a checkpoint of another name": (lambda c: _file(c, "checkpoints/other.pt"), "checkpoints/other.pt: not a file"),
-    "a text file over its limit": (lambda c: _file(c, "adapter/tokenizer.json", 1 << 30), "at most 67108864"),
+    "a tokenizer file over its limit": (lambda c: _file(c, "adapter/tokenizer.json", 1 << 30), "at most 67108864"),
+    "a config file over its limit": (lambda c: _file(c, "adapter/tokenizer_config.json", 2 << 20), "at most 1048576"),
     "a file path the pattern refuses": (lambda c: _file(c, "export/a b"), "(got 'export/a b')"),
     "bytes without a file": (lambda c: _raw(c, "B", b"\x00" * 10), "without a file message"),
     "oversized frame": (lambda c: c.sock.sendall(HEADER.pack(1 << 31, ord("J"))), "at most"),
@@ -419,3 +420,13 @@ def test_a_zip_directory_larger_than_an_export_needs_is_refused_unread(tmp_path)
     path.write_bytes(struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 3 * GiB, 0, 0))
     with pytest.raises(WeightsError, match="at most 1024 arrays"):
         read_weights(path)
+
+
+def test_an_adapter_whose_safetensors_header_declares_a_gib_is_refused_unread(tmp_path):
+    from opentinker.server.finish import _validated_adapter
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(GiB.to_bytes(8, "little") + b"{")
+    with pytest.raises(ChannelError, match=f"adapter/adapter_model.safetensors: a header of {GiB} bytes declared"):
+        _validated_adapter(adapter)

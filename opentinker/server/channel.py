@@ -52,9 +52,14 @@ ADAPTER_FILES = frozenset(
 FOLDER_FILES = {"checkpoints": frozenset(("checkpoint.pt",)), "export": POLICY_FILES, "adapter": ADAPTER_FILES}
 """The only file names each folder may hold (``exports/<kind>`` as ``export``): a job sends its format's files, and
 nothing else reaches the run folder, MLflow or a download."""
-MAX_TEXT_FILE = 64 << 20
-"""Bytes of a JSON or text file of a format (trusted code reads those whole; a tokenizer's are a few MB): the weights'
-formats (``.npz``, ``.pt``, ``.safetensors``) are read by bounded loaders and bounded by the attempt's file limits."""
+TOKENIZER_DATA = frozenset(("tokenizer.json", "vocab.json", "merges.txt"))
+"""An adapter's tokenizer data: read by the tokenizers library in a sandbox or a serving process, never parsed by the
+attempt (a few MB for SmolLM2's)."""
+MAX_TOKENIZER_FILE = 64 << 20
+MAX_TEXT_FILE = 1 << 20
+"""Bytes of any other JSON or text file (``policy.json``, configs): trusted code parses them whole, and parsed JSON
+takes up to ~20 times its size. The weights (``.npz``, ``.pt``, ``.safetensors``) are bounded by the attempt's file
+limits and read by bounded loaders."""
 HEADER = struct.Struct(">IB")
 
 Name = Annotated[str, Field(max_length=128)]
@@ -107,8 +112,10 @@ class FileBegin(Message):
         if name not in (allowed := folder_files(folder)):
             expected = ", ".join(sorted(allowed))
             raise ValueError(f"file {self.path}: not a file of {folder}/ (expected one of {expected})")
-        if not name.endswith((".npz", ".pt", ".safetensors")) and self.size > MAX_TEXT_FILE:
-            raise ValueError(f"file {self.path}: {self.size} bytes; at most {MAX_TEXT_FILE} for a text file")
+        if not name.endswith((".npz", ".pt", ".safetensors")):
+            limit = MAX_TOKENIZER_FILE if name in TOKENIZER_DATA else MAX_TEXT_FILE
+            if self.size > limit:
+                raise ValueError(f"file {self.path}: {self.size} bytes; at most {limit} for this file")
         return self
 
 

@@ -139,17 +139,32 @@ def finish_group(spec: Any, run: Any, result: GroupResult, job_dir: Path) -> Job
     )
 
 
+MAX_SAFETENSORS_HEADER = 16 << 20
+"""Bytes of the adapter's safetensors header (a LoRA adapter's few hundred tensors take tens of KB): safetensors
+itself allows 100 MB, parsed in this trusted process."""
+
+
 def _validated_adapter(directory: Path) -> None:
-    """The adapter's data files (the channel let no others in): JSON must parse, safetensors must load, and a
-    tokenizer config may name no code to import (``auto_map``)."""
+    """The adapter's data files (the channel let no others in): the configs' JSON must parse, safetensors must load
+    (its header bounded first), and a config may name no code to import (``auto_map``). The tokenizer's data is left
+    to the tokenizers library, which reads it as data."""
     from safetensors import safe_open
 
+    from .channel import TOKENIZER_DATA
+
+    weights = directory / "adapter_model.safetensors"
+    with weights.open("rb") as handle:
+        header = int.from_bytes(handle.read(8), "little")
+    if header > MAX_SAFETENSORS_HEADER:
+        raise ChannelError(
+            f"adapter/{weights.name}: a header of {header} bytes declared; at most {MAX_SAFETENSORS_HEADER}"
+        )
     for path in directory.iterdir():
-        if path.suffix == ".json":
+        if path.suffix == ".json" and path.name not in TOKENIZER_DATA:
             data = json.loads(path.read_text())
             if isinstance(data, dict) and data.pop("auto_map", None) is not None:
                 atomic_write(path, json.dumps(data))
-    with safe_open(str(directory / "adapter_model.safetensors"), framework="pt"):
+    with safe_open(str(weights), framework="pt"):
         pass
 
 
