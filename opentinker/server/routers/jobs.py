@@ -15,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from ..auth import Caller, require_scope
+from ..channel import escape_controls
 from ..db import Job
 from ..errors import OverQuota, ServerError
 from ..jobs import RETRY_AFTER_S, JobBoard
@@ -158,7 +159,8 @@ async def job_logs(
             flow_run_id = current.flow_run_id
             batch = await anyio.to_thread.run_sync(jobs.orchestrator.logs, flow_run_id, seen) if flow_run_id else []
             for log in batch:
-                line = LogLine(timestamp=log.timestamp, level=log.level, name=log.name, message=log.message)
+                message = escape_controls(log.message, keep="\t\n")  # the attempt escaped the job's; older logs too
+                line = LogLine(timestamp=log.timestamp, level=log.level, name=log.name, message=message)
                 yield (line.model_dump_json() + "\n").encode()
             seen += len(batch)
             if batch:
