@@ -511,14 +511,24 @@ def test_back_pressure_speaks_the_sdks_signals(tinker_server):
         }
         busy = http.post("/api/v1/asample", json={**long_sample}).json()
         theirs = session(other)
-        waiting = create(other, theirs, 0).json()
+        their_sampler = other.post(
+            "/api/v1/create_sampling_session",
+            json={"session_id": theirs, "sampling_session_seq_id": 0, "base_model": TINY},
+        ).json()["sampling_session_id"]
+        too_wide = {  # more rows than fit beside the running pass's (tinker_sample_batch_rows): it waits for its end
+            **long_sample,
+            "sampling_session_id": their_sampler,
+            "num_samples": 40,
+            "sampling_params": {"max_tokens": 1},
+        }
+        waiting = other.post("/api/v1/asample", json=too_wide).json()
         pending = other.post("/api/v1/retrieve_future", json={"request_id": waiting["request_id"]})
         assert pending.status_code == 408, pending.text
         state = pending.json()
         assert state["queue_state"] == "paused_capacity" and "other clients" in state["queue_state_reason"]
         assert other.get("/api/v1/usage").json()["pending_requests"] == 1
-        created, done = wait_all((other, waiting["request_id"]), (http, busy["request_id"]))
-        assert created["model_id"] == waiting["model_id"] and len(done.get("sequences", [])) == 32, done
+        theirs_done, done = wait_all((other, waiting["request_id"]), (http, busy["request_id"]))
+        assert len(theirs_done.get("sequences", [])) == 40 and len(done.get("sequences", [])) == 32, done
 
         # requests waiting for an earlier sequence number are in flight without costing the worker anything
         step = {"model_id": models[0]["model_id"], "adam_params": {"learning_rate": 1e-3}}

@@ -20,8 +20,10 @@ pytestmark = pytest.mark.slow
 
 TOKENS = list(range(100, 124))
 HOG = {"max_tokens": 120, "stop": [], "seed": 0}
-"""Another tenant's sampling request that keeps the one worker busy for seconds (32 rows of 120 tokens: 5 s on a
-loaded 2-core machine, where sending every call below takes well under one)."""
+"""Another tenant's sampling request that keeps the one worker's sampling busy for seconds (32 rows of 120 tokens:
+5-9 s on a loaded 2-core machine, where sending every call below takes well under one)."""
+WIDE = 40
+"""Rows of a sampling request that cannot join the long one's pass (32 + 40 > ``tinker_sample_batch_rows``, 64)."""
 
 
 def _body(request) -> dict:
@@ -79,44 +81,9 @@ def test_every_create_or_change_call_sent_twice_has_one_effect_and_the_same_answ
         created = twice("create_model", _body(create))
         wait_all((http, created["request_id"]))
 
-        # 1. behind another tenant's long sampling request: a training client's every kind of call, and a sampler's
+        # 1. each sent twice while queued: a sampling request too wide to join another tenant's long pass (it waits
+        # for the pass's end), and a training client's every kind of call held behind the one it has not sent yet
         busy = _hog(hog)
-        model = created["model_id"]
-        datum = types.Datum(
-            model_input=types.ModelInput.from_ints(TOKENS[:-1]),
-            loss_fn_inputs={"target_tokens": np.array(TOKENS[1:]), "weights": np.ones(len(TOKENS) - 1, np.float32)},
-        )
-        fb = types.ForwardBackwardRequest(
-            forward_backward_input=types.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy"),
-            model_id=model,
-            seq_id=1,
-        )
-        futures = [
-            twice("forward_backward", forward_backward_request_to_proto(fb).SerializeToString()),
-            twice(
-                "optim_step",
-                _body(
-                    types.OptimStepRequest(adam_params=types.AdamParams(learning_rate=1e-2), model_id=model, seq_id=2)
-                ),
-            ),
-            twice("save_weights", _body(types.SaveWeightsRequest(model_id=model, seq_id=3))),  # named by its step
-            twice(
-                "save_weights_for_sampler",
-                _body(types.SaveWeightsForSamplerRequest(model_id=model, seq_id=4, path="r")),
-            ),
-            twice(
-                "load_weights",
-                _body(
-                    types.LoadWeightsRequest(
-                        model_id=model, seq_id=5, path=f"tinker://{model}/weights/step-000001", optimizer=True
-                    )
-                ),
-            ),
-            twice(
-                "save_weights_for_sampler",
-                _body(types.SaveWeightsForSamplerRequest(model_id=model, seq_id=6, sampling_session_seq_id=0)),
-            ),
-        ]
         create_base = _body(
             types.CreateSamplingSessionRequest(session_id=session, sampling_session_seq_id=1, base_model=TINY)
         )
@@ -128,9 +95,37 @@ def test_every_create_or_change_call_sent_twice_has_one_effect_and_the_same_answ
             prompt=types.ModelInput.from_ints(TOKENS[:4]),
             sampling_params=types.SamplingParams(max_tokens=4, seed=1),
         )
-        futures.append(twice("asample", _body(sample)))
-        assert _busy(hog), "the hog ended before every call was sent: make it longer"
-        assert http.get("/api/v1/usage").json()["pending_requests"] == len(futures)  # one future per call
+        sampled = twice("asample", _body(sample.model_copy(update={"num_samples": WIDE})))
+        model = created["model_id"]
+        step = types.AdamParams(learning_rate=1e-2)
+        load = types.LoadWeightsRequest(
+            model_id=model, seq_id=5, path=f"tinker://{model}/weights/step-000001", optimizer=True
+        )
+        held = [
+            twice("optim_step", _body(types.OptimStepRequest(adam_params=step, model_id=model, seq_id=2))),
+            twice("save_weights", _body(types.SaveWeightsRequest(model_id=model, seq_id=3))),  # named by its step
+            twice(
+                "save_weights_for_sampler",
+                _body(types.SaveWeightsForSamplerRequest(model_id=model, seq_id=4, path="r")),
+            ),
+            twice("load_weights", _body(load)),
+            twice(
+                "save_weights_for_sampler",
+                _body(types.SaveWeightsForSamplerRequest(model_id=model, seq_id=6, sampling_session_seq_id=0)),
+            ),
+        ]
+        assert http.get("/api/v1/usage").json()["pending_requests"] == len(held) + 1  # one future per call
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+            loss_fn_inputs={"target_tokens": np.array(TOKENS[1:]), "weights": np.ones(len(TOKENS) - 1, np.float32)},
+        )
+        fb = types.ForwardBackwardRequest(
+            forward_backward_input=types.ForwardBackwardInput(data=[datum], loss_fn="cross_entropy"),
+            model_id=model,
+            seq_id=1,
+        )
+        futures = [twice("forward_backward", forward_backward_request_to_proto(fb).SerializeToString()), *held, sampled]
+        assert _busy(hog), "the long request ended before every call was sent: make it longer"
 
         results = wait_all(*[(http, f["request_id"]) for f in futures], (hog, busy))[:-1]
         assert not [r for r in results if "error" in r], results
@@ -145,7 +140,8 @@ def test_every_create_or_change_call_sent_twice_has_one_effect_and_the_same_answ
         saved = wait_all((http, http.post("/api/v1/save_weights", json=_body(final)).json()["request_id"]))[0]
         assert saved["path"] == f"tinker://{model}/weights/step-000001"  # still one step after the load
 
-        # 3. a sampler on a checkpoint, created while the worker is busy: answered at once, its adapter loaded after
+        # 3. a sampler on a checkpoint, created during another tenant's long pass: answered at once, its adapter
+        # loaded on the worker after the answer, its first request waiting for that
         busy = _hog(hog)
         checkpoint = f"tinker://{model}/sampler_weights/r"
         create_loaded = _body(
@@ -155,7 +151,7 @@ def test_every_create_or_change_call_sent_twice_has_one_effect_and_the_same_answ
         loaded_sampler = twice("create_sampling_session", create_loaded)["sampling_session_id"]
         answered_s = time.monotonic() - started
         sampled = twice("asample", _body(sample.model_copy(update={"sampling_session_id": loaded_sampler})))
-        assert _busy(hog), f"the hog ended before the sampler was created ({answered_s:.1f} s)"
+        assert _busy(hog), f"the long request ended before the sampler was created ({answered_s:.1f} s)"
         clash = {**create_base, "sampling_session_seq_id": 2}  # the same ids for another sampler: not a re-send
         assert http.post("/api/v1/create_sampling_session", json=clash).status_code == 400
         done, _ = wait_all((http, sampled["request_id"]), (hog, busy))

@@ -13,6 +13,12 @@ before it, so every model's requests still run in its sequence order: their rows
 (``adapter_trainer.forward_backward_many``) and each adapter gets the gradient it would get alone. A training pass
 cannot be joined once it runs, so it first waits a moment (bounded) for the clients that trained on the same model
 recently (``_gather``).
+
+A sampling pass may be long (one tenant's request for hundreds of tokens per row): once it has held the worker for
+``SLICE_S`` while other work waits, the waiting work (training, saves, adapter loads; not other sampling requests,
+which join the pass) runs between two of its decode steps, for up to as long again, then the pass goes on: no
+sampling request holds the worker from the others for more than ``SLICE_S`` plus one decode step. A training pass is
+not split (one ``forward_backward`` is one pass).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from opentinker.agents.adapter_trainer import ForwardResult, Part, forward_backward_many
 from opentinker.agents.lm_sampler import HFSampler, SampleJob, Sampler, SamplingError, check_job
 from opentinker.agents.multi_lora import MultiLoraModel
@@ -35,6 +43,9 @@ from .futures import Future, FutureStore, Outcome
 log = logging.getLogger(__name__)
 ACTIVE_S = 60.0
 """A client that trained on a base model this recently is expected to train again (``Engine._gather``)."""
+SLICE_S = 0.5
+"""The longest a sampling pass holds the worker while other work waits (plus one decode step): then the waiting work
+runs, for as long again at most, between two of its decode steps (``Engine._interleave``)."""
 
 
 @dataclass(eq=False)
@@ -70,6 +81,8 @@ class _Call:
 
     fn: Callable[[], Any]
     result: concurrent.futures.Future
+    interleave: bool = False
+    """Whether it may run between two decode steps of a sampling pass (it adds, never drops, adapters)."""
 
 
 class Engine:
@@ -85,6 +98,7 @@ class Engine:
         max_train_parts: int = 8,
         gather_s: float = 0.25,
         gather_share: float = 0.1,
+        slice_s: float = SLICE_S,
     ):
         """``sampler``: what samples a base model's requests (the seam for another engine, e.g. vLLM on a GPU);
         ``fail``: the outcome of a request whose preparation raised (default: a server error); ``gather_s`` and
@@ -93,6 +107,9 @@ class Engine:
         self.futures, self.loader, self.max_rows, self.make_sampler = futures, loader, max_rows, sampler
         self.fail = fail or _internal_error
         self.max_train_parts, self.gather_s, self.gather_share = max_train_parts, gather_s, gather_share
+        self.slice_s = slice_s
+        self.interleaved = 0
+        """Requests run within a sampling pass, between its decode steps (``_interleave``)."""
         self._trained: dict[str, dict[str, float]] = {}
         """Per base model: each client (model) that trained on it, and when its last pass ended."""
         self._pass_s: dict[str, float] = {}
@@ -113,9 +130,10 @@ class Engine:
             self._queue.append(work)
             self._wake.notify()
 
-    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
-        """Run ``fn`` on the worker (after what is queued); await ``asyncio.wrap_future`` of the result."""
-        item = _Call(fn, concurrent.futures.Future())
+    def call(self, fn: Callable[[], Any], interleave: bool = False) -> concurrent.futures.Future:
+        """Run ``fn`` on the worker (after what is queued); await ``asyncio.wrap_future`` of the result.
+        ``interleave``: ``fn`` only adds adapters, so it may run within a long sampling pass (``_interleave``)."""
+        item = _Call(fn, concurrent.futures.Future(), interleave)
         with self._wake:
             self._queue.append(item)
             self._wake.notify()
@@ -167,21 +185,49 @@ class Engine:
                 head = self._queue.popleft()
                 if isinstance(head, Work) and head.future.outcome is not None:
                     continue  # failed while it waited (its session closed)
-                batch = [head]
-                if isinstance(head, Work) and head.job is not None:
-                    batch = self._take_batch(head)
-                elif isinstance(head, Work) and head.train is not None:
-                    self._gather(head)
-                    batch = self._take_train_batch(head)
-            if isinstance(head, _Call):
-                self._run_call(head)
-            elif head.job is not None:
-                self._run_samples(batch)
-            elif head.train is not None:
-                self._run_train(batch)
-            else:
-                self._run_work(head)
+                batch = self._take(head)
+            self._run(head, batch)
             self.busy = None
+
+    def _take(self, head: Work | _Call) -> list:
+        """What runs with ``head``: the sampling or training requests that share its pass (lock held)."""
+        if isinstance(head, Work) and head.job is not None:
+            return self._take_batch(head)
+        if isinstance(head, Work) and head.train is not None:
+            self._gather(head)
+            return self._take_train_batch(head)
+        return [head]
+
+    def _run(self, head: Work | _Call, batch: list) -> None:
+        if isinstance(head, _Call):
+            self._run_call(head)
+        elif head.job is not None:
+            self._run_samples(batch)
+        elif head.train is not None:
+            self._run_train(batch)
+        else:
+            self._run_work(head)
+
+    def _interleave(self) -> None:
+        """Between two decode steps of a sampling pass that has held the worker ``slice_s``: the work waiting behind
+        it, in queue order, for up to ``slice_s`` more (at least one item). Not sampling requests (they join the
+        pass, or wait for its end: a pass does not nest), nor management calls that may drop an adapter the pass
+        reads (they run after it; nothing queued depends on them: what they free is no longer referenced)."""
+        deadline = time.monotonic() + self.slice_s
+        while not self._closed:
+            with self._wake:
+                head = next((item for item in self._queue if _between_steps(item)), None)
+                if head is None:
+                    return
+                self._queue.remove(head)
+                if isinstance(head, Work) and head.future.outcome is not None:
+                    continue
+                batch = self._take(head)
+            with torch.enable_grad():  # the sampler decodes under no_grad; a training pass needs its graph
+                self._run(head, batch)
+            self.interleaved += len(batch)
+            if time.monotonic() >= deadline:
+                return
 
     def _take_batch(self, head: Work) -> list[Work]:
         """``head`` and the queued sampling requests on its base model that fit ``max_rows`` (lock held)."""
@@ -317,8 +363,13 @@ class Engine:
             return
         started = {id(work): time.perf_counter() for work in running}
         open_works = dict(enumerate(running))
+        slice_started = time.monotonic()
 
         def join(live_rows: int) -> list[SampleJob]:
+            nonlocal slice_started
+            if time.monotonic() - slice_started >= self.slice_s:  # the pass has had its slice: others' turn
+                self._interleave()
+                self.busy, slice_started = running[0].future, time.monotonic()
             joined = self._checked(self._join(base, live_rows), model)
             for work in joined:
                 started[id(work)] = time.perf_counter()
@@ -385,3 +436,8 @@ class Engine:
 
 def _internal_error(error: Exception) -> Outcome:
     return Outcome.failed(f"internal error: {type(error).__name__}: {error}", "server")
+
+
+def _between_steps(item: Work | _Call) -> bool:
+    """Whether a queued item may run between two decode steps of a sampling pass (``Engine._interleave``)."""
+    return item.interleave if isinstance(item, _Call) else item.job is None

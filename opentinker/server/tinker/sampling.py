@@ -111,7 +111,8 @@ class Sampling:
         sampler = Sampler(sampler_id, tenant, session.session_id, base, None, request.model_path, origin=origin)
         core.registry.add_sampler(session, sampler)
         name = core.adapter_name("c")
-        sampler.loaded = asyncio.wrap_future(core.engine.call(lambda: self.adapters.load(sampler, folder, name)))
+        load = core.engine.call(lambda: self.adapters.load(sampler, folder, name), interleave=True)
+        sampler.loaded = asyncio.wrap_future(load)
         sampler.loaded.add_done_callback(lambda done: _log_load_failure(sampler, done))
         return types.CreateSamplingSessionResponse(sampling_session_id=sampler_id)
 

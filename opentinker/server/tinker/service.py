@@ -252,6 +252,7 @@ class TinkerService:
             "checkpoint_bytes": core.store.usage_bytes(tenant),
             "queue_depth": core.engine.depth(),
             "forward_backward_batching": {"passes": core.engine.train_passes, "requests": core.engine.train_requests},
+            "interleaved_requests": core.engine.interleaved,
         }
 
     # -- futures and the registry ----------------------------------------------------------------------------------
