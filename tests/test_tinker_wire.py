@@ -390,3 +390,56 @@ def test_sampling_requests_join_the_running_pass_from_the_head_of_the_queue(monk
         assert passes[2:] == [["E", "F"], ["G"]]
     finally:
         worker.close()
+
+
+def test_a_long_sampling_pass_runs_the_waiting_work_between_its_decode_steps(monkeypatch):
+    """Once a pass has held the worker ``slice_s``, waiting work runs between two of its decode steps (with autograd
+    on, as a training pass needs), in queue order; a call that may drop an adapter, and a sampling request that does
+    not fit beside the pass's rows, wait for the pass's end."""
+    from opentinker.agents.lm_sampler import SampleJob, SamplingSpec
+    from opentinker.server.tinker.engine import Work
+    from opentinker.server.tinker.futures import Outcome
+
+    events: list[str] = []
+
+    def sample(owner: str, rows: int) -> Work:
+        job = SampleJob([1, 2], rows, SamplingSpec(max_tokens=2), adapter=owner)
+        return Work(
+            futures.create(owner, "Sample", owner, owner), job=job, base="tiny", encode=lambda r: Outcome.of({})
+        )
+
+    def op(name: str) -> Work:
+        def run() -> Outcome:
+            events.append(f"{name} grad={torch.is_grad_enabled()}")
+            return Outcome.of({})
+
+        return Work(futures.create(name, "OptimStep", name, name), run=run)
+
+    class Sampler:
+        def __init__(self, model):
+            pass
+
+        @torch.no_grad()
+        def sample(self, jobs, join=None, done=None):
+            jobs = list(jobs)
+            for _ in range(40):  # 40 decode steps of 10 ms
+                time.sleep(0.01)
+                jobs += join(sum(job.num_samples for job in jobs))
+            events.append(f"{jobs[0].adapter} ended")
+            for index in range(len(jobs)):
+                done(index, SampleResult([Completion()]))
+            return [SampleResult([Completion()]) for _ in jobs]
+
+    worker, futures, _ = _engine(monkeypatch, sampler=Sampler, max_rows=4, slice_s=0.05)
+    try:
+        worker.submit(sample("A", 3))
+        _until(lambda: worker.busy is not None)
+        worker.submit(op("B"))
+        worker.call(lambda: events.append("release"))  # may drop an adapter the pass reads
+        worker.submit(sample("C", 2))  # 3 + 2 rows > max_rows: it cannot join
+        worker.call(lambda: events.append("load"), interleave=True)  # adds an adapter: may run within the pass
+        _until(lambda: "C ended" in events and not worker.depth())
+        assert events == ["B grad=True", "load", "A ended", "release", "C ended"]
+        assert worker.interleaved == 2
+    finally:
+        worker.close()
