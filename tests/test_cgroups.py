@@ -217,7 +217,7 @@ def test_cpu_and_swap_limits_are_written(make_cgroup):
 
 def test_limits_come_from_the_tenant_then_the_settings(tmp_path):
     from opentinker.server.db import Tenant
-    from opentinker.server.tenants import Quotas
+    from opentinker.server.schemas import Quotas
 
     settings = Settings(data_dir=tmp_path, job_max_processes=100, job_cpus=2)
     assert limits_for(Quotas(job_memory_mb=256), settings) == JobLimits(256 * MiB, 100, 2.0)

@@ -193,6 +193,7 @@ def hostile_child(tmp_path, monkeypatch):
     from opentinker.infra.settings import get_settings
     from opentinker.server.sandboxed import SandboxedChild
     from opentinker.server.schemas import LaunchInfo
+    from opentinker.tasks.spec import RunSpec
 
     monkeypatch.setenv("OPENTINKER_SANDBOX", "none")
     monkeypatch.setenv("OPENTINKER_JOB_LIMITS", "none")
@@ -201,7 +202,7 @@ def hostile_child(tmp_path, monkeypatch):
         job_id="job-hostile",
         tenant="mallory",
         token="t",
-        spec={},
+        spec=RunSpec(env_id="CartPole-v1"),
         job_dir=str(tmp_path / "job"),
         tracking_uri="",
         experiment="e",

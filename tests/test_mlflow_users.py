@@ -127,9 +127,11 @@ def test_a_name_another_tenant_made_first_is_refused_not_shared(written):
 
 
 def test_job_model_names_cover_every_model_a_job_registers():
-    spec = {"env_id": "CartPole-v1", "model_name": "t.cart"}
+    from opentinker.tasks.spec import RunSpec
+
+    spec = RunSpec(env_id="CartPole-v1", model_name="t.cart")
     assert mlflow_users.job_model_names(spec) == ["t.cart"]
-    group = {"env_id": "pursuit", "algorithm": "group", "model_name": "t.pursuit"}
+    group = RunSpec(env_id="pursuit", algorithm="group", model_name="t.pursuit")
     assert mlflow_users.job_model_names(group) == ["t.pursuit-predator", "t.pursuit-prey"]
 
 

@@ -101,14 +101,13 @@ def job_attempt(job_id: str) -> JobResult:
     that fails is started again from the last checkpoint it sent, up to ``RETRIES`` times (this loop is the flow's one
     retry layer: a Prefect flow retry would also retry a limit hit); a limit hit fails the attempt at once."""
     from opentinker.tasks.run import tracked_run
-    from opentinker.tasks.spec import RunSpec
     from opentinker.tracking import progress
     from opentinker.tracking.runs import MetricsLogger
 
     launch = current_launch()
     if launch.job_id != job_id:
         raise ValueError(f"job_id: this flow run's launch is for job {launch.job_id}, not {job_id}")
-    spec = RunSpec.model_validate(launch.spec)
+    spec = launch.spec
     if not spec.resolved:  # resolving may import the tenant's env: only a sandbox does (the env check, at submit)
         raise ValueError("spec: not resolved at submit (a job stored by an older server): submit it again")
     job_dir = Path(launch.job_dir)
@@ -123,11 +122,11 @@ def job_attempt(job_id: str) -> JobResult:
         def start(ahead: SandboxedChild | None = None) -> SandboxedChild:
             child = ahead or SandboxedChild(launch, job_dir, champion_root, log)
             child.log = log
-            child.start(launch.spec, champion_dir)
+            child.start(spec, champion_dir)
             return child
 
         child = start(child)
-        total = spec.engine.updates if spec.algorithm == "grpo" else spec.steps
+        total = spec.budget
         logger = MetricsLogger.with_progress(None, total, system=False)  # the child reports its own perf/
         with tracked_run(spec.config_form(), spec.resolved_run_name, spec.experiment) as run:
             logger.run_id = run.run_id

@@ -15,6 +15,28 @@ from typing import Any, ClassVar
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from opentinker.tasks.spec import RunSpec
+
+from .schemas import JobResult
+
+
+class Typed(sa.TypeDecorator):
+    """A pydantic model stored as JSON and read back as the model: the record is typed where it is written, and every
+    reader gets the model, never a dict to index."""
+
+    impl = sa.JSON
+    cache_ok = True
+
+    def __init__(self, model: type):
+        super().__init__()
+        self.model = model
+
+    def process_bind_param(self, value, dialect):
+        return None if value is None else value.model_dump(mode="json")
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else self.model.model_validate(value)
+
 
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar = {dict[str, Any]: sa.JSON, list[str]: sa.JSON}
@@ -70,7 +92,7 @@ class Job(Base):
     id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
     tenant: Mapped[str] = mapped_column(sa.ForeignKey("tenants.name"), index=True)
     state: Mapped[str] = mapped_column(sa.String(16), index=True)
-    spec: Mapped[dict[str, Any]]
+    spec: Mapped[RunSpec] = mapped_column(Typed(RunSpec))
     priority: Mapped[int] = mapped_column(default=0)
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(200), default=None)
     upload_id: Mapped[str | None] = mapped_column(sa.ForeignKey("uploads.id"), default=None)
@@ -82,7 +104,7 @@ class Job(Base):
     reason: Mapped[str] = mapped_column(sa.Text, default="")
     phase: Mapped[str] = mapped_column(sa.String(16), default="")
     progress: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    result: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, default=None)
+    result: Mapped[JobResult | None] = mapped_column(Typed(JobResult), default=None)
     attempts: Mapped[int] = mapped_column(default=1)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     token_hash: Mapped[str] = mapped_column(sa.String(200), default="")

@@ -95,7 +95,7 @@ class JobBoard:
                 id=job_id,
                 tenant=tenant,
                 state="QUEUED",
-                spec=params.model_dump(mode="json"),
+                spec=params,
                 priority=request.priority,
                 idempotency_key=request.idempotency_key,
                 upload_id=upload.id if upload else None,
@@ -242,12 +242,12 @@ class JobBoard:
         return JobOut(
             id=job.id,
             state=job.state,
-            env_id=spec["env_id"],
-            algorithm=spec["engine"]["algorithm"],
-            steps=spec["steps"] or spec["engine"].get("updates") or 0,
+            env_id=spec.env_id,
+            algorithm=spec.algorithm,
+            steps=spec.budget or 0,
             priority=job.priority,
             attempts=job.attempts,
-            model_name=spec["model_name"],
+            model_name=spec.model_name,
             created_at=job.created_at,
             started_at=job.started_at,
             ended_at=job.ended_at,
@@ -260,7 +260,7 @@ class JobBoard:
 
     @staticmethod
     def _progress(job: Job) -> Progress:
-        numbers = job.progress or {"total": job.spec["steps"] or job.spec["engine"].get("updates") or 0}
+        numbers = job.progress or {"total": job.spec.budget or 0}
         phase = "training" if job.phase == "running" and numbers.get("step") else job.phase or "starting"
         return Progress(phase=phase, **numbers)
 

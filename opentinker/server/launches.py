@@ -19,6 +19,7 @@ import json
 import secrets
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
@@ -30,6 +31,9 @@ from . import mlflow_users, s3_users, tenants
 from .db import Job, Store, Tenant, Upload
 from .models import tenant_writer
 from .schemas import JobResult, LaunchInfo, PendingWork, ProgressReport
+
+if TYPE_CHECKING:
+    from opentinker.tasks.spec import RunSpec
 
 PASSED_SETTINGS = ("ray_address", "ray_num_cpus", "rollout_resource", "rollout_node_timeout_s")
 """Settings a job inherits from the server as they are (where its compute is); stores are the tenant's own."""
@@ -112,13 +116,13 @@ def _fail(store: Store, job_id: str, reason: str) -> None:
         )
 
 
-def _base_models(spec: dict, settings: Settings) -> list[Path]:
+def _base_models(spec: RunSpec, settings: Settings) -> list[Path]:
     """The server's converted base models, for a GRPO job that reads them (the spec's cache is the server's, filled in
     at submit): converted here on the first such job, so a sandbox only ever reads them."""
     from opentinker.agents.lm_weights import converted_checkpoint
 
     cache = tenants.base_model_cache(settings)
-    if spec["engine"]["algorithm"] != "grpo" or spec["engine"].get("cache_dir") != str(cache):
+    if spec.algorithm != "grpo" or spec.engine.cache_dir != str(cache):
         return []
     converted_checkpoint(None, cache)  # the bundled SmolLM2: its tokenizer serves every base model
     return [cache]
@@ -158,5 +162,5 @@ def record_result(store: Store, job_id: str, token: str, result: JobResult) -> b
         if job is None or not job.token_hash or not hmac.compare_digest(job.token_hash, _digest(token)):
             return False
         if job.state in ("QUEUED", "RUNNING"):
-            job.result = result.model_dump()
+            job.result = result
     return True

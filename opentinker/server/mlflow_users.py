@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -33,6 +34,9 @@ import httpx
 from opentinker.infra.settings import Settings
 
 from . import tenants
+
+if TYPE_CHECKING:
+    from opentinker.tasks.spec import RunSpec
 
 USER_PREFIX = "tenant-"
 EXPERIMENT_TAG = ("opentinker.tenant", "")
@@ -203,12 +207,9 @@ def identities(settings: Settings) -> TenantIdentities:
         return found
 
 
-def job_model_names(spec: dict) -> list[str]:
+def job_model_names(spec: RunSpec) -> list[str]:
     """Every registered model a job of ``spec`` (resolved, the tenant's prefix applied) registers."""
-    from opentinker.tasks.spec import RunSpec
-
-    run = RunSpec.model_validate(spec)
-    name = run.resolved_model_name
-    if run.algorithm == "group":
-        return [f"{name}-{kind}" for kind in run.engine.policy_mapping]
+    name = spec.resolved_model_name
+    if spec.algorithm == "group":
+        return [f"{name}-{kind}" for kind in spec.engine.policy_mapping]
     return [name]

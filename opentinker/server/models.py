@@ -96,14 +96,14 @@ def tenant_mlflow(tenant: str, settings: Settings) -> Iterator[object]:
 def not_a_policy(job: Job) -> str | None:
     """Why a finished job has no numpy policy to download or serve, or None: a GRPO job registers a LoRA adapter,
     which the server's policy services (numpy forward pass) cannot run; a group one model per agent kind."""
-    kinds = (job.result or {}).get("kinds")
+    kinds = job.result.kinds if job.result else {}
     if kinds:
-        models = ", ".join(f"{k['model_name']} v{k['model_version']}" for k in kinds.values())
+        models = ", ".join(f"{k.model_name} v{k.model_version}" for k in kinds.values())
         return f"job {job.id} trained a group: one model per agent kind ({models}), not one policy"
-    if job.spec["engine"]["algorithm"] != "grpo":
+    if job.spec.algorithm != "grpo":
         return None
     return (
-        f"job {job.id} trained a language-model adapter ({job.result['model_name']} v{job.result['model_version']}), "
+        f"job {job.id} trained a language-model adapter ({job.result.model_name} v{job.result.model_version}), "
         "not a policy: the server serves policies only; serve the adapter with `opentinker agent serve --llm`"
     )
 
@@ -116,7 +116,7 @@ def policy_archive(job: Job, settings: Settings) -> BinaryIO:
 
     from .channel import POLICY_FILES
 
-    uri = f"models:/{job.result['model_name']}/{job.result['model_version']}"
+    uri = f"models:/{job.result.model_name}/{job.result.model_version}"
     with tempfile.TemporaryDirectory(prefix="opentinker-policy-") as tmp:
         with tenant_mlflow(job.tenant, settings) as mlflow:
             model_dir = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp))
@@ -147,7 +147,7 @@ class Services:
 
         proxy_key = f"svc-{secrets.token_urlsafe(32)}"
         hashes = " ".join(filter(None, (api_key_hash, hash_api_key(proxy_key))))
-        name, version = job.result["model_name"], job.result["model_version"]
+        name, version = job.result.model_name, job.result.model_version
         service_id = f"svc-{secrets.token_hex(6)}"
         env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
         env.update(

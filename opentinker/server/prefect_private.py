@@ -20,12 +20,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from prefect.workers.process import ProcessWorker
 
-
-class OneSlotPerTakenRun(ProcessWorker):
-    """A process worker that polls again only once every run it took has left Scheduled (its Pending proposed),
-    and only when ``should_poll()`` says there may be something new."""
+class OneSlotPerTakenRun:
+    """For a process worker (``class W(OneSlotPerTakenRun, ProcessWorker)``; a mixin, so Prefect's registry of worker
+    types sees only ``W``): poll again only once every run it took has left Scheduled (its Pending proposed), and
+    only when ``should_poll()`` says there may be something new."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentinker.infra.files import atomic_write
 from opentinker.infra.settings import get_settings
@@ -35,6 +35,9 @@ from .channel import (
     safe_relative,
 )
 from .schemas import LaunchInfo
+
+if TYPE_CHECKING:
+    from opentinker.tasks.spec import RunSpec
 
 SCRATCH_ROOT_VARIABLE = "OPENTINKER_SCRATCH_ROOT"
 """Where the worker keeps its attempts' scratch folders (outside every tenant's folder)."""
@@ -140,8 +143,10 @@ class SandboxedChild:
         elif self._lines == MAX_OUTPUT_LINES + 1:
             self.log.warning("job: more output than %d lines; the rest is left out", MAX_OUTPUT_LINES)
 
-    def start(self, spec: dict[str, Any], champion_dir: Path | None) -> None:
-        self.channel.send(Start(spec=spec, champion_dir=str(champion_dir) if champion_dir else None))
+    def start(self, spec: RunSpec, champion_dir: Path | None) -> None:
+        self.channel.send(
+            Start(spec=spec.model_dump(mode="json"), champion_dir=str(champion_dir) if champion_dir else None)
+        )
 
     def pump(self, job_dir: Path, on_metrics: Any) -> Result:
         """Read the child's messages until it ends; files land in ``job_dir``. The result, or an error naming why

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .tenants import Quotas
+from opentinker.tasks.spec import RunSpec
 
 
 class Health(BaseModel):
@@ -45,6 +45,34 @@ class KeyOut(BaseModel):
 
 class KeyCreated(KeyOut):
     key: str = Field(description="The key itself: shown this once, stored only as a salted hash.")
+
+
+class Quotas(BaseModel):
+    """A tenant's limits; None means no limit (for the job_* limits: the server's default). Over a limit a submit
+    answers 429 naming it; a job over a job_* limit ends FAILED naming it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_running_jobs: int | None = Field(
+        2, ge=0, description="Jobs of the tenant running at once (its work queue's concurrency limit; 0 holds them)."
+    )
+    max_queued_jobs: int | None = Field(100, ge=0, description="Jobs waiting in the tenant's queue at once.")
+    max_steps_per_job: int | None = Field(10_000_000, ge=1, description="Largest `steps` of one job.")
+    max_gpus: float | None = Field(1.0, ge=0, description="GPUs one job may ask for (learner plus rollout actors).")
+    job_memory_mb: int | None = Field(
+        None,
+        ge=4,
+        description="Memory of one job attempt in MiB (a cgroup limit; over it the job fails naming the limit); "
+        "None: the server's `job_memory_mb`.",
+    )
+    job_max_processes: int | None = Field(
+        None,
+        ge=1,
+        description="Processes and threads one job attempt may have at once; None: the server's `job_max_processes`.",
+    )
+    job_cpus: float | None = Field(
+        None, ge=0.01, description="CPU cores one job attempt may use (a cgroup quota); None: the server's `job_cpus`."
+    )
 
 
 class TenantOut(Quotas):
@@ -201,7 +229,7 @@ class LaunchInfo(BaseModel):
         description="The attempt's own credential (progress, result); never the tenant's key, and "
         "held by the trusted attempt process only, never by the sandbox."
     )
-    spec: dict[str, Any] = Field(description="The job's resolved run spec.")
+    spec: RunSpec = Field(description="The job's resolved run spec, as the job record holds it.")
     job_dir: str = Field(description="The job's run folder (checkpoints, export): written by trusted code only.")
     tracking_uri: str = Field(description="The tenant's MLflow store, written by the attempt's trusted side.")
     tracking_username: str = Field("", description="The tenant's own MLflow user (an MLflow server with users).")

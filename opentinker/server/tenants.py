@@ -10,11 +10,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from opentinker.infra.settings import Settings, get_settings
 
 from .db import Tenant
+from .schemas import Quotas
 
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 MODEL_SEPARATOR = "."
@@ -36,34 +35,6 @@ def check_name(tenant: str) -> str:
             f"tenant: expected 1-63 characters of a-z, 0-9 and '-', starting with a letter or digit (got {tenant!r})"
         )
     return tenant
-
-
-class Quotas(BaseModel):
-    """A tenant's limits; None means no limit (for the job_* limits: the server's default). Over a limit a submit
-    answers 429 naming it; a job over a job_* limit ends FAILED naming it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_running_jobs: int | None = Field(
-        2, ge=0, description="Jobs of the tenant running at once (its work queue's concurrency limit; 0 holds them)."
-    )
-    max_queued_jobs: int | None = Field(100, ge=0, description="Jobs waiting in the tenant's queue at once.")
-    max_steps_per_job: int | None = Field(10_000_000, ge=1, description="Largest `steps` of one job.")
-    max_gpus: float | None = Field(1.0, ge=0, description="GPUs one job may ask for (learner plus rollout actors).")
-    job_memory_mb: int | None = Field(
-        None,
-        ge=4,
-        description="Memory of one job attempt in MiB (a cgroup limit; over it the job fails naming the limit); "
-        "None: the server's `job_memory_mb`.",
-    )
-    job_max_processes: int | None = Field(
-        None,
-        ge=1,
-        description="Processes and threads one job attempt may have at once; None: the server's `job_max_processes`.",
-    )
-    job_cpus: float | None = Field(
-        None, ge=0.01, description="CPU cores one job attempt may use (a cgroup quota); None: the server's `job_cpus`."
-    )
 
 
 def data_dir(tenant: str, settings: Settings | None = None) -> Path:

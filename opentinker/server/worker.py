@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prefect.workers.process import ProcessWorker
 
 from opentinker.infra.settings import get_settings
 
@@ -59,7 +60,7 @@ class LaunchRefused(RuntimeError):
     """The server knows no unfinished job for this flow run."""
 
 
-class SandboxWorker(OneSlotPerTakenRun):
+class SandboxWorker(OneSlotPerTakenRun, ProcessWorker):
     """``ProcessWorker`` whose runs are the server's job attempts, each in its bubblewrap sandbox."""
 
     type = "process"

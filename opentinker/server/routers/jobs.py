@@ -115,7 +115,7 @@ def job_result(job: Job = Depends(readable_job)) -> JobResult:
     """The finished job's MLflow run, registered model version, aliases and gate decision (409 until SUCCEEDED)."""
     if job.state != "SUCCEEDED" or not job.result:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is {job.state}: no result yet")
-    return JobResult(**job.result)
+    return job.result
 
 
 @router.get("/{job_id}/policy", response_class=Response, responses={200: {"content": {"application/gzip": {}}}})
