@@ -17,7 +17,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 
 from opentinker.tasks.spec import RunSpec
 
-from .schemas import JobResult
+from .schemas import JobResult, Progress
 
 
 class Typed(sa.TypeDecorator):
@@ -26,6 +26,7 @@ class Typed(sa.TypeDecorator):
 
     impl = sa.JSON
     cache_ok = True
+    should_evaluate_none = True  # None is JSON null: a column made NOT NULL by an older server still takes it
 
     def __init__(self, model: type):
         super().__init__()
@@ -35,7 +36,7 @@ class Typed(sa.TypeDecorator):
         return None if value is None else value.model_dump(mode="json")
 
     def process_result_value(self, value, dialect):
-        return None if value is None else self.model.model_validate(value)
+        return self.model.model_validate(value) if value else None  # {}: a row from before it was typed
 
 
 class Base(DeclarativeBase):
@@ -103,7 +104,7 @@ class Job(Base):
     ended_at: Mapped[float | None] = mapped_column(default=None)
     reason: Mapped[str] = mapped_column(sa.Text, default="")
     phase: Mapped[str] = mapped_column(sa.String(16), default="")
-    progress: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    progress: Mapped[Progress | None] = mapped_column(Typed(Progress), default=lambda: None)  # a bound JSON null
     result: Mapped[JobResult | None] = mapped_column(Typed(JobResult), default=None)
     attempts: Mapped[int] = mapped_column(default=1)
     cancel_requested: Mapped[bool] = mapped_column(default=False)

@@ -260,9 +260,9 @@ class JobBoard:
 
     @staticmethod
     def _progress(job: Job) -> Progress:
-        numbers = job.progress or {"total": job.spec.budget or 0}
-        phase = "training" if job.phase == "running" and numbers.get("step") else job.phase or "starting"
-        return Progress(phase=phase, **numbers)
+        reported = job.progress or Progress(total=job.spec.budget or 0)
+        phase = "training" if job.phase == "running" and reported.step else job.phase or "starting"
+        return reported.model_copy(update={"phase": phase})
 
     def _queue_info(self, job: Job) -> QueueInfo:
         """Where the job stands among its tenant's queued jobs (Prefect's order: earliest scheduled time first), and

@@ -18,6 +18,7 @@ import hmac
 import json
 import secrets
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ from opentinker.tasks.train import run_dir
 from . import mlflow_users, s3_users, tenants
 from .db import Job, Store, Tenant, Upload
 from .models import tenant_writer
-from .schemas import JobResult, LaunchInfo, PendingWork, ProgressReport
+from .schemas import JobResult, LaunchInfo, PendingWork, Progress, ProgressReport
 
 if TYPE_CHECKING:
     from opentinker.tasks.spec import RunSpec
@@ -138,14 +139,14 @@ def report_progress(store: Store, job_id: str, token: str, report: ProgressRepor
             return True
         sps = report.metrics.get("charts/sps")
         left = max(report.total - report.step, 0)
-        job.progress = {
-            "step": report.step,
-            "total": report.total,
-            "steps_per_s": sps,
-            "mean_return": report.metrics.get("charts/episodic_return_mean"),
-            "eta_s": left / sps if sps else None,
-            "updated_at": time.time(),
-        }
+        job.progress = Progress(
+            step=report.step,
+            total=report.total,
+            steps_per_s=sps,
+            mean_return=report.metrics.get("charts/episodic_return_mean"),
+            eta_s=left / sps if sps else None,
+            updated_at=datetime.now(UTC),
+        )
     return True
 
 

@@ -126,7 +126,9 @@ class QueueInfo(BaseModel):
 
 
 class Progress(BaseModel):
-    phase: str = Field(description="starting, running, training, retrying, cancelling.")
+    """A running job's progress: the attempt's last report, as the job record stores it (the phase is the job's)."""
+
+    phase: str = Field("starting", description="starting, running, training, retrying, cancelling.")
     step: int = 0
     total: int = 0
     steps_per_s: float | None = None
