@@ -70,6 +70,8 @@ def test_a_large_policy_download_streams_from_disk_with_the_apis_memory_flat(job
     from opentinker.server import tenants
     from opentinker.server.db import Job, Store
     from opentinker.server.models import prepare_store, tenant_mlflow
+    from opentinker.server.schemas import JobResult
+    from opentinker.tasks.spec import RunSpec
 
     server, tenant, name = job_server, "heavy", "heavy.big-policy"
     key = server.make_key(tenant)
@@ -86,19 +88,14 @@ def test_a_large_policy_download_streams_from_disk_with_the_apis_memory_flat(job
         client.create_registered_model(name)
         client.create_model_version(name, f"runs:/{run.info.run_id}/policy", run.info.run_id)
         client.set_terminated(run.info.run_id)
+    result = JobResult(
+        run_id=run.info.run_id, experiment_id=experiment, model_name=name, model_version="1", aliases=[], decision=""
+    )
     store = Store(server.database)
     try:
-        with store.session() as session:
-            result = {"model_name": name, "model_version": "1"}
-            session.add(
-                Job(
-                    id="job-big-policy",
-                    tenant=tenant,
-                    state="SUCCEEDED",
-                    spec={"engine": {"algorithm": "ppo"}},
-                    result=result,
-                )
-            )
+        with store.session() as session:  # as the server records a finished job
+            spec = RunSpec(env_id="CartPole-v1")
+            session.add(Job(id="job-big-policy", tenant=tenant, state="SUCCEEDED", spec=spec, result=result))
     finally:
         store.close()
 
