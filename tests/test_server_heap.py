@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from fixtures.server import process_memory
 
 from opentinker.infra.settings import Settings
 from opentinker.server.app import create_app
@@ -27,16 +28,6 @@ def test_start_up_leaves_the_collector_a_small_heap(tmp_path):
             assert walked < frozen / 4
     finally:
         gc.unfreeze()
-
-
-def _memory(pid: int) -> dict[str, int]:
-    """The process's resident bytes now (VmRSS) and at their peak (VmHWM)."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
 
 
 def _big_export(directory: Path) -> Path:
@@ -101,7 +92,7 @@ def test_a_large_policy_download_streams_from_disk_with_the_apis_memory_flat(job
 
     pid = server.service.pid
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the RSS now
-    before = _memory(pid)["VmRSS"]
+    before = process_memory(pid)["VmRSS"]
     archive = tmp_path / "policy.tar.gz"
     with httpx.stream(
         "GET", f"{server.url}/v1/jobs/job-big-policy/policy", headers=server.headers(key), timeout=120
@@ -111,7 +102,7 @@ def test_a_large_policy_download_streams_from_disk_with_the_apis_memory_flat(job
         with archive.open("wb") as handle:
             for chunk in answer.iter_bytes():
                 handle.write(chunk)
-    grown = _memory(pid)["VmHWM"] - before
+    grown = process_memory(pid)["VmHWM"] - before
     with tarfile.open(archive) as downloaded:
         assert downloaded.getnames() == ["policy.json", "weights.npz"]
         assert downloaded.getmember("weights.npz").size == size

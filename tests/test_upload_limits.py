@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fixtures.server import process_memory
 
 from opentinker.infra.files import LinkRefusedError, open_dir_nofollow
 from opentinker.server.packaging import Limits, UploadError, UploadFolderError, unpack
@@ -299,15 +300,6 @@ def test_open_dir_nofollow_refuses_links_and_makes_missing_folders(tmp_path):
 # ---------------------------------------------------------------- the server over HTTP
 
 
-def _status(pid: int) -> dict[str, int]:
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
 @pytest.mark.slow
 def test_the_server_answers_bombs_with_422_and_stays_responsive(api_server):
     server = api_server
@@ -319,7 +311,7 @@ def test_the_server_answers_bombs_with_422_and_stays_responsive(api_server):
             Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets the peak (VmHWM) to the RSS now
         except OSError:
             pass
-        before = _status(pid)["VmRSS"]
+        before = process_memory(pid)["VmRSS"]
     log_size = server.log.stat().st_size
     bombs = [
         ("pkg.tar.gz", pax_long_name(GiB), f"({GiB} bytes)"),
@@ -363,7 +355,7 @@ def test_the_server_answers_bombs_with_422_and_stays_responsive(api_server):
     assert not uploads.exists() or list(uploads.iterdir()) == []
     assert server.log.stat().st_size - log_size < 64 * 1024  # bounded lines, no attacker-sized traceback
     if measured:
-        grown = max(_status(pid).values()) - before
+        grown = max(process_memory(pid).values()) - before
         assert grown < 200 * MiB, f"the server grew by {grown / MiB:.0f} MiB"
     answer = httpx.post(
         f"{server.url}/v1/uploads",
