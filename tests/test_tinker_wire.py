@@ -237,7 +237,7 @@ def test_the_worker_batches_clients_forward_backward_keeping_each_ones_order(mon
     import threading
 
     from opentinker.server.tinker import engine as engine_module
-    from opentinker.server.tinker.engine import Engine, TrainPart, Work
+    from opentinker.server.tinker.engine import TinkerEngine, TrainPart, Work
     from opentinker.server.tinker.futures import FutureStore, Outcome
 
     batches: list[list[str]] = []
@@ -248,7 +248,7 @@ def test_the_worker_batches_clients_forward_backward_keeping_each_ones_order(mon
 
     monkeypatch.setattr(engine_module, "forward_backward_many", fake_many)
     futures = FutureStore(asyncio.new_event_loop())
-    worker = Engine(futures, loader=None)
+    worker = TinkerEngine(futures, loader=None)
     gate = threading.Event()
     worker.call(gate.wait)  # holds the worker while the queue fills
     ran: list[str] = []
@@ -288,7 +288,7 @@ def _engine(monkeypatch, **options):
     from types import SimpleNamespace
 
     from opentinker.server.tinker import engine as engine_module
-    from opentinker.server.tinker.engine import Engine
+    from opentinker.server.tinker.engine import TinkerEngine
     from opentinker.server.tinker.futures import FutureStore
 
     passes: list[list[str]] = []
@@ -301,7 +301,7 @@ def _engine(monkeypatch, **options):
     monkeypatch.setattr(engine_module, "forward_backward_many", fake_many)
     futures = FutureStore(asyncio.new_event_loop())
     model = SimpleNamespace(base="tiny", vocab_size=100, max_context=64)
-    return Engine(futures, loader=lambda base: model, **options), futures, passes
+    return TinkerEngine(futures, loader=lambda base: model, **options), futures, passes
 
 
 def _until(condition, timeout: float = 10.0) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import json
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
@@ -23,6 +22,7 @@ from tinker import types
 
 from ..auth import Caller, require_scope
 from ..errors import BadRequest, NotFound, OverQuota, ServerError
+from ..tinker.actor import EngineActor
 from ..tinker.publish import registered_name
 from ..tinker.remote import EngineClient
 
@@ -106,7 +106,7 @@ def healthz() -> dict[str, Any]:
 
 @router.get("/get_server_capabilities")
 async def get_server_capabilities(service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(await service.service("capabilities"))
+    return _json(await service.call(EngineActor.capabilities))
 
 
 @router.post("/telemetry")
@@ -118,25 +118,25 @@ def telemetry(caller: TinkerCaller) -> dict[str, Any]:
 @router.get("/usage")
 async def usage(service: Service, caller: TinkerCaller) -> dict[str, Any]:
     """OpenTinker's own: the caller's live sessions, training clients, samplers, requests and checkpoint bytes."""
-    return await service.service("usage", caller.tenant)  # on the engine's loop: it counts the live futures
+    return await service.call(EngineActor.usage, caller.tenant)  # on the engine's loop: it counts the live futures
 
 
 # -- sessions -----------------------------------------------------------------------------------------------------
 @router.post("/create_session")
 async def create_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.CreateSessionRequest)
-    return _json(await service.service("create_session", caller.tenant, body))
+    return _json(await service.call(EngineActor.create_session, caller.tenant, body))
 
 
 @router.post("/session_heartbeat")
 async def session_heartbeat(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.SessionHeartbeatRequest)
-    return _json(await service.service("heartbeat", caller.tenant, body.session_id))
+    return _json(await service.call(EngineActor.heartbeat, caller.tenant, body.session_id))
 
 
 @router.post("/sessions/{session_id}/finish")
 async def finish_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    await service.call("finish_session", caller.tenant, session_id)
+    await service.call(EngineActor.finish_session, caller.tenant, session_id)
     return {}
 
 
@@ -149,12 +149,12 @@ def search_sessions(caller: TinkerCaller) -> dict[str, Any]:
 
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return await service.service("session_info", caller.tenant, session_id)
+    return await service.call(EngineActor.session_info, caller.tenant, session_id)
 
 
 @router.get("/sessions")
 async def list_sessions(service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0) -> dict[str, Any]:
-    sessions = await service.service("session_ids", caller.tenant, limit, offset, blocking=True)
+    sessions = await service.call(EngineActor.session_ids, caller.tenant, limit, offset)
     return _json(types.ListSessionsResponse(sessions=sessions))
 
 
@@ -163,38 +163,38 @@ async def list_sessions(service: Service, caller: TinkerCaller, limit: int = 20,
 async def create_model(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.CreateModelRequest)
     await service.prepare(caller.tenant)  # a new training client: an MLflow run of the tenant's
-    return _json(await service.service("training.create_model", caller.tenant, body))
+    return _json(await service.call(EngineActor.create_model, caller.tenant, body))
 
 
 @router.post("/get_info")
 async def get_info(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.GetInfoRequest)
-    return _json(await service.service("training.get_info", caller.tenant, body.model_id))
+    return _json(await service.call(EngineActor.get_info, caller.tenant, body.model_id))
 
 
 @router.post("/forward_backward")
 async def forward_backward(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     """A protobuf ``ForwardBackwardRequest`` (``forward_only`` set for ``forward``)."""
     body, encoding = await request.body(), request.headers.get("content-encoding")
-    return _json(await service.call("forward_backward", caller.tenant, body, encoding))
+    return _json(await service.call(EngineActor.forward_backward, caller.tenant, body, encoding))
 
 
 @router.post("/optim_step")
 async def optim_step(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.OptimStepRequest)
-    return _json(await service.service("training.optim_step", caller.tenant, body))
+    return _json(await service.call(EngineActor.optim_step, caller.tenant, body))
 
 
 @router.post("/save_weights")
 async def save_weights(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.SaveWeightsRequest)
-    return _json(await service.service("training.save_weights", caller.tenant, body))
+    return _json(await service.call(EngineActor.save_weights, caller.tenant, body))
 
 
 @router.post("/save_weights_for_sampler")
 async def save_weights_for_sampler(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.SaveWeightsForSamplerRequest)
-    return _json(await service.service("training.save_weights_for_sampler", caller.tenant, body))
+    return _json(await service.call(EngineActor.save_weights_for_sampler, caller.tenant, body))
 
 
 @router.post("/load_weights")
@@ -202,25 +202,25 @@ async def load_weights(request: Request, service: Service, caller: TinkerCaller)
     body = await _parse(request, types.LoadWeightsRequest)
     if body.model_id is None:
         await service.prepare(caller.tenant)  # a new training client: an MLflow run of the tenant's
-    return _json(await service.service("training.load_weights", caller.tenant, body))
+    return _json(await service.call(EngineActor.load_weights, caller.tenant, body))
 
 
 # -- sampling -----------------------------------------------------------------------------------------------------
 @router.post("/create_sampling_session")
 async def create_sampling_session(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.CreateSamplingSessionRequest)
-    return _json(await service.service("sampling.create_sampling_session", caller.tenant, body))
+    return _json(await service.call(EngineActor.create_sampling_session, caller.tenant, body))
 
 
 @router.get("/samplers/{sampler_id}")
 async def get_sampler(sampler_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return _json(await service.service("sampling.get_sampler", caller.tenant, sampler_id))
+    return _json(await service.call(EngineActor.get_sampler, caller.tenant, sampler_id))
 
 
 @router.post("/asample")
 async def asample(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     body = await _parse(request, types.SampleRequest)
-    return _json(await service.service("sampling.asample", caller.tenant, body))
+    return _json(await service.call(EngineActor.asample, caller.tenant, body))
 
 
 # -- checkpoints --------------------------------------------------------------------------------------------------
@@ -229,14 +229,14 @@ async def list_training_runs(
     service: Service, caller: TinkerCaller, limit: int = 20, offset: int = 0
 ) -> dict[str, Any]:
     """The caller's training runs: live ones, and ended ones while they have a checkpoint that has not expired."""
-    runs = await service.service("training_runs", caller.tenant, blocking=True)
+    runs = await service.call(EngineActor.training_runs, caller.tenant)
     cursor = types.Cursor(offset=offset, limit=limit, total_count=len(runs))
     return {"training_runs": runs[offset : offset + limit], "cursor": _json(cursor)}
 
 
 @router.get("/training_runs/{model_id}")
 async def get_training_run(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    runs = await service.service("training_runs", caller.tenant, model_id, blocking=True)
+    runs = await service.call(EngineActor.training_runs, caller.tenant, model_id)
     if not runs:
         raise NotFound(f"training run {model_id!r} not found")
     return runs[0]
@@ -244,17 +244,17 @@ async def get_training_run(model_id: str, service: Service, caller: TinkerCaller
 
 @router.get("/training_runs/{model_id}/checkpoints")
 async def list_checkpoints(model_id: str, service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return await service.call("checkpoints", caller.tenant, model_id)
+    return await service.call(EngineActor.checkpoints, caller.tenant, model_id)
 
 
 @router.get("/checkpoints")
 async def list_user_checkpoints(service: Service, caller: TinkerCaller) -> dict[str, Any]:
-    return await service.call("checkpoints", caller.tenant, None)
+    return await service.call(EngineActor.checkpoints, caller.tenant, None)
 
 
 @router.delete("/training_runs/{model_id}/checkpoints/{kind}/{name}")
 async def delete_checkpoint(model_id: str, kind: str, name: str, service: Service, caller: TinkerCaller) -> dict:
-    await service.call("checkpoint_op", "delete", caller.tenant, f"tinker://{model_id}/{kind}/{name}")
+    await service.call(EngineActor.delete_checkpoint, caller.tenant, f"tinker://{model_id}/{kind}/{name}")
     return {}
 
 
@@ -266,7 +266,7 @@ async def checkpoint_storage_usage(
     checkpoints, one row for its tenant (there are no projects or prices here)."""
     if project_id is not None:
         raise BadRequest(f"project_id: this server has no projects (omit project_id), got {project_id!r}")
-    count, size = await service.service("checkpoint_storage", caller.tenant, blocking=True)
+    count, size = await service.call(EngineActor.checkpoint_storage, caller.tenant)
     row = types.CurrentCheckpointStorageUsageItem(
         org_user_urn=f"tenant:{caller.tenant}", checkpoint_count=count, size_bytes=size, size_gigabytes=size / 1e9
     )
@@ -316,10 +316,15 @@ async def search_checkpoints(request: Request, service: Service, caller: TinkerC
             after = int(body.cursor.last_checkpoint_uuid)
         except ValueError:
             raise BadRequest("cursor: not a cursor this server handed out (pass next_cursor back unchanged)") from None
-    search = functools.partial(
-        service.service, "search_checkpoints", caller.tenant, body.user_metadata, body.checkpoint_type
+    checkpoints, last = await service.call(
+        EngineActor.search_checkpoints,
+        caller.tenant,
+        body.user_metadata,
+        body.checkpoint_type,
+        body.base_models,
+        body.limit,
+        after,
     )
-    checkpoints, last = await search(body.base_models, body.limit, after, blocking=True)
     cursor = None
     if last is not None:
         cursor = {"last_created_at": checkpoints[-1]["time"], "last_checkpoint_uuid": str(last)}
@@ -336,7 +341,7 @@ class WeightsInfo(BaseModel):
 async def weights_info(request: Request, service: Service, caller: TinkerCaller) -> dict[str, Any]:
     """``RestClient.get_weights_info_by_tinker_path``: the checkpoint's base model and LoRA shape."""
     body = await _parse(request, WeightsInfo)
-    return _json(await service.call("checkpoint_op", "weights_info", caller.tenant, body.tinker_path))
+    return _json(await service.call(EngineActor.weights_info, caller.tenant, body.tinker_path))
 
 
 class CheckpointTtl(BaseModel):
@@ -351,7 +356,7 @@ async def set_checkpoint_ttl(
 ) -> dict:
     body = await _parse(request, CheckpointTtl)
     uri = f"tinker://{model_id}/{kind}/{name}"
-    await service.call("checkpoint_op", "set_ttl", caller.tenant, uri, body.ttl_seconds)
+    await service.call(EngineActor.set_checkpoint_ttl, caller.tenant, uri, body.ttl_seconds)
     return {}
 
 
@@ -373,7 +378,7 @@ async def register_checkpoint(
     body = await _parse(request, RegisterCheckpoint)
     registered = registered_name(caller.tenant, body.model_name)
     await service.prepare(caller.tenant, (registered,))  # made and granted to the tenant first, as a job's model
-    return await service.service("register_checkpoint", caller.tenant, body.path, registered, body.alias)
+    return await service.call(EngineActor.register_checkpoint, caller.tenant, body.path, registered, body.alias)
 
 
 # -- tokenizers ---------------------------------------------------------------------------------------------------
@@ -382,7 +387,7 @@ async def get_tokenizer(model_name: str, service: Service, caller: TinkerCaller)
     """OpenTinker's own: the tokenizer of a served base model (by any name the API takes) as files, for clients
     without the model hub (``opentinker tinker pull-tokenizer``): ``model_name``, ``revision``, ``files`` (name ->
     base64)."""
-    found = await service.service("tokenizer_files", model_name, blocking=True)
+    found = await service.call(EngineActor.tokenizer_files, model_name)
     files = {name: base64.b64encode(data).decode() for name, data in found["files"].items()}
     return {"model_name": found["model_name"], "revision": found["revision"], "files": files}
 
@@ -395,7 +400,9 @@ async def retrieve_future(request: Request, service: Service, caller: TinkerCall
     body = await _parse(request, types.FutureRetrieveRequest)
     proto = "application/x-protobuf" in request.headers.get("accept", "")
     poll_s = request.app.state.settings.tinker_poll_s
-    status, media_type, content = await service.call("retrieve", caller.tenant, body.request_id, poll_s, proto)
+    status, media_type, content = await service.call(
+        EngineActor.retrieve, caller.tenant, body.request_id, poll_s, proto
+    )
     if media_type == "application/json":
         return JSONResponse(content, status_code=status)
     return Response(content, status_code=status, media_type=media_type)

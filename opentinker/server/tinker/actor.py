@@ -9,8 +9,9 @@ imported at module level.
 from __future__ import annotations
 
 import asyncio
-import inspect
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from opentinker.infra.settings import Settings
@@ -44,16 +45,81 @@ class EngineActor:
         self._get()
         return True
 
-    async def call(self, method: str, *args: Any, blocking: bool = False) -> Any:
-        """``TinkerService``'s ``method`` (dotted: ``training.create_model``); ``blocking`` ones (database reads,
-        file conversions) run in a thread so the actor's loop keeps answering."""
-        target = self._get()
-        for part in method.split("."):
-            target = getattr(target, part)
-        if blocking:
-            return await asyncio.to_thread(target, *args)
-        result = target(*args)
-        return await result if inspect.isawaitable(result) else result
+    # -- one method per call of the API (``EngineClient.call(EngineActor.<method>, ...)``) -------------------------
+    # Database reads and file work run in a thread (``asyncio.to_thread``) so the actor's loop keeps answering.
+
+    async def capabilities(self) -> Any:
+        return self._get().capabilities()
+
+    async def usage(self, tenant: str) -> dict[str, Any]:
+        return self._get().usage(tenant)  # on the loop: it counts the live futures
+
+    async def create_session(self, tenant: str, request: Any) -> Any:
+        return await self._get().create_session(tenant, request)
+
+    async def heartbeat(self, tenant: str, session_id: str) -> Any:
+        return self._get().heartbeat(tenant, session_id)
+
+    async def session_info(self, tenant: str, session_id: str) -> dict[str, Any]:
+        return self._get().session_info(tenant, session_id)
+
+    async def session_ids(self, tenant: str, limit: int, offset: int) -> list[str]:
+        return await asyncio.to_thread(self._get().session_ids, tenant, limit, offset)
+
+    async def create_model(self, tenant: str, request: Any) -> Any:
+        return self._get().training.create_model(tenant, request)
+
+    async def get_info(self, tenant: str, model_id: str) -> Any:
+        return self._get().training.get_info(tenant, model_id)
+
+    async def optim_step(self, tenant: str, request: Any) -> Any:
+        return self._get().training.optim_step(tenant, request)
+
+    async def save_weights(self, tenant: str, request: Any) -> Any:
+        return self._get().training.save_weights(tenant, request)
+
+    async def save_weights_for_sampler(self, tenant: str, request: Any) -> Any:
+        return self._get().training.save_weights_for_sampler(tenant, request)
+
+    async def load_weights(self, tenant: str, request: Any) -> Any:
+        return self._get().training.load_weights(tenant, request)
+
+    async def create_sampling_session(self, tenant: str, request: Any) -> Any:
+        return self._get().sampling.create_sampling_session(tenant, request)
+
+    async def get_sampler(self, tenant: str, sampler_id: str) -> Any:
+        return self._get().sampling.get_sampler(tenant, sampler_id)
+
+    async def asample(self, tenant: str, request: Any) -> Any:
+        return self._get().sampling.asample(tenant, request)
+
+    async def training_runs(self, tenant: str, model_id: str | None = None) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(self._get().training_runs, tenant, model_id)
+
+    async def search_checkpoints(
+        self,
+        tenant: str,
+        user_metadata: dict[str, str],
+        checkpoint_type: str | None,
+        base_models: list[str] | None,
+        limit: int,
+        after: int | None,
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        search = self._get().search_checkpoints
+        return await asyncio.to_thread(search, tenant, user_metadata, checkpoint_type, base_models, limit, after)
+
+    async def checkpoint_storage(self, tenant: str) -> tuple[int, int]:
+        return await asyncio.to_thread(self._get().checkpoint_storage, tenant)
+
+    async def register_checkpoint(self, tenant: str, uri: str, name: str, alias: str | None) -> dict[str, str]:
+        return await self._get().register_checkpoint(tenant, uri, name, alias)
+
+    async def tokenizer_files(self, model_name: str) -> dict[str, Any]:
+        return await asyncio.to_thread(self._get().tokenizer_files, model_name)
+
+    async def set_tracking_user(self, tenant: str, user: Any) -> None:
+        """The tenant's own MLflow user, handed by the API before a call that writes to the tenant's store."""
+        self._get().core.tracking.set_user(tenant, user)
 
     async def forward_backward(self, tenant: str, body: bytes, encoding: str | None) -> Any:
         """A protobuf ``ForwardBackwardRequest`` as the SDK sent it (decoded here: the API holds no wire types)."""
@@ -97,16 +163,27 @@ class EngineActor:
             raise NotFound(f"training run {model_id!r} not found")
         return {"checkpoints": [service.checkpoint_json(meta) for meta in metas], "cursor": None}
 
-    async def checkpoint_op(self, op: str, tenant: str, *args: Any) -> Any:
-        """``delete`` or ``set_ttl`` on the checkpoint store, or the service's ``weights_info``: an unknown checkpoint
-        is 404, a bad path 400."""
-        from .store import CheckpointError, CheckpointNotFound
+    async def delete_checkpoint(self, tenant: str, uri: str) -> None:
+        with _checkpoint_errors():
+            await asyncio.to_thread(self._get().core.store.delete, tenant, uri)
 
-        service = self._get()
-        fn = service.weights_info if op == "weights_info" else getattr(service.core.store, op)
-        try:
-            return await asyncio.to_thread(fn, tenant, *args)
-        except CheckpointNotFound as error:
-            raise NotFound(str(error)) from None
-        except CheckpointError as error:
-            raise BadRequest(str(error)) from None
+    async def set_checkpoint_ttl(self, tenant: str, uri: str, ttl_seconds: int | None) -> dict[str, Any]:
+        with _checkpoint_errors():
+            return await asyncio.to_thread(self._get().core.store.set_ttl, tenant, uri, ttl_seconds)
+
+    async def weights_info(self, tenant: str, uri: str) -> Any:
+        with _checkpoint_errors():
+            return await asyncio.to_thread(self._get().weights_info, tenant, uri)
+
+
+@contextlib.contextmanager
+def _checkpoint_errors() -> Iterator[None]:
+    """An unknown checkpoint is 404, a bad path 400."""
+    from .store import CheckpointError, CheckpointNotFound
+
+    try:
+        yield
+    except CheckpointNotFound as error:
+        raise NotFound(str(error)) from None
+    except CheckpointError as error:
+        raise BadRequest(str(error)) from None

@@ -26,7 +26,7 @@ from opentinker.server.db import Store
 
 from ..errors import NotFound, OverQuota, RateLimited
 from . import wire
-from .engine import Engine, TrainPart, Work
+from .engine import TinkerEngine, TrainPart, Work
 from .futures import Future, FutureStore, Outcome
 from .records import Records
 from .sessions import Registry, TrainingModel
@@ -55,7 +55,7 @@ class Core:
         self.records = Records(db)
         self.store = CheckpointStore(lambda tenant: tenants.data_dir(tenant, settings), db)
         self.tracking = TrackingWriter(settings)
-        self.engine = Engine(
+        self.engine = TinkerEngine(
             self.futures, self.load_base, max_rows=settings.tinker_sample_batch_rows, fail=self.failure
         )
         self.bases = {DISPLAY_NAMES.get(b, b): b for b in settings.tinker_base_models}

@@ -42,10 +42,10 @@ from .futures import Future, FutureStore, Outcome
 
 log = logging.getLogger(__name__)
 ACTIVE_S = 60.0
-"""A client that trained on a base model this recently is expected to train again (``Engine._gather``)."""
+"""A client that trained on a base model this recently is expected to train again (``TinkerEngine._gather``)."""
 SLICE_S = 0.5
 """The longest a sampling pass holds the worker while other work waits (plus one decode step): then the waiting work
-runs, for as long again at most, between two of its decode steps (``Engine._interleave``)."""
+runs, for as long again at most, between two of its decode steps (``TinkerEngine._interleave``)."""
 
 
 @dataclass(eq=False)
@@ -53,7 +53,7 @@ class TrainPart:
     """A ``forward_backward`` (or ``forward``) that may share its passes with other clients' on the same base."""
 
     prepare: Callable[[], Part]
-    """On the worker: the checked request (raises when it cannot run: ``Engine.fail`` makes that its outcome)."""
+    """On the worker: the checked request (raises when it cannot run: ``TinkerEngine.fail`` makes that its outcome)."""
     finish: Callable[[ForwardResult, float], Outcome]
     """Its result as an ``Outcome`` (given the pass's seconds, for tracking)."""
     forward_only: bool = False
@@ -85,7 +85,7 @@ class _Call:
     """Whether it may run between two decode steps of a sampling pass (it adds, never drops, adapters)."""
 
 
-class Engine:
+class TinkerEngine:
     """The queue and its thread; ``model(base)`` (worker thread only) loads a base model on first use."""
 
     def __init__(
@@ -439,5 +439,5 @@ def _internal_error(error: Exception) -> Outcome:
 
 
 def _between_steps(item: Work | _Call) -> bool:
-    """Whether a queued item may run between two decode steps of a sampling pass (``Engine._interleave``)."""
+    """Whether a queued item may run between two decode steps of a sampling pass (``TinkerEngine._interleave``)."""
     return item.interleave if isinstance(item, _Call) else item.job is None

@@ -25,13 +25,18 @@ import hashlib
 import os
 import signal
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from opentinker.infra.cluster import LocalCluster
 from opentinker.infra.settings import Settings
 
 from ..errors import Forbidden, ServerError
+from .actor import EngineActor
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 ACTOR_NAME = "tinker-engine"
 OPERATOR_SETTINGS = (
@@ -132,8 +137,6 @@ class EngineClient:
     def _connect(self) -> Any:
         import ray
 
-        from .actor import EngineActor
-
         if not ray.is_initialized():
             ray.init(address=ray_address(self.settings), namespace=namespace(self.settings), log_to_driver=False)
         device = self.settings.tinker_device
@@ -158,13 +161,16 @@ class EngineClient:
         ray.get(actor.ready.remote())
         return actor
 
-    async def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """The actor's ``method``; its ``ServerError`` re-raised here (the route answers it), a dead actor a 503."""
+    async def call(
+        self, method: Callable[Concatenate[EngineActor, P], Awaitable[R]], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """``method`` of the engine's actor (``EngineActor.create_model``: a method, so a wrong name or argument fails
+        where it is written); its ``ServerError`` re-raised here (the route answers it), a dead actor a 503."""
         from ray.exceptions import RayActorError, RayTaskError
 
         actor = await self.actor()
         try:
-            return await getattr(actor, method).remote(*args, **kwargs)
+            return await getattr(actor, method.__name__).remote(*args, **kwargs)
         except RayTaskError as error:
             if isinstance(error.cause, ServerError):
                 raise error.cause from None
@@ -174,10 +180,6 @@ class EngineClient:
                 if self._actor is actor:
                     self._actor = None  # the next call makes a new one
             raise EngineUnavailable(f"the Tinker engine stopped ({error.error_msg}); retry") from None
-
-    async def service(self, method: str, *args: Any, blocking: bool = False) -> Any:
-        """``TinkerService``'s ``method`` on the actor (``EngineActor.call``)."""
-        return await self.call("call", method, *args, blocking=blocking)
 
     async def prepare(self, tenant: str, model_names: tuple[str, ...] = ()) -> None:
         """Before a call that writes to the tenant's MLflow: its store, experiment and ``model_names`` made here as
@@ -190,7 +192,7 @@ class EngineClient:
             user = await asyncio.to_thread(tenant_writer, tenant, self.settings, model_names)
         except mlflow_users.NameTaken as error:
             raise Forbidden(str(error)) from None
-        await self.service("core.tracking.set_user", tenant, user)
+        await self.call(EngineActor.set_tracking_user, tenant, user)
 
 
 STOP_TIMEOUT_S = 5.0

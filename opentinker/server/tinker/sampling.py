@@ -24,9 +24,9 @@ from opentinker.agents.multi_lora import AdapterShape
 from ..errors import BadRequest, NotFound
 from . import wire
 from .core import STATE_FILE, Core
-from .engine import Engine, Work
+from .engine import TinkerEngine, Work
 from .futures import Future, Outcome
-from .sessions import SEEN_KEPT, Sampler, TrainingModel
+from .sessions import SEEN_KEPT, SamplingSession, TrainingModel
 from .store import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,12 @@ drops the last; an older one answers 404 once evicted (its adapter's memory is f
 class SamplerAdapters:
     """The samplers' adapters on the shared base models; every method runs on the worker thread."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: TinkerEngine):
         self.engine = engine
         self._loaded: dict[tuple[str, str], list] = {}
         """(base, checkpoint folder or snapshot name) -> [adapter name, samplers using it]."""
 
-    def load(self, sampler: Sampler, folder: Path, name: str) -> None:
+    def load(self, sampler: SamplingSession, folder: Path, name: str) -> None:
         key = (sampler.base, str(folder))
         if key not in self._loaded:
             model = self.engine.model(sampler.base)
@@ -57,11 +57,11 @@ class SamplerAdapters:
         self._loaded[key][1] += 1
         sampler.adapter = self._loaded[key][0]
 
-    def snapshot(self, sampler: Sampler, source: TrainingModel) -> None:
+    def snapshot(self, sampler: SamplingSession, source: TrainingModel) -> None:
         self.engine.model(source.base).copy(source.adapter, sampler.adapter)
         self._loaded[(sampler.base, sampler.adapter)] = [sampler.adapter, 1]
 
-    def release(self, sampler: Sampler) -> None:
+    def release(self, sampler: SamplingSession) -> None:
         for key, entry in list(self._loaded.items()):
             if key[0] == sampler.base and entry[0] == sampler.adapter:
                 entry[1] -= 1
@@ -96,7 +96,7 @@ class Sampling:
                 base = core.base_of(request.base_model)
             except ValueError as error:
                 raise BadRequest(str(error)) from error
-            sampler = Sampler(sampler_id, tenant, session.session_id, base, None, origin=origin)
+            sampler = SamplingSession(sampler_id, tenant, session.session_id, base, None, origin=origin)
             core.registry.add_sampler(session, sampler)
             return types.CreateSamplingSessionResponse(sampling_session_id=sampler_id)
         try:
@@ -108,7 +108,7 @@ class Sampling:
             raise BadRequest(f"model_path: {request.model_path} is of {core.display(base)!r}, not served here")
         if request.base_model and core.bases.get(request.base_model) != base:
             raise BadRequest(f"base_model: {request.model_path} is of {core.display(base)!r}")
-        sampler = Sampler(sampler_id, tenant, session.session_id, base, None, request.model_path, origin=origin)
+        sampler = SamplingSession(sampler_id, tenant, session.session_id, base, None, request.model_path, origin=origin)
         core.registry.add_sampler(session, sampler)
         name = core.adapter_name("c")
         load = core.engine.call(lambda: self.adapters.load(sampler, folder, name), interleave=True)
@@ -125,7 +125,7 @@ class Sampling:
             return types.UntypedAPIFuture(request_id=earlier.request_id, model_id=model.model_id)
         core.admit(model.tenant)
         session = core.registry.session(model.tenant, model.session_id)
-        sampler = Sampler(
+        sampler = SamplingSession(
             f"{session.session_id}:sample:{request.sampling_session_seq_id}",
             model.tenant,
             session.session_id,
@@ -199,7 +199,7 @@ class Sampling:
         return answer
 
     @staticmethod
-    def _tracker(sampler: Sampler, future: Future) -> Callable[[Any, float], None] | None:
+    def _tracker(sampler: SamplingSession, future: Future) -> Callable[[Any, float], None] | None:
         """Latency and tokens/s onto the run of the training client the sampler came from."""
         if sampler.source is None:
             return None
@@ -212,7 +212,7 @@ class Sampling:
         return track
 
 
-def _log_load_failure(sampler: Sampler, done: asyncio.Future) -> None:
+def _log_load_failure(sampler: SamplingSession, done: asyncio.Future) -> None:
     """A checkpoint that failed to load fails its sampler's requests (``asample``); the log says why once."""
     if not done.cancelled() and done.exception() is not None:
         log.warning("sampler %s: loading %s failed: %s", sampler.sampler_id, sampler.model_path, done.exception())

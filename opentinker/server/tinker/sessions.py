@@ -83,12 +83,15 @@ class TrainingModel:
     closed: bool = False
     creation: Future | None = None
     """The request that created it (a re-sent ``create_model`` gets it back)."""
-    snapshots: list[Sampler] = field(default_factory=list)
+    snapshots: list[SamplingSession] = field(default_factory=list)
     """Its ``save_weights_and_get_sampling_client`` samplers, oldest first (the service keeps the last few)."""
 
 
 @dataclass(eq=False)
-class Sampler:
+class SamplingSession:
+    """What ``create_sampling_session`` made: one SDK ``SamplingClient``'s base model and adapter (the generation
+    itself is ``agents.lm_sampler.Sampler``'s, on the engine's worker)."""
+
     sampler_id: str
     tenant: str
     session_id: str
@@ -117,7 +120,7 @@ class Session:
     status: str = "active"
     """``active``, ``finished`` (the client closed it) or ``expired`` (its heartbeats stopped)."""
     models: dict[str, TrainingModel] = field(default_factory=dict)
-    samplers: dict[str, Sampler] = field(default_factory=dict)
+    samplers: dict[str, SamplingSession] = field(default_factory=dict)
     stability: StabilityLog = field(default_factory=StabilityLog)
     """Its sequences sampled with ``record_stability_info`` (``stable_reinforce``)."""
 
@@ -128,7 +131,7 @@ class Registry:
     def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, TrainingModel] = {}
-        self.samplers: dict[str, Sampler] = {}
+        self.samplers: dict[str, SamplingSession] = {}
 
     def new_session(self, tenant: str, user_metadata: dict | None, display_name: str | None) -> Session:
         session = Session(uuid.uuid4().hex, tenant, user_metadata, display_name)
@@ -151,7 +154,7 @@ class Registry:
         self.sessions[model.session_id].last_seen = time.monotonic()
         return model
 
-    def sampler(self, tenant: str, sampler_id: str) -> Sampler:
+    def sampler(self, tenant: str, sampler_id: str) -> SamplingSession:
         sampler = self.samplers.get(sampler_id)
         if sampler is None or sampler.tenant != tenant:
             raise NotFound(f"sampler {sampler_id!r} not found")
@@ -171,13 +174,13 @@ class Registry:
         session.models[model.model_id] = model
         self.models[model.model_id] = model
 
-    def add_sampler(self, session: Session, sampler: Sampler) -> None:
+    def add_sampler(self, session: Session, sampler: SamplingSession) -> None:
         if sampler.sampler_id in self.samplers:
             raise BadRequest(f"sampling_session_seq_id: sampler {sampler.sampler_id!r} already exists in this session")
         session.samplers[sampler.sampler_id] = sampler
         self.samplers[sampler.sampler_id] = sampler
 
-    def drop_sampler(self, sampler: Sampler) -> None:
+    def drop_sampler(self, sampler: SamplingSession) -> None:
         self.samplers.pop(sampler.sampler_id, None)
         session = self.sessions.get(sampler.session_id)
         if session is not None:
@@ -186,7 +189,7 @@ class Registry:
     def live_models(self, tenant: str) -> int:
         return sum(1 for m in self.models.values() if m.tenant == tenant and not m.closed)
 
-    def forget(self, session: Session) -> tuple[list[TrainingModel], list[Sampler]]:
+    def forget(self, session: Session) -> tuple[list[TrainingModel], list[SamplingSession]]:
         """Remove the session's models and samplers from the lookups; the caller frees their memory."""
         models = [self.models.pop(m) for m in list(session.models) if m in self.models]
         samplers = [self.samplers.pop(s) for s in list(session.samplers) if s in self.samplers]
