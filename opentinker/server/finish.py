@@ -18,6 +18,7 @@ def copy_champion(spec: Any, into: Path) -> tuple[Any, Path | None]:
     """The current champion of the job's model, its files copied into ``into`` (bound read-only into the child's
     sandbox) for the child to evaluate; (None, None) when there is none yet."""
     from opentinker.tasks.register import CHAMPION, find_model_version
+    from opentinker.tasks.run import as_step
 
     if spec.algorithm == "group":
         return None, None
@@ -33,7 +34,7 @@ def copy_champion(spec: Any, into: Path) -> tuple[Any, Path | None]:
         return ref, into
     from opentinker.tracking.registry import download_policy
 
-    ref = find_model_version.fn(spec.resolved_model_name, CHAMPION)
+    ref = as_step(find_model_version)(spec.resolved_model_name, CHAMPION)
     if ref is None:
         return None, None
     shutil.copytree(download_policy(ref), into, dirs_exist_ok=True)
@@ -173,11 +174,12 @@ def finish_grpo(spec: Any, run: Any, result: GRPOResult, job_dir: Path, champion
     for it and for the champion on the same prompts."""
     from opentinker.flows.grpo import summarise_adapter
     from opentinker.tasks.llm import LLMEvaluation, decide_adapter, register_adapter
+    from opentinker.tasks.run import as_step
 
     adapter_dir = job_dir / "adapter"
     _validated_adapter(adapter_dir)
     config = spec.engine.config(task=spec.env_id)
-    version = register_adapter.fn(
+    version = as_step(register_adapter)(
         run.run_id, str(adapter_dir), spec.resolved_model_name, config.base_model, spec.env_id
     )
     candidate = LLMEvaluation(**result.evaluation.model_dump())

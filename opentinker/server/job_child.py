@@ -88,9 +88,10 @@ def run_policy(spec: Any, report: Reporter, root: Path, champion_dir: str | None
     from opentinker.infra.ray_runtime import learner_device, rollout_actor_options
     from opentinker.tasks.evaluate import evaluate_random_policy, reward_threshold
     from opentinker.tasks.probe import probe_env
+    from opentinker.tasks.run import as_step
     from opentinker.tracking.registry import load_registered_policy
 
-    probe = probe_env.fn(spec)
+    probe = as_step(probe_env)(spec)
     if probe.mean_return is not None:
         report.metrics({"charts/random_policy_return": probe.mean_return}, 0)
     config = spec.engine.config()
@@ -116,7 +117,7 @@ def run_policy(spec: Any, report: Reporter, root: Path, champion_dir: str | None
         champion = load_registered_policy(champion_dir).evaluate(spec.env_id, episodes, seed)  # as it is served
     floor = None
     if threshold is None and champion is None:
-        floor = evaluate_random_policy.fn(spec.env_id, episodes, seed)
+        floor = as_step(evaluate_random_policy)(spec.env_id, episodes, seed)
     return PolicyResult(
         start_step=start_step,
         global_step=int(trainer.global_step),
@@ -159,10 +160,11 @@ def run_grpo(spec: Any, report: Reporter, root: Path, champion_dir: str | None) 
 
     from opentinker.agents.checkpoint import CHECKPOINT_NAME
     from opentinker.tasks.llm import evaluate_adapter, grpo_trainer, probe_text_env
+    from opentinker.tasks.run import as_step
 
     grpo = spec.engine
     config = grpo.config(task=spec.env_id)
-    probe_text_env.fn(spec.env_id, config.task_seed)
+    as_step(probe_text_env)(spec.env_id, config.task_seed)
     checkpoint = root / "checkpoints" / CHECKPOINT_NAME
     trainer = grpo_trainer(spec, checkpoint)
 
@@ -203,11 +205,13 @@ def run_grpo(spec: Any, report: Reporter, root: Path, champion_dir: str | None) 
         trainer.close()
     report.ship_checkpoints()
     report.folder(adapter, "adapter")
-    candidate = evaluate_adapter.fn(str(adapter), config.eval_prompts, config.eval_batch, config.cache_dir)
+    candidate = as_step(evaluate_adapter)(str(adapter), config.eval_prompts, config.eval_batch, config.cache_dir)
     report.metrics({"heldout/success_rate": candidate.success, "heldout/reward_mean": candidate.mean_reward}, updates)
     champion = None
     if champion_dir:
-        champion = evaluate_adapter.fn(champion_dir, config.eval_prompts, config.eval_batch, config.cache_dir).success
+        champion = as_step(evaluate_adapter)(
+            champion_dir, config.eval_prompts, config.eval_batch, config.cache_dir
+        ).success
     return GRPOResult(
         updates=updates,
         train_seconds=seconds,
