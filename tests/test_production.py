@@ -127,7 +127,7 @@ def two_tenants(production):
         for tenant, job in jobs.items()
     }
     for status in done.values():
-        assert status["state"] == "SUCCEEDED", status
+        assert status["state"] == "SUCCEEDED", (status["state"], status.get("reason"), status)
     results = {tenant: Client(production.url, key).result(jobs[tenant]["id"]) for tenant, key in keys.items()}
     dashboards = {tenant: Client(production.url, key).dashboard() for tenant, key in keys.items()}
     return {"keys": keys, "jobs": done, "results": results, "dashboards": dashboards}

@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 import tinker
-from fixtures.tinker import TINY, TinkerServer, own_tinker_server, wait_for
+from fixtures.tinker import TINY, TinkerServer, engine_pid, own_tinker_server, wait_for
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -112,17 +112,12 @@ def test_two_api_processes_on_one_data_dir_serve_one_client_alternately(server, 
 
 
 def _engine_process(server: TinkerServer) -> psutil.Process:
-    """The engine actor's process: under the local Ray head the server started for its data dir."""
+    """The engine actor's process (Ray's answer), under the local Ray head the server started for its data dir."""
     state = json.loads((server.handle.data_dir / "server" / "ray" / "state.json").read_text())
-    found = []
-    for process in psutil.Process(state["nodes"]["head"]["pid"]).children(recursive=True):
-        try:
-            if "EngineActor" in " ".join(process.cmdline()):
-                found.append(process)
-        except psutil.NoSuchProcess:  # gone, or a zombie not reaped yet: not the live engine
-            continue
-    assert len(found) == 1, found
-    return found[0]
+    tree = psutil.Process(state["nodes"]["head"]["pid"]).children(recursive=True)
+    pid = engine_pid(server)
+    assert pid in {process.pid for process in tree}, (pid, [(p.pid, p.name()) for p in tree])
+    return psutil.Process(pid)
 
 
 def _past_the_dead_engine(http, path: str, body: dict):

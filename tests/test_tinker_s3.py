@@ -12,7 +12,15 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from fixtures.tinker import TINY, TinkerServer, engine_state, environments, own_tinker_server, ray_processes
+from fixtures.tinker import (
+    TINY,
+    TinkerServer,
+    engine_pid,
+    engine_state,
+    environments,
+    own_tinker_server,
+    ray_processes,
+)
 from tinker import types
 
 pytestmark = pytest.mark.slow
@@ -81,7 +89,8 @@ def test_the_engine_holds_no_operator_s3_key_and_a_tenants_run_logs_its_artifact
     # No process of the engine's Ray (the engine's included) inherited a key; inside the engine, neither its
     # environment now (after an MLflow write to the tenant's experiment) nor its settings hold one.
     processes = ray_processes(server)
-    assert any("EngineActor" in " ".join(p.cmdline()) for p in processes)
+    engine = engine_pid(server)
+    assert engine in {p.pid for p in processes}, (engine, [(p.pid, p.name()) for p in processes])
     assert _holding(environments(processes), secret) == set()
     settings = Settings(data_dir=server.handle.data_dir)
     held, environ = engine_state(server)
