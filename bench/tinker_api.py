@@ -18,7 +18,7 @@ plays two turns, the second on a longer prompt, in sampling and in the backward 
 half's steps cost 2x the built-in's after it learned, the built-in not), so the learning run's completions/s ratio
 compares different work. The part ``throughput`` compares the same work: both halves for ``--throughput-steps`` at
 learning rate 0 (the base policy throughout, every optimiser step still taken); its ratio is the floor's
-(``ratio_ok``). Two more run on the same ``opentinker server up`` (``--parts`` picks; default all):
+(``ratio_ok``). Three more run on the same ``opentinker server up`` (``--parts`` picks; default all):
 
 ``clients``: 1, 2 and 4 (``--clients``) official-SDK clients at once, each a tenant of its own (its own key) with its
 own rank-16 LoRA training client on ``--base``, each running ``--client-steps`` steps (after one warm-up step) of: save
@@ -32,6 +32,12 @@ tokens over the sum, over steps, of that kind's span (first client's submit to l
 time, the largest relative distance from the clients' mean (ceiling 0.25 for 4 clients: each client's share within
 25 % of equal); ``clients<n>_latency_ms``: p50/p99 submit-to-result of each kind of future over all clients.
 ``clients4_ok``: the three bounds hold.
+
+``fairness``: one tenant's steps of that loop (``--fairness-steps`` after a warm-up), first alone, then while a
+second tenant keeps one sampling request of ``--fairness-long-tokens`` new tokens x ``--fairness-long-samples`` in the
+engine at all times. ``fairness_<kind>_alone_ms`` / ``_beside_ms``: p50/p99 of each kind of the first tenant's
+futures; ``fairness_<kind>_p99_ratio``: beside over alone; ``fairness_ok``: ``forward_backward`` and ``sample``
+within 2x (the engine interleaves waiting work into a long sampling pass every 0.5 s: docs/tinker_api.md).
 
 ``restart``: one SDK client runs ``--restart-steps`` steps of that loop; after ``--restart-after`` of them the bench
 SIGKILLs the API's process group (the engine, a detached Ray actor, lives on) and starts it again on the same data dir
@@ -53,11 +59,11 @@ import time
 from pathlib import Path
 
 from grpo_common import builtin_grpo, half_figures, point, rerun_command  # bench/ is sys.path[0]
-from tinker_clients import Server, clients_part, restart_part
+from tinker_clients import Server, clients_part, fairness_part, restart_part
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 RATIO_FLOOR = 0.8
-PARTS = {"ratio", "throughput", "clients", "restart"}
+PARTS = {"ratio", "throughput", "clients", "fairness", "restart"}
 
 
 # -- the SDK loop -----------------------------------------------------------------------------------------------------
@@ -266,13 +272,16 @@ def main() -> None:
     parser.add_argument("--out-dir", default="/tmp/opentinker-bench-tinker-api")
     parser.add_argument("--only", choices=("sdk", "builtin"), default=None, help="Run one half (no ratio then).")
     parser.add_argument(
-        "--parts", default="ratio,throughput,clients,restart", help="Which parts to run (comma-separated)."
+        "--parts", default="ratio,throughput,clients,fairness,restart", help="Which parts to run (comma-separated)."
     )
     parser.add_argument("--throughput-steps", type=int, default=10)
     parser.add_argument("--clients", default="1,2,4", help="The client counts of the part 'clients'.")
     parser.add_argument("--client-steps", type=int, default=6)
     parser.add_argument("--client-group", type=int, default=8)
     parser.add_argument("--client-max-tokens", type=int, default=24)
+    parser.add_argument("--fairness-steps", type=int, default=8)
+    parser.add_argument("--fairness-long-tokens", type=int, default=256)
+    parser.add_argument("--fairness-long-samples", type=int, default=8)
     parser.add_argument("--restart-steps", type=int, default=8)
     parser.add_argument("--restart-after", type=int, default=3)
     args = parser.parse_args()
@@ -304,6 +313,9 @@ def main() -> None:
                 throughput["sdk"] = sdk_run(same_work, server.url, server.key("throughput"))
             if "clients" in parts:
                 extra.update(clients_part(server, base, args))
+            if "fairness" in parts:
+                extra.update(fairness_part(server, base, args))
+                print("fairness:", json.dumps({k: v for k, v in extra.items() if k.startswith("fairness")}), flush=True)
             if "restart" in parts:  # last: it kills the API
                 extra.update(restart_part(server, base, args))
                 print("restart:", json.dumps({k: v for k, v in extra.items() if k.startswith("api_")}), flush=True)

@@ -1,6 +1,7 @@
-"""bench/tinker_api.py's server, and its parts ``clients`` (concurrent SDK clients of different tenants on one server)
-and ``restart`` (an SDK client's loop across an API killed with SIGKILL and started again); bench/tinker_api.py's
-docstring says what each figure means."""
+"""bench/tinker_api.py's server, and its parts ``clients`` (concurrent SDK clients of different tenants on one server),
+``fairness`` (one tenant's short calls while another's long sampling saturates the engine) and ``restart`` (an SDK
+client's loop across an API killed with SIGKILL and started again); bench/tinker_api.py's docstring says what each
+figure means."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import numpy as np
 PROMPT = "Question: Tom has 17 apples and buys 25 more. How many apples does he have now? Answer:"
 KINDS = ("save_weights_for_sampler", "sample", "forward_backward", "optim_step")
 FB_SCALING_FLOOR, SAMPLE_SCALING_FLOOR, SHARE_SPREAD_CEILING = 1.2, 2.0, 0.25
+FAIRNESS_CEILING = 2.0
+"""A tenant's p99 beside a saturating tenant, at most this many times its p99 alone."""
 
 
 class Server:
@@ -213,6 +216,56 @@ def clients_part(server: Server, base: str, args) -> dict:
             and line["clients4_sample_scaling"] >= SAMPLE_SCALING_FLOOR
             and line["clients4_share_spread"] <= SHARE_SPREAD_CEILING
         )
+    return line
+
+
+def fairness_part(server: Server, base: str, args) -> dict:
+    """Tenant ``short``'s steps (``Loop``: short sampling, ``forward_backward``, ...) alone, then again while tenant
+    ``long`` sends sampling requests of ``args.fairness_long_tokens`` new tokens x ``args.fairness_long_samples``
+    back to back (its next sent as its last returns, so the engine always holds one); each kind's p50/p99 both ways
+    and the ratio of the p99s."""
+    import tinker
+    from tinker import types
+
+    short = Loop(server.url, server.key("fairness-short"), base, args, seed=0)
+    short.step()  # warm-up: its adapter, the sampler's first load
+    short.reset()
+    for _ in range(args.fairness_steps):
+        short.step()
+    alone = {kind: [end - start for start, end in spans] for kind, spans in short.times.items()}
+    stop, sent, errors = threading.Event(), [], []
+    long_service = tinker.ServiceClient(base_url=server.url, api_key=server.key("fairness-long"))
+    long_sampler = long_service.create_sampling_client(base_model=base)
+    prompt = types.ModelInput.from_ints(short.prompt)
+
+    def saturate() -> None:
+        try:
+            while not stop.is_set():
+                params = types.SamplingParams(max_tokens=args.fairness_long_tokens, temperature=1.0, seed=len(sent))
+                long_sampler.sample(prompt, args.fairness_long_samples, params).result()
+                sent.append(time.perf_counter())
+        except Exception as error:  # the figure says the saturating tenant failed
+            errors.append(repr(error))
+
+    thread = threading.Thread(target=saturate)
+    thread.start()
+    time.sleep(1.0)  # its first request holds the engine
+    short.reset()
+    for _ in range(args.fairness_steps):
+        short.step()
+    stop.set()
+    thread.join()
+    short.close()
+    long_service.close("success").result()
+    beside = {kind: [end - start for start, end in spans] for kind, spans in short.times.items()}
+    line: dict = {"fairness_long_requests": len(sent), "fairness_error": errors[0] if errors else None}
+    for kind in KINDS:
+        line[f"fairness_{kind}_alone_ms"] = percentiles(alone[kind])
+        line[f"fairness_{kind}_beside_ms"] = percentiles(beside[kind])
+        line[f"fairness_{kind}_p99_ratio"] = float(np.percentile(beside[kind], 99) / np.percentile(alone[kind], 99))
+    line["fairness_ok"] = not errors and all(
+        line[f"fairness_{kind}_p99_ratio"] <= FAIRNESS_CEILING for kind in ("forward_backward", "sample")
+    )
     return line
 
 
