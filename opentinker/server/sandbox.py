@@ -44,7 +44,6 @@ __all__ = ["SECCOMP_FD", "Sandbox", "SandboxUnavailable", "check_available"]
 class Sandbox:
     """One sandbox's layout: what it may write, what it reads on top of the system, its environment."""
 
-    writable: tuple[Path, ...] = ()
     readonly: tuple[Path, ...] = ()
     binds: tuple[tuple[Path, Path], ...] = ()
     """(host path, sandbox path) pairs bound writable, e.g. a job attempt's scratch folder."""
@@ -70,8 +69,6 @@ class Sandbox:
         # The fresh /tmp first: binds may lie under /tmp and must land on top of it, not under it.
         args += ["--tmpfs", "/tmp", "--dev", "/dev", "--tmpfs", "/dev/shm", "--proc", "/proc"]
         args += list(_system_layout())
-        for path in self.writable:
-            args += ["--bind", str(path), str(path)]
         for path in self.readonly:
             args += ["--ro-bind", str(path), str(path)]
         for source, target in self.binds:
@@ -80,11 +77,6 @@ class Sandbox:
             args += ["--ro-bind", str(source), str(target)]
         args += ["--chdir", str(self.chdir), "--", *command]
         return args
-
-    def shell_command(self, command: Sequence[str], seccomp_file: Path) -> list[str]:
-        """``argv`` behind a ``sh`` that opens the seccomp program on ``SECCOMP_FD`` (for launchers that cannot pass
-        descriptors, such as Prefect's process runner)."""
-        return ["/bin/sh", "-c", f'exec "$@" {SECCOMP_FD}<"$0"', str(seccomp_file), *self.argv(command)]
 
     def run(
         self, command: Sequence[str], input: str = "", timeout: float = 120.0, cgroup: Any = None
@@ -118,12 +110,6 @@ def base_env() -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-
-
-def write_seccomp_program(path: Path) -> Path:
-    """The seccomp program as a file, for ``Sandbox.shell_command``."""
-    path.write_bytes(seccomp_program())
-    return path
 
 
 def check_available() -> None:
