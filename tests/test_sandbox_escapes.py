@@ -348,6 +348,11 @@ time.sleep(60)"""
         time.sleep(0.05)
     assert not sandboxed(), "the sandbox outlived its killed caller"
     for leftover in set(Path("/sys/fs/cgroup/pids").glob("opentinker-sandbox-*")) - cgroups:
+        # A killed process leaves the cgroup only once reaped (a zombie has no command line, so ``sandboxed()`` no
+        # longer sees it, but the kernel still counts it): the cgroup empties by itself, then it can be removed.
+        while (leftover / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not (leftover / "cgroup.procs").read_text().strip(), "the sandbox's processes outlived its caller"
         leftover.rmdir()  # a killed caller cannot remove its (now empty) cgroup
 
 
